@@ -1,0 +1,129 @@
+"""One exception tree for the whole library.
+
+Every error ctxguard raises derives from :class:`CtxGuardError`; backend errors
+(redis-py, tokenizers, HTTP) are wrapped with the original kept as ``__cause__``.
+Catch the family you can act on::
+
+    CtxGuardError
+    ├── InvalidInputError            bad input from the caller; nothing was stored
+    │   ├── InvalidMessageError      a message that breaks the chat format
+    │   ├── InvalidIdError           empty, over-long or control-character ids
+    │   └── ConfigError              a bad URL, option or model configuration
+    ├── StoreError                   the session store failed
+    │   ├── StoreConnectionError     could not reach or lost the store (retryable)
+    │   ├── CorruptRecordError       a stored record does not decode
+    │   └── ConflictError            a compare-and-set lost a race
+    ├── TokenizerError               a tokenizer or chat template cannot be used
+    │   └── TemplateRefusedError     the chat template rejects this conversation
+    ├── BudgetError                  the request cannot fit its token budget
+    │   └── MessageTooLongError      one message is over the per-message cap
+    ├── SummarizerError              a summarizer failed (recorded, never content)
+    └── MissingDependencyError       an optional extra is not installed
+
+Each error's message says what was wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class CtxGuardError(Exception):
+    """Root of every error raised by ctxguard."""
+
+
+class InvalidInputError(CtxGuardError, ValueError):
+    """The caller passed something ctxguard cannot accept. Nothing was stored."""
+
+
+class InvalidMessageError(InvalidInputError):
+    """A message breaks the chat format (role, content, tool calls)."""
+
+
+class InvalidIdError(InvalidInputError):
+    """A session, message, namespace or tenant id is not acceptable."""
+
+
+class ConfigError(InvalidInputError):
+    """A store URL, option or model configuration is not usable."""
+
+
+class StoreError(CtxGuardError):
+    """The session store failed; the backend's error is the ``__cause__``."""
+
+
+class StoreConnectionError(StoreError):
+    """The store could not be reached, or the connection was lost mid-operation."""
+
+
+class CorruptRecordError(StoreError):
+    """A stored record does not decode. Other sessions are unaffected."""
+
+    def __init__(self, session_id: str, position: int | str, detail: str) -> None:
+        self.session_id = session_id
+        self.position = position
+        super().__init__(
+            f"session {session_id!r}: record at position {position} does not decode "
+            f"({detail}); it was written by something other than ctxguard or truncated. "
+            "Export the session with `ctxguard export` and repair or delete that record."
+        )
+
+
+class ConflictError(StoreError):
+    """A compare-and-set lost a race with another writer; retry with fresh state."""
+
+
+class TokenizerError(CtxGuardError):
+    """A tokenizer, encoding or chat template is missing or unusable."""
+
+
+class TemplateRefusedError(TokenizerError):
+    """The model's chat template rejects this conversation (it would on the server too)."""
+
+
+class BudgetError(CtxGuardError):
+    """The request cannot be made to fit: the numbers say by how much."""
+
+    def __init__(self, message: str, *, needed: int, limit: int, reserved: int) -> None:
+        self.needed = needed
+        self.limit = limit
+        self.reserved = reserved
+        super().__init__(
+            f"{message} (needed {needed} tokens, limit {limit}, reserved for output "
+            f"{reserved}, so {limit - reserved} available)"
+        )
+
+
+class MessageTooLongError(BudgetError):
+    """One message is over the configured per-message cap."""
+
+
+class SummarizerError(CtxGuardError):
+    """A summarizer failed, timed out or returned unusable text."""
+
+
+class MissingDependencyError(CtxGuardError, ImportError):
+    """An optional dependency is missing; the message names the extra to install."""
+
+    def __init__(self, feature: str, extra: str) -> None:
+        self.extra = extra
+        super().__init__(
+            f"{feature} needs an optional dependency: pip install 'ctxguard[{extra}]'"
+        )
+
+
+__all__ = [
+    "BudgetError",
+    "ConfigError",
+    "ConflictError",
+    "CorruptRecordError",
+    "CtxGuardError",
+    "InvalidIdError",
+    "InvalidInputError",
+    "InvalidMessageError",
+    "MessageTooLongError",
+    "MissingDependencyError",
+    "StoreConnectionError",
+    "StoreError",
+    "SummarizerError",
+    "TemplateRefusedError",
+    "TokenizerError",
+]

@@ -1,0 +1,78 @@
+"""Identifier rules and time-ordered message ids.
+
+Ids end up inside Redis keys, log lines and HTML reports, so they are checked
+once, here: non-empty, at most 256 UTF-8 bytes, no control characters.
+Generated message ids sort by creation time (ULID layout: 48-bit milliseconds
+then 80 bits that increase monotonically within one millisecond), so a store
+that orders by id and one that orders by arrival agree for a single writer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+import unicodedata
+
+from ctxguard.errors import InvalidIdError
+
+MAX_ID_BYTES = 256
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+_lock = threading.Lock()
+_last_ms = -1
+_last_rand = 0
+
+
+def validate_id(value: object, what: str = "id") -> str:
+    """Return ``value`` if it is an acceptable id, else raise :class:`InvalidIdError`."""
+    if not isinstance(value, str):
+        raise InvalidIdError(f"{what} must be a string, got {type(value).__name__}")
+    if not value:
+        raise InvalidIdError(f"{what} is empty; pass a non-empty string")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidIdError(f"{what} is not valid Unicode text (lone surrogate)") from exc
+    if size > MAX_ID_BYTES:
+        raise InvalidIdError(
+            f"{what} is {size} bytes; the limit is {MAX_ID_BYTES} UTF-8 bytes. "
+            "Use a shorter id (a hash of a long key works)."
+        )
+    for index, char in enumerate(value):
+        if unicodedata.category(char) in ("Cc", "Cs"):
+            raise InvalidIdError(
+                f"{what} contains control character {char!r} at index {index}; "
+                "ids must be printable text"
+            )
+    return value
+
+
+def validate_name(value: object, what: str) -> str:
+    """Namespaces and tenants: 1-64 characters of ``A-Z a-z 0-9 _ . -``.
+
+    They become literal key prefixes and SCAN patterns, so they must never hold
+    a separator or a glob character.
+    """
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise InvalidIdError(
+            f"{what} {value!r} is not allowed: use 1-64 characters from A-Z a-z 0-9 _ . -"
+        )
+    return value
+
+
+def new_message_id() -> str:
+    """A 26-character, time-ordered, unique id (ULID layout, monotonic per process)."""
+    global _last_ms, _last_rand
+    with _lock:
+        now_ms = time.time_ns() // 1_000_000
+        if now_ms <= _last_ms:
+            now_ms = _last_ms
+            _last_rand = (_last_rand + 1) & ((1 << 80) - 1)
+        else:
+            _last_ms = now_ms
+            _last_rand = int.from_bytes(os.urandom(10), "big") >> 1
+        value = (now_ms << 80) | _last_rand
+    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))

@@ -1,0 +1,251 @@
+"""The chat message model: what backends already hold, made typed and checked.
+
+A :class:`Message` round-trips losslessly with OpenAI chat-completions message
+dicts (:meth:`Message.from_openai` / :meth:`Message.to_openai`); ctxguard's own
+fields (``id``, ``created_at``, ``metadata``) travel beside the OpenAI keys, and
+OpenAI keys ctxguard does not model (``refusal``, ``audio``, ``reasoning_content``
+...) are kept verbatim in ``extra``. Stored records are JSON, never pickle.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ctxguard.errors import InvalidMessageError
+from ctxguard.ids import new_message_id, validate_id
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+ROLES: tuple[str, ...] = ("system", "developer", "user", "assistant", "tool")
+PINNED_ROLES = frozenset({"system", "developer"})
+
+_OWN_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
+_CTXGUARD_KEYS = frozenset({"id", "created_at", "metadata"})
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TextPart(_Frozen):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImageURL(_Frozen):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Frozen):
+    type: Literal["image_url"] = "image_url"
+    image_url: ImageURL
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class FunctionCall(_Frozen):
+    name: str
+    arguments: str
+
+    @field_validator("arguments")
+    @classmethod
+    def _arguments_are_json(cls, value: str) -> str:
+        try:
+            json.loads(value)
+        except ValueError as exc:
+            raise ValueError(
+                f"function arguments must be a JSON string, got {value[:80]!r} ({exc})"
+            ) from None
+        return value
+
+
+class ToolCall(_Frozen):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(BaseModel):
+    """One chat message. Immutable; build a new one to change it.
+
+    Construction errors raise :class:`~ctxguard.errors.InvalidMessageError`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    role: Role
+    content: str | tuple[ContentPart, ...] | None = None
+    name: str | None = None
+    tool_calls: tuple[ToolCall, ...] | None = None
+    tool_call_id: str | None = None
+    id: str = Field(default_factory=new_message_id)
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except pydantic.ValidationError as exc:
+            raise InvalidMessageError(_describe(exc, data)) from None
+
+    @field_validator("id")
+    @classmethod
+    def _valid_id(cls, value: str) -> str:
+        return validate_id(value, "message id")
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_type(cls, value: Any) -> Any:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, list | tuple):
+            return tuple(value)
+        raise ValueError(
+            f"content must be a string, a list of content parts or None, "
+            f"got {type(value).__name__}"
+        )
+
+    @model_validator(mode="after")
+    def _role_rules(self) -> Message:
+        if self.role == "tool":
+            if not self.tool_call_id:
+                raise ValueError("a tool message needs tool_call_id (the id of the call it answers)")
+            if isinstance(self.content, tuple) and any(
+                not isinstance(p, TextPart) for p in self.content
+            ):
+                raise ValueError("tool message content may only hold text parts")
+        elif self.tool_call_id is not None:
+            raise ValueError(f"tool_call_id is only allowed on tool messages, not {self.role}")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"tool_calls are only allowed on assistant messages, not {self.role}")
+        if self.role in ("system", "developer", "user") and self.content is None:
+            raise ValueError(f"a {self.role} message needs content")
+        clash = _OWN_KEYS.intersection(self.extra) | _CTXGUARD_KEYS.intersection(self.extra)
+        if clash:
+            raise ValueError(f"extra must not repeat modelled keys: {sorted(clash)}")
+        return self
+
+    # -- conversions -------------------------------------------------------
+
+    @classmethod
+    def from_openai(
+        cls,
+        data: Mapping[str, Any],
+        *,
+        id: str | None = None,  # noqa: A002 - mirrors the field name
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Message:
+        """Build from an OpenAI chat-completions message dict.
+
+        Keys ctxguard does not model are kept in ``extra`` and given back by
+        :meth:`to_openai`. ``id``, ``created_at`` and ``metadata`` keys in the dict
+        are taken as ctxguard's own fields.
+        """
+        if not isinstance(data, Mapping):
+            raise InvalidMessageError(
+                f"a message must be a dict like {{'role': 'user', 'content': 'hi'}}, "
+                f"got {type(data).__name__}"
+            )
+        fields = {k: v for k, v in data.items() if k in _OWN_KEYS or k in _CTXGUARD_KEYS}
+        fields["extra"] = {k: v for k, v in data.items() if k not in fields}
+        if id is not None:
+            fields["id"] = id
+        if metadata is not None:
+            fields["metadata"] = dict(metadata)
+        return cls(**fields)
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI chat-completions dict for this message (no ctxguard fields)."""
+        out: dict[str, Any] = {"role": self.role, "content": _content_out(self.content)}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls is not None:
+            out["tool_calls"] = [c.model_dump(mode="json") for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        out.update(self.extra)
+        return out
+
+    def to_record(self) -> str:
+        """The JSON record stored for this message."""
+        return self.model_dump_json(exclude_defaults=False)
+
+    @classmethod
+    def from_record(cls, raw: str | bytes) -> Message:
+        """Decode a stored record; raises pydantic or JSON errors for the store to wrap."""
+        return cls.model_validate_json(raw)
+
+    @property
+    def text(self) -> str:
+        """The message's text (text parts joined); empty for non-text content."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    @property
+    def is_pinned_role(self) -> bool:
+        return self.role in PINNED_ROLES
+
+
+MessageLike = Message | Mapping[str, Any]
+
+
+def to_message(value: MessageLike) -> Message:
+    """Accept a :class:`Message` or an OpenAI dict; anything else is a typed error."""
+    if isinstance(value, Message):
+        return value
+    return Message.from_openai(value)
+
+
+def to_messages(values: Iterable[MessageLike]) -> list[Message]:
+    """Convert a batch, failing on the first bad message with its index."""
+    out: list[Message] = []
+    for index, value in enumerate(values):
+        try:
+            out.append(to_message(value))
+        except InvalidMessageError as exc:
+            raise InvalidMessageError(f"message {index}: {exc}") from None
+    return out
+
+
+def _content_out(content: str | tuple[TextPart | ImagePart, ...] | None) -> Any:
+    if content is None or isinstance(content, str):
+        return content
+    return [p.model_dump(mode="json", exclude_none=True) for p in content]
+
+
+def _describe(exc: pydantic.ValidationError, data: Mapping[str, Any]) -> str:
+    role = data.get("role", "?")
+    problems = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or "message"
+        problems.append(f"{where}: {err['msg']}")
+    if any(e["type"] == "literal_error" and e["loc"] == ("role",) for e in exc.errors()):
+        problems.append(f"role must be one of {', '.join(ROLES)}")
+    return f"invalid {role} message: " + "; ".join(problems)
+
+
+def system(content: str, **kw: Any) -> Message:
+    return Message(role="system", content=content, **kw)
+
+
+def user(content: str, **kw: Any) -> Message:
+    return Message(role="user", content=content, **kw)
+
+
+def assistant(content: str | None, **kw: Any) -> Message:
+    return Message(role="assistant", content=content, **kw)
+
+
+def tool(content: str, tool_call_id: str, **kw: Any) -> Message:
+    return Message(role="tool", content=content, tool_call_id=tool_call_id, **kw)
