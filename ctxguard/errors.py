@@ -105,9 +105,7 @@ class MissingDependencyError(CtxGuardError, ImportError):
 
     def __init__(self, feature: str, extra: str) -> None:
         self.extra = extra
-        super().__init__(
-            f"{feature} needs an optional dependency: pip install 'ctxguard[{extra}]'"
-        )
+        super().__init__(f"{feature} needs an optional dependency: pip install 'ctxguard[{extra}]'")
 
 
 __all__ = [

@@ -109,15 +109,16 @@ class Message(BaseModel):
         if isinstance(value, list | tuple):
             return tuple(value)
         raise ValueError(
-            f"content must be a string, a list of content parts or None, "
-            f"got {type(value).__name__}"
+            f"content must be a string, a list of content parts or None, got {type(value).__name__}"
         )
 
     @model_validator(mode="after")
     def _role_rules(self) -> Message:
         if self.role == "tool":
             if not self.tool_call_id:
-                raise ValueError("a tool message needs tool_call_id (the id of the call it answers)")
+                raise ValueError(
+                    "a tool message needs tool_call_id (the id of the call it answers)"
+                )
             if isinstance(self.content, tuple) and any(
                 not isinstance(p, TextPart) for p in self.content
             ):
@@ -176,7 +177,7 @@ class Message(BaseModel):
 
     def to_record(self) -> str:
         """The JSON record stored for this message."""
-        return self.model_dump_json(exclude_defaults=False)
+        return self.model_dump_json(exclude_none=True)
 
     @classmethod
     def from_record(cls, raw: str | bytes) -> Message:

@@ -1,0 +1,94 @@
+"""Session stores, chosen by URL.
+
+=====================================  =========================================
+URL                                    store
+=====================================  =========================================
+``memory://`` or ``memory://name``     in-process (the zero-setup default)
+``redis://[user:pass@]host:port/db``   Redis (``rediss://`` for TLS)
+``redis+cluster://h1:p1,h2:p2``        Redis Cluster (``rediss+cluster://``)
+=====================================  =========================================
+
+``?namespace=app&tenant=acme`` (or the keyword arguments) isolate apps and
+tenants sharing one server. The same URL opens the sync and the async store.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ctxguard.stores.base import (
+    AppendResult,
+    AsyncSessionStore,
+    NewMessage,
+    SessionInfo,
+    SessionStore,
+    StoredMessage,
+    Summary,
+    WindowFetch,
+    WriteOptions,
+)
+from ctxguard.stores.memory import AsyncMemoryStore, MemoryStore
+from ctxguard.stores.urls import parse_store_url, redact_url
+
+_memory: dict[tuple[str, str, str], MemoryStore] = {}
+_memory_lock = threading.Lock()
+
+
+def _memory_store(name: str, namespace: str, tenant: str) -> MemoryStore:
+    """``memory://`` stores with the same name, namespace and tenant share state in-process."""
+    with _memory_lock:
+        key = (name, namespace, tenant)
+        if key not in _memory:
+            _memory[key] = MemoryStore(namespace, tenant)
+        return _memory[key]
+
+
+def open_store(
+    url: str = "memory://", *, namespace: str | None = None, tenant: str | None = None, **kw: Any
+) -> SessionStore:
+    """Open a synchronous store for ``url`` (see the module docstring for the table)."""
+    parsed = parse_store_url(url, namespace, tenant)
+    from ctxguard.ids import validate_name
+
+    validate_name(parsed.namespace, "namespace")
+    validate_name(parsed.tenant, "tenant")
+    if parsed.scheme == "memory":
+        return _memory_store(parsed.name, parsed.namespace, parsed.tenant)
+    from ctxguard.stores.redis import RedisStore
+
+    return RedisStore(parsed, **kw)
+
+
+def open_async_store(
+    url: str = "memory://", *, namespace: str | None = None, tenant: str | None = None, **kw: Any
+) -> AsyncSessionStore:
+    """Open an asynchronous store for ``url``; same table as :func:`open_store`."""
+    parsed = parse_store_url(url, namespace, tenant)
+    from ctxguard.ids import validate_name
+
+    validate_name(parsed.namespace, "namespace")
+    validate_name(parsed.tenant, "tenant")
+    if parsed.scheme == "memory":
+        return AsyncMemoryStore(sync=_memory_store(parsed.name, parsed.namespace, parsed.tenant))
+    from ctxguard.stores.redis import AsyncRedisStore
+
+    return AsyncRedisStore(parsed, **kw)
+
+
+__all__ = [
+    "AppendResult",
+    "AsyncMemoryStore",
+    "AsyncSessionStore",
+    "MemoryStore",
+    "NewMessage",
+    "SessionInfo",
+    "SessionStore",
+    "StoredMessage",
+    "Summary",
+    "WindowFetch",
+    "WriteOptions",
+    "open_async_store",
+    "open_store",
+    "redact_url",
+]

@@ -1,0 +1,250 @@
+"""The store contract: what every session store (memory, Redis, Redis Cluster) does.
+
+A store keeps, per session: the ordered raw history (never destroyed by
+trimming), one token count per message tagged by the counter that produced it,
+the positions of pinned (system/developer) messages, a rolling summary with a
+version for compare-and-set, and a capped list of audit records. Sync and async
+stores have the same methods; :func:`ctxguard.stores.open_store` picks one by URL.
+
+Positions (``seq``) count from 0 in append order and never change.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol, runtime_checkable
+
+import pydantic
+
+from ctxguard.errors import CorruptRecordError, InvalidInputError
+from ctxguard.messages import Message
+
+UNKNOWN_TOKENS = -1
+# bytes of a stored record that are not content (id, created_at, keys): see window.lua
+RECORD_SKELETON_BYTES = 120
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """A message as stored: its position, and its token count (if known)."""
+
+    seq: int
+    message: Message
+    tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """What an append did. Retried ids land in ``duplicates`` and store nothing."""
+
+    stored: tuple[str, ...]
+    duplicates: tuple[str, ...]
+    message_count: int
+
+    @property
+    def all_duplicates(self) -> bool:
+        return not self.stored and bool(self.duplicates)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A session's metadata, readable without reading its messages."""
+
+    session_id: str
+    message_count: int
+    token_total: int
+    counter: str | None
+    created_at: datetime
+    updated_at: datetime
+    ttl_seconds: float | None
+    summary_version: int
+    audit_count: int = 0
+
+
+class Summary(pydantic.BaseModel):
+    """A rolling summary that stands for messages ``[0, covers_to)``.
+
+    ``from_id``/``to_id`` name the first and last message it covers so an audit
+    can show the id range; ``version`` increases by one per commit.
+    """
+
+    model_config = pydantic.ConfigDict(frozen=True)
+
+    version: int
+    text: str
+    covers_to: int
+    from_id: str | None = None
+    to_id: str | None = None
+    tokens: int | None = None
+    counter: str | None = None
+    created_at: datetime = pydantic.Field(default_factory=lambda: datetime.now(UTC))
+
+
+@dataclass(frozen=True, slots=True)
+class WindowFetch:
+    """Everything one prepare needs, fetched in one round trip.
+
+    ``recent`` holds the newest messages, oldest first, walking back until their
+    stored token counts exceed the requested budget (unknown counts are
+    under-estimated so the walk fetches enough); ``reached_start`` says whether
+    it reached the oldest message. ``pinned`` holds pinned messages older than
+    ``recent``.
+    """
+
+    info: SessionInfo
+    pinned: tuple[StoredMessage, ...]
+    recent: tuple[StoredMessage, ...]
+    summary: Summary | None
+    reached_start: bool
+    appended: AppendResult | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message ready to append: its record and (optionally) its token count."""
+
+    message: Message
+    tokens: int | None = None
+    record: str = field(default="", compare=False)
+
+    def encoded(self) -> str:
+        return self.record or self.message.to_record()
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOptions:
+    """Per-write settings shared by every mutating operation."""
+
+    counter: str | None = None
+    ttl_seconds: int | None = None
+    max_messages: int | None = None
+
+
+@runtime_checkable
+class SessionStore(Protocol):
+    """Synchronous session store."""
+
+    def append(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        options: WriteOptions = ...,
+    ) -> AppendResult: ...
+    def read(
+        self, session_id: str, start: int = 0, stop: int | None = None
+    ) -> list[StoredMessage]: ...
+    def read_last(self, session_id: str, count: int) -> list[StoredMessage]: ...
+    def info(self, session_id: str) -> SessionInfo | None: ...
+    def delete(self, session_id: str) -> bool: ...
+    def list_sessions(self, prefix: str = "") -> Iterator[str]: ...
+    def fetch_window(
+        self,
+        session_id: str,
+        budget: int,
+        options: WriteOptions = ...,
+        new: Sequence[NewMessage] = (),
+    ) -> WindowFetch: ...
+    def set_token_counts(
+        self, session_id: str, counter: str, counts: Mapping[int, int]
+    ) -> None: ...
+    def get_summary(self, session_id: str) -> Summary | None: ...
+    def commit_summary(self, session_id: str, summary: Summary, expected_version: int) -> bool: ...
+    def add_audit(self, session_id: str, record: Mapping[str, Any], retention: int) -> None: ...
+    def read_audit(self, session_id: str) -> list[dict[str, Any]]: ...
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncSessionStore(Protocol):
+    """Asynchronous session store: the same methods as :class:`SessionStore`."""
+
+    async def append(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        options: WriteOptions = ...,
+    ) -> AppendResult: ...
+    async def read(
+        self, session_id: str, start: int = 0, stop: int | None = None
+    ) -> list[StoredMessage]: ...
+    async def read_last(self, session_id: str, count: int) -> list[StoredMessage]: ...
+    async def info(self, session_id: str) -> SessionInfo | None: ...
+    async def delete(self, session_id: str) -> bool: ...
+    def list_sessions(self, prefix: str = "") -> AsyncIterator[str]: ...
+    async def fetch_window(
+        self,
+        session_id: str,
+        budget: int,
+        options: WriteOptions = ...,
+        new: Sequence[NewMessage] = (),
+    ) -> WindowFetch: ...
+    async def set_token_counts(
+        self, session_id: str, counter: str, counts: Mapping[int, int]
+    ) -> None: ...
+    async def get_summary(self, session_id: str) -> Summary | None: ...
+    async def commit_summary(
+        self, session_id: str, summary: Summary, expected_version: int
+    ) -> bool: ...
+    async def add_audit(
+        self, session_id: str, record: Mapping[str, Any], retention: int
+    ) -> None: ...
+    async def read_audit(self, session_id: str) -> list[dict[str, Any]]: ...
+    async def close(self) -> None: ...
+
+
+# -- decoding shared by every backend ---------------------------------------
+
+
+def decode_message(session_id: str, seq: int, raw: str | bytes) -> Message:
+    """Decode one stored record, or raise :class:`CorruptRecordError` naming it."""
+    try:
+        return Message.from_record(raw)
+    except (pydantic.ValidationError, ValueError, InvalidInputError) as exc:
+        detail = str(exc).splitlines()[0][:200]
+        raise CorruptRecordError(session_id, seq, detail) from None
+
+
+def decode_summary(session_id: str, raw: str | bytes | None) -> Summary | None:
+    if raw is None:
+        return None
+    try:
+        return Summary.model_validate_json(raw)
+    except (pydantic.ValidationError, ValueError) as exc:
+        raise CorruptRecordError(session_id, "summary", str(exc).splitlines()[0][:200]) from None
+
+
+def decode_audit(session_id: str, index: int, raw: str | bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise CorruptRecordError(session_id, f"audit {index}", str(exc)) from None
+    if not isinstance(value, dict):
+        raise CorruptRecordError(session_id, f"audit {index}", "not a JSON object")
+    return value
+
+
+def tokens_or_none(value: int) -> int | None:
+    return None if value < 0 else value
+
+
+def ms_to_datetime(ms: int | float) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def check_window_args(budget: int, count: int | None = None) -> None:
+    if not isinstance(budget, int) or budget < 0:
+        raise InvalidInputError(f"budget must be a non-negative int, got {budget!r}")
+    if count is not None and (not isinstance(count, int) or count < 0):
+        raise InvalidInputError(f"count must be a non-negative int, got {count!r}")
+
+
+def estimate_unknown_tokens(record_bytes: int) -> int:
+    """A deliberate under-estimate for a message whose count is not stored yet.
+
+    The window walk uses it so that it fetches at least enough messages; the
+    guard then counts them exactly and writes the counts back.
+    """
+    return max(1, (record_bytes - RECORD_SKELETON_BYTES) // 8)

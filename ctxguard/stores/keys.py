@@ -1,0 +1,67 @@
+"""Every Redis key ctxguard writes, in one place.
+
+Layout (``<ns>`` namespace, ``<tenant>`` tenant, ``<sid>`` the session id
+percent-encoded so it holds no ``{ } * ? [ ] :`` or control characters)::
+
+    <ns>:<tenant>:{<sid>}:meta    HASH  created, updated (ms), count, tokens, counter, sumver
+    <ns>:<tenant>:{<sid>}:msgs    LIST  JSON message records, append order (seq = index)
+    <ns>:<tenant>:{<sid>}:toks    LIST  token count per record (-1 = unknown), same order
+    <ns>:<tenant>:{<sid>}:ids     HASH  message id -> seq (idempotent appends)
+    <ns>:<tenant>:{<sid>}:pins    LIST  seqs of system/developer messages
+    <ns>:<tenant>:{<sid>}:sum     STRING JSON rolling summary (version, covers_to, text)
+    <ns>:<tenant>:{<sid>}:audit   LIST  JSON audit records, newest last, capped
+
+The ``{<sid>}`` hash tag puts all keys of a session in one cluster slot, so the
+same Lua scripts run unchanged on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote, unquote
+
+from ctxguard.ids import validate_id, validate_name
+
+SUFFIXES = ("meta", "msgs", "toks", "ids", "pins", "sum", "audit")
+
+
+def encode_session_id(session_id: str) -> str:
+    """Percent-encode everything but ``A-Z a-z 0-9 _ . - ~``: no glob, tag or separator chars."""
+    return quote(session_id, safe="")
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpace:
+    """Key names for one namespace and tenant."""
+
+    namespace: str = "ctxg"
+    tenant: str = "default"
+
+    def __post_init__(self) -> None:
+        validate_name(self.namespace, "namespace")
+        validate_name(self.tenant, "tenant")
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.namespace}:{self.tenant}:"
+
+    def session_keys(self, session_id: str) -> list[str]:
+        """The seven keys of a session, in the order every script expects them."""
+        validate_id(session_id, "session id")
+        base = f"{self.prefix}{{{encode_session_id(session_id)}}}:"
+        return [base + suffix for suffix in SUFFIXES]
+
+    def meta_pattern(self, session_prefix: str = "") -> str:
+        """SCAN MATCH pattern for the meta keys of sessions starting with a prefix.
+
+        The encoded prefix holds no glob characters, so a session id of ``*``
+        matches only itself.
+        """
+        return f"{self.prefix}{{{encode_session_id(session_prefix)}*}}:meta"
+
+    def session_id_from_meta_key(self, key: str) -> str | None:
+        head = self.prefix + "{"
+        tail = "}:meta"
+        if not (key.startswith(head) and key.endswith(tail)):
+            return None
+        return unquote(key[len(head) : -len(tail)])

@@ -1,0 +1,73 @@
+-- Shared helpers, prepended to every script of ctxguard (not a script itself).
+-- KEYS (same order for every script; all share one hash tag):
+--   1 meta  2 msgs  3 toks  4 ids  5 pins  6 sum  7 audit
+
+local K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM, K_AUDIT = 1, 2, 3, 4, 5, 6, 7
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Re-apply the sliding TTL to every key of the session that exists.
+local function touch(ttl)
+  ttl = tonumber(ttl)
+  if ttl and ttl > 0 then
+    for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
+  end
+end
+
+-- Make `counter` the session's counter; counts made by another counter become unknown.
+local function switch_counter(counter)
+  if counter == '' then return end
+  local current = redis.call('HGET', KEYS[K_META], 'counter')
+  if current == counter then return end
+  local n = redis.call('LLEN', KEYS[K_TOKS])
+  redis.call('DEL', KEYS[K_TOKS])
+  local chunk = {}
+  for i = 1, n do
+    chunk[#chunk + 1] = -1
+    if #chunk == 4000 or i == n then
+      redis.call('RPUSH', KEYS[K_TOKS], unpack(chunk))
+      chunk = {}
+    end
+  end
+  redis.call('HSET', KEYS[K_META], 'counter', counter, 'tokens', 0)
+end
+
+-- Append messages given as ARGV[first .. first + 4*n - 1]: id, record, tokens, pinned.
+-- Returns {count_after, flags} where flags[i] = 1 if stored, 0 if the id was already there.
+local function append_many(first, n, counter)
+  local flags = {}
+  local count = redis.call('LLEN', KEYS[K_MSGS])
+  local added_tokens = 0
+  if n > 0 and redis.call('EXISTS', KEYS[K_META]) == 0 then
+    local now = now_ms()
+    redis.call('HSET', KEYS[K_META], 'created', now, 'updated', now, 'sumver', 0, 'tokens', 0)
+  end
+  switch_counter(counter)
+  for i = 0, n - 1 do
+    local at = first + 4 * i
+    local id, record, tokens, pinned = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2]), ARGV[at + 3]
+    if redis.call('HSETNX', KEYS[K_IDS], id, count) == 1 then
+      if counter == '' then tokens = -1 end
+      redis.call('RPUSH', KEYS[K_MSGS], record)
+      redis.call('RPUSH', KEYS[K_TOKS], tokens)
+      if tokens >= 0 then added_tokens = added_tokens + tokens end
+      if pinned == '1' then redis.call('RPUSH', KEYS[K_PINS], count) end
+      count = count + 1
+      flags[#flags + 1] = 1
+    else
+      flags[#flags + 1] = 0
+    end
+  end
+  if n > 0 then
+    redis.call('HSET', KEYS[K_META], 'updated', now_ms(), 'count', count)
+    if added_tokens > 0 then redis.call('HINCRBY', KEYS[K_META], 'tokens', added_tokens) end
+  end
+  return {count, flags}
+end
+
+local function meta_flat()
+  return redis.call('HGETALL', KEYS[K_META])
+end

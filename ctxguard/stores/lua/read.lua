@@ -1,0 +1,11 @@
+-- read: a consistent slice of a session.
+-- ARGV: 1 start seq, 2 stop seq (exclusive; -1 = to the end)
+-- Returns: {start seq actually used, records, counts}
+local len = redis.call('LLEN', KEYS[K_MSGS])
+local start = tonumber(ARGV[1])
+local stop = tonumber(ARGV[2])
+if stop < 0 or stop > len then stop = len end
+if start < 0 then start = math.max(0, len + start) end
+if start >= stop then return {start, {}, {}} end
+return {start, redis.call('LRANGE', KEYS[K_MSGS], start, stop - 1),
+        redis.call('LRANGE', KEYS[K_TOKS], start, stop - 1)}

@@ -1,0 +1,76 @@
+-- window: optionally append new messages, then fetch what one prepare needs.
+-- ARGV: 1 counter fingerprint ('' = none), 2 ttl seconds, 3 max messages (0 = no cap),
+--       4 token budget, 5 n new, then n x (id, record, tokens, pinned)
+-- Returns: {append_result or false, meta (flat HGETALL), summary JSON or false,
+--           first seq of recent, recent records, recent counts,
+--           pinned seqs, pinned records, pinned counts, ttl seconds}
+-- The walk goes from the newest message back and stops before the first one
+-- that would push the running total of stored counts over the budget; an
+-- unknown count (-1, or another counter's) is under-estimated as
+-- (record bytes - 120) / 8, at least 1 (base.estimate_unknown_tokens).
+local n = tonumber(ARGV[5])
+local appended = false
+if n > 0 then
+  local cap = tonumber(ARGV[3])
+  local count = redis.call('LLEN', KEYS[K_MSGS])
+  if cap > 0 and count + n > cap then
+    local fresh = 0
+    for i = 0, n - 1 do
+      if redis.call('HEXISTS', KEYS[K_IDS], ARGV[6 + 4 * i]) == 0 then fresh = fresh + 1 end
+    end
+    if count + fresh > cap then return {{-1, count}} end
+  end
+  appended = append_many(6, n, ARGV[1])
+  touch(ARGV[2])
+end
+
+local budget = tonumber(ARGV[4])
+local counter = ARGV[1]
+local same_counter = counter == '' or redis.call('HGET', KEYS[K_META], 'counter') == counter
+local len = redis.call('LLEN', KEYS[K_MSGS])
+local total, first = 0, len
+local records, counts = {}, {}
+local step = 32
+local hi = len - 1
+while hi >= 0 do
+  local lo = math.max(0, hi - step + 1)
+  local toks = redis.call('LRANGE', KEYS[K_TOKS], lo, hi)
+  local recs = redis.call('LRANGE', KEYS[K_MSGS], lo, hi)
+  local stop = false
+  for i = #recs, 1, -1 do
+    local c = tonumber(toks[i]) or -1
+    if not same_counter then c = -1 end
+    local cost = c
+    if cost < 0 then cost = math.max(1, math.floor((#recs[i] - 120) / 8)) end
+    if total + cost > budget then stop = true; break end
+    total = total + cost
+    first = lo + i - 1
+    records[#records + 1] = recs[i]
+    counts[#counts + 1] = c
+  end
+  if stop then break end
+  hi = lo - 1
+  step = math.min(step * 2, 1024)
+end
+-- records/counts were gathered newest first; reverse to oldest first
+local r_out, c_out = {}, {}
+for i = #records, 1, -1 do
+  r_out[#r_out + 1] = records[i]
+  c_out[#c_out + 1] = counts[i]
+end
+
+local p_seqs, p_recs, p_counts = {}, {}, {}
+local pins = redis.call('LRANGE', KEYS[K_PINS], 0, -1)
+for _, s in ipairs(pins) do
+  local seq = tonumber(s)
+  if seq < first then
+    p_seqs[#p_seqs + 1] = seq
+    p_recs[#p_recs + 1] = redis.call('LINDEX', KEYS[K_MSGS], seq)
+    local c = tonumber(redis.call('LINDEX', KEYS[K_TOKS], seq)) or -1
+    if not same_counter then c = -1 end
+    p_counts[#p_counts + 1] = c
+  end
+end
+local summary = redis.call('GET', KEYS[K_SUM])
+return {appended, meta_flat(), summary, first, r_out, c_out, p_seqs, p_recs, p_counts,
+        redis.call('TTL', KEYS[K_META])}

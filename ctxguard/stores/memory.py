@@ -1,0 +1,350 @@
+"""The in-process store: zero setup, the default, and the reference semantics.
+
+Everything lives in one dict guarded by one lock, so each operation is atomic
+for every thread of the process, as a Lua script is on Redis. Nothing survives
+the process. :class:`AsyncMemoryStore` is the same object behind ``async def``:
+there is no I/O to wait for.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxguard.ids import validate_id
+from ctxguard.stores.base import (
+    UNKNOWN_TOKENS,
+    AppendResult,
+    NewMessage,
+    SessionInfo,
+    StoredMessage,
+    Summary,
+    WindowFetch,
+    WriteOptions,
+    check_window_args,
+    decode_audit,
+    decode_message,
+    decode_summary,
+    estimate_unknown_tokens,
+    ms_to_datetime,
+    tokens_or_none,
+)
+
+
+@dataclass
+class _Session:
+    created_ms: int
+    updated_ms: int
+    records: list[str] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    ids: dict[str, int] = field(default_factory=dict)
+    pins: list[int] = field(default_factory=list)
+    counter: str | None = None
+    summary: str | None = None
+    summary_version: int = 0
+    audit: list[str] = field(default_factory=list)
+    expires_at: float | None = None
+
+    def token_total(self) -> int:
+        return sum(t for t in self.tokens if t >= 0)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class MemoryStore:
+    """In-process session store (``memory://``). Thread-safe."""
+
+    def __init__(self, namespace: str = "ctxg", tenant: str = "default") -> None:
+        self.namespace = namespace
+        self.tenant = tenant
+        self._sessions: dict[str, _Session] = {}
+        self._lock = threading.RLock()
+
+    # -- helpers -------------------------------------------------------------
+
+    def _live(self, session_id: str) -> _Session | None:
+        validate_id(session_id, "session id")
+        session = self._sessions.get(session_id)
+        expires = None if session is None else session.expires_at
+        if expires is not None and expires <= time.monotonic():
+            del self._sessions[session_id]
+            return None
+        return session
+
+    def _for_write(self, session_id: str, options: WriteOptions) -> _Session:
+        session = self._live(session_id)
+        if session is None:
+            now = _now_ms()
+            session = self._sessions.setdefault(session_id, _Session(now, now))
+        if options.counter and session.counter != options.counter:
+            session.counter = options.counter
+            session.tokens = [UNKNOWN_TOKENS] * len(session.tokens)
+        return session
+
+    @staticmethod
+    def _touch(session: _Session, options: WriteOptions) -> None:
+        session.updated_ms = _now_ms()
+        if options.ttl_seconds:
+            session.expires_at = time.monotonic() + options.ttl_seconds
+
+    def _append_locked(
+        self, session: _Session, messages: Sequence[NewMessage], options: WriteOptions
+    ) -> AppendResult:
+        stored: list[str] = []
+        duplicates: list[str] = []
+        for new in messages:
+            msg_id = new.message.id
+            if msg_id in session.ids:
+                duplicates.append(msg_id)
+                continue
+            seq = len(session.records)
+            session.ids[msg_id] = seq
+            session.records.append(new.encoded())
+            counted = options.counter is not None and new.tokens is not None
+            session.tokens.append(new.tokens if counted and new.tokens is not None else -1)
+            if new.message.is_pinned_role:
+                session.pins.append(seq)
+            stored.append(msg_id)
+        self._touch(session, options)
+        return AppendResult(tuple(stored), tuple(duplicates), len(session.records))
+
+    def _stored(self, session_id: str, session: _Session, seq: int) -> StoredMessage:
+        message = decode_message(session_id, seq, session.records[seq])
+        return StoredMessage(seq, message, tokens_or_none(session.tokens[seq]))
+
+    def _info(self, session_id: str, session: _Session) -> SessionInfo:
+        ttl = None
+        if session.expires_at is not None:
+            ttl = max(0.0, session.expires_at - time.monotonic())
+        return SessionInfo(
+            session_id=session_id,
+            message_count=len(session.records),
+            token_total=session.token_total(),
+            counter=session.counter,
+            created_at=ms_to_datetime(session.created_ms),
+            updated_at=ms_to_datetime(session.updated_ms),
+            ttl_seconds=ttl,
+            summary_version=session.summary_version,
+            audit_count=len(session.audit),
+        )
+
+    # -- the contract ---------------------------------------------------------
+
+    def append(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        options: WriteOptions = WriteOptions(),  # noqa: B008 - frozen, shared safely
+    ) -> AppendResult:
+        with self._lock:
+            session = self._for_write(session_id, options)
+            return self._append_locked(session, messages, options)
+
+    def read(self, session_id: str, start: int = 0, stop: int | None = None) -> list[StoredMessage]:
+        with self._lock:
+            session = self._live(session_id)
+            if session is None:
+                return []
+            seqs = range(len(session.records))[start:stop]
+            return [self._stored(session_id, session, seq) for seq in seqs]
+
+    def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
+        check_window_args(0, count)
+        with self._lock:
+            session = self._live(session_id)
+            if session is None or count == 0:
+                return []
+            first = max(0, len(session.records) - count)
+            return [
+                self._stored(session_id, session, s) for s in range(first, len(session.records))
+            ]
+
+    def info(self, session_id: str) -> SessionInfo | None:
+        with self._lock:
+            session = self._live(session_id)
+            return None if session is None else self._info(session_id, session)
+
+    def delete(self, session_id: str) -> bool:
+        with self._lock:
+            existed = self._live(session_id) is not None
+            self._sessions.pop(session_id, None)
+            return existed
+
+    def list_sessions(self, prefix: str = "") -> Iterator[str]:
+        with self._lock:
+            names = sorted(self._sessions)
+        for name in names:
+            if name.startswith(prefix) and self.info(name) is not None:
+                yield name
+
+    def fetch_window(
+        self,
+        session_id: str,
+        budget: int,
+        options: WriteOptions = WriteOptions(),  # noqa: B008
+        new: Sequence[NewMessage] = (),
+    ) -> WindowFetch:
+        check_window_args(budget)
+        with self._lock:
+            appended = None
+            if new:
+                session = self._for_write(session_id, options)
+                appended = self._append_locked(session, new, options)
+            else:
+                found = self._live(session_id)
+                if found is None:
+                    return _empty_window(session_id)
+                session = found
+            counter_matches = options.counter is None or options.counter == session.counter
+            first = _walk_back(session, budget, counter_matches)
+            recent = tuple(
+                self._stored(session_id, session, s) for s in range(first, len(session.records))
+            )
+            pinned = tuple(self._stored(session_id, session, s) for s in session.pins if s < first)
+            summary = decode_summary(session_id, session.summary)
+            info = self._info(session_id, session)
+        return WindowFetch(info, pinned, recent, summary, first == 0, appended)
+
+    def set_token_counts(self, session_id: str, counter: str, counts: Mapping[int, int]) -> None:
+        with self._lock:
+            session = self._live(session_id)
+            if session is None:
+                return
+            if session.counter != counter:
+                session.counter = counter
+                session.tokens = [UNKNOWN_TOKENS] * len(session.tokens)
+            for seq, value in counts.items():
+                if 0 <= seq < len(session.tokens):
+                    session.tokens[seq] = int(value)
+
+    def get_summary(self, session_id: str) -> Summary | None:
+        with self._lock:
+            session = self._live(session_id)
+            return None if session is None else decode_summary(session_id, session.summary)
+
+    def commit_summary(self, session_id: str, summary: Summary, expected_version: int) -> bool:
+        with self._lock:
+            session = self._live(session_id)
+            if session is None or session.summary_version != expected_version:
+                return False
+            if summary.covers_to > len(session.records) or summary.version != expected_version + 1:
+                return False
+            session.summary = summary.model_dump_json()
+            session.summary_version = summary.version
+            return True
+
+    def add_audit(self, session_id: str, record: Mapping[str, Any], retention: int) -> None:
+        import json
+
+        with self._lock:
+            session = self._live(session_id)
+            if session is None:
+                return
+            session.audit.append(json.dumps(record, default=str))
+            if retention > 0 and len(session.audit) > retention:
+                del session.audit[: len(session.audit) - retention]
+
+    def read_audit(self, session_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            session = self._live(session_id)
+            raw = [] if session is None else list(session.audit)
+        return [decode_audit(session_id, i, r) for i, r in enumerate(raw)]
+
+    def close(self) -> None:
+        """Nothing to release; present so every store closes the same way."""
+
+
+def _walk_back(session: _Session, budget: int, counter_matches: bool) -> int:
+    """First position of the newest run whose stored counts fit ``budget``.
+
+    Mirrors ``window.lua``: the walk stops at the first message that would push
+    the running total over the budget.
+    """
+    total = 0
+    first = len(session.records)
+    for seq in range(len(session.records) - 1, -1, -1):
+        count = session.tokens[seq] if counter_matches else UNKNOWN_TOKENS
+        if count < 0:
+            count = estimate_unknown_tokens(len(session.records[seq].encode()))
+        if total + count > budget:
+            break
+        total += count
+        first = seq
+    return first
+
+
+def _empty_window(session_id: str) -> WindowFetch:
+    now = ms_to_datetime(_now_ms())
+    info = SessionInfo(session_id, 0, 0, None, now, now, None, 0)
+    return WindowFetch(info, (), (), None, True, None)
+
+
+class AsyncMemoryStore:
+    """``async`` face of :class:`MemoryStore`; the same state and logic."""
+
+    def __init__(
+        self, namespace: str = "ctxg", tenant: str = "default", *, sync: MemoryStore | None = None
+    ) -> None:
+        self.sync = sync or MemoryStore(namespace, tenant)
+
+    async def append(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        options: WriteOptions = WriteOptions(),  # noqa: B008
+    ) -> AppendResult:
+        return self.sync.append(session_id, messages, options)
+
+    async def read(
+        self, session_id: str, start: int = 0, stop: int | None = None
+    ) -> list[StoredMessage]:
+        return self.sync.read(session_id, start, stop)
+
+    async def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
+        return self.sync.read_last(session_id, count)
+
+    async def info(self, session_id: str) -> SessionInfo | None:
+        return self.sync.info(session_id)
+
+    async def delete(self, session_id: str) -> bool:
+        return self.sync.delete(session_id)
+
+    async def list_sessions(self, prefix: str = "") -> AsyncIterator[str]:
+        for name in self.sync.list_sessions(prefix):
+            yield name
+
+    async def fetch_window(
+        self,
+        session_id: str,
+        budget: int,
+        options: WriteOptions = WriteOptions(),  # noqa: B008
+        new: Sequence[NewMessage] = (),
+    ) -> WindowFetch:
+        return self.sync.fetch_window(session_id, budget, options, new)
+
+    async def set_token_counts(
+        self, session_id: str, counter: str, counts: Mapping[int, int]
+    ) -> None:
+        self.sync.set_token_counts(session_id, counter, counts)
+
+    async def get_summary(self, session_id: str) -> Summary | None:
+        return self.sync.get_summary(session_id)
+
+    async def commit_summary(
+        self, session_id: str, summary: Summary, expected_version: int
+    ) -> bool:
+        return self.sync.commit_summary(session_id, summary, expected_version)
+
+    async def add_audit(self, session_id: str, record: Mapping[str, Any], retention: int) -> None:
+        self.sync.add_audit(session_id, record, retention)
+
+    async def read_audit(self, session_id: str) -> list[dict[str, Any]]:
+        return self.sync.read_audit(session_id)
+
+    async def close(self) -> None:
+        self.sync.close()

@@ -1,0 +1,395 @@
+"""Redis and Redis Cluster stores (redis-py), sync and async.
+
+Each mutating operation is one Lua script (``ctxguard/stores/lua/``): atomic and
+one round trip. The classes here only move bytes: :mod:`redis_protocol` builds
+every call and parses every reply. Operations that are safe to repeat (appends
+are idempotent by message id; reads; count updates; deletes) are retried with
+backoff when the connection drops; the rest raise
+:class:`~ctxguard.errors.StoreConnectionError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import redis
+import redis.asyncio as aredis
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import ClusterDownError, RedisError, TryAgainError
+from redis.retry import Retry
+
+from ctxguard.errors import StoreConnectionError, StoreError
+from ctxguard.stores.base import (
+    AppendResult,
+    NewMessage,
+    SessionInfo,
+    StoredMessage,
+    Summary,
+    WindowFetch,
+    WriteOptions,
+    check_window_args,
+    decode_summary,
+)
+from ctxguard.stores.keys import KeySpace
+from ctxguard.stores.redis_protocol import SCRIPT_NAMES, Call, RedisProtocol, load_script
+from ctxguard.stores.urls import StoreURL
+
+T = TypeVar("T")
+RETRYABLE = (redis.ConnectionError, redis.TimeoutError, ClusterDownError, TryAgainError)
+_DEFAULT_OPTIONS = WriteOptions()
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Backoff for operations that are safe to repeat: attempts, first delay, cap."""
+
+    attempts: int = 4
+    first_delay: float = 0.05
+    max_delay: float = 1.0
+
+    def delays(self) -> Iterator[float]:
+        delay = self.first_delay
+        for _ in range(self.attempts - 1):
+            yield delay
+            delay = min(delay * 2, self.max_delay)
+
+
+def _wrap(exc: RedisError, what: str, where: str) -> StoreError:
+    if isinstance(exc, RETRYABLE):
+        return StoreConnectionError(
+            f"{what} failed: lost the connection to {where} ({type(exc).__name__})"
+        )
+    return StoreError(f"{what} failed on {where}: {type(exc).__name__}: {exc}")
+
+
+def _client_kwargs(url: StoreURL) -> dict[str, Any]:
+    return {"retry": Retry(NoBackoff(), 0), "decode_responses": False}
+
+
+class _Base:
+    def __init__(self, url: StoreURL, retry: RetryPolicy | None) -> None:
+        self.url = url
+        self.protocol = RedisProtocol(KeySpace(url.namespace, url.tenant))
+        self.retry_policy = retry or RetryPolicy()
+        self.where = url.redacted
+
+    @property
+    def namespace(self) -> str:
+        return self.protocol.keyspace.namespace
+
+    @property
+    def tenant(self) -> str:
+        return self.protocol.keyspace.tenant
+
+
+class RedisStore(_Base):
+    """Synchronous store on Redis (``redis://``, ``rediss://``) or Redis Cluster."""
+
+    def __init__(self, url: StoreURL, client: Any = None, retry: RetryPolicy | None = None) -> None:
+        super().__init__(url, retry)
+        self.client = client if client is not None else _sync_client(url)
+        self._scripts = {
+            name: self.client.register_script(load_script(name)) for name in SCRIPT_NAMES
+        }
+
+    def _io(self, what: str, fn: Callable[[], T], idempotent: bool) -> T:
+        delays = self.retry_policy.delays() if idempotent else iter(())
+        while True:
+            try:
+                return fn()
+            except RETRYABLE as exc:
+                delay = next(delays, None)
+                if delay is None:
+                    raise _wrap(exc, what, self.where) from exc
+                time.sleep(delay)
+            except RedisError as exc:
+                raise _wrap(exc, what, self.where) from exc
+
+    def _run(self, call: Call, idempotent: bool = True) -> Any:
+        script = self._scripts[call.script]
+        return self._io(call.script, lambda: script(keys=call.keys, args=call.args), idempotent)
+
+    def append(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        options: WriteOptions = _DEFAULT_OPTIONS,
+    ) -> AppendResult:
+        if not messages:
+            return AppendResult((), (), self._count(session_id))
+        reply = self._run(self.protocol.append_call(session_id, messages, options))
+        return self.protocol.parse_append(session_id, messages, reply)
+
+    def _count(self, session_id: str) -> int:
+        info = self.info(session_id)
+        return 0 if info is None else info.message_count
+
+    def read(self, session_id: str, start: int = 0, stop: int | None = None) -> list[StoredMessage]:
+        return self.protocol.parse_read(
+            session_id, self._run(self.protocol.read_call(session_id, start, stop))
+        )
+
+    def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
+        check_window_args(0, count)
+        if count == 0:
+            return []
+        return self.read(session_id, -count, None)
+
+    def info(self, session_id: str) -> SessionInfo | None:
+        keys = self.protocol.keys(session_id)
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hgetall(keys[0])
+            pipe.ttl(keys[0])
+            pipe.llen(keys[6])
+            return list(pipe.execute())
+
+        meta, ttl, audits = self._io("info", fetch, True)
+        flat = [x for kv in meta.items() for x in kv]
+        return self.protocol.parse_info(session_id, flat, ttl, int(audits))
+
+    def delete(self, session_id: str) -> bool:
+        keys = self.protocol.keys(session_id)
+        return bool(self._io("delete", lambda: self.client.delete(*keys), True))
+
+    def list_sessions(self, prefix: str = "") -> Iterator[str]:
+        pattern = self.protocol.keyspace.meta_pattern(prefix)
+        seen: set[str] = set()
+        for key in self._io("list", lambda: list(_scan(self.client, pattern)), True):
+            session_id = self.protocol.keyspace.session_id_from_meta_key(key.decode())
+            if session_id is not None and session_id not in seen:
+                seen.add(session_id)
+                yield session_id
+
+    def fetch_window(
+        self,
+        session_id: str,
+        budget: int,
+        options: WriteOptions = _DEFAULT_OPTIONS,
+        new: Sequence[NewMessage] = (),
+    ) -> WindowFetch:
+        reply = self._run(self.protocol.window_call(session_id, budget, options, new))
+        return self.protocol.parse_window(session_id, new, reply)
+
+    def set_token_counts(
+        self, session_id: str, counter: str, counts: Mapping[int, int], ttl: int = 0
+    ) -> None:
+        self._run(self.protocol.set_counts_call(session_id, counter, counts, ttl))
+
+    def get_summary(self, session_id: str) -> Summary | None:
+        key = self.protocol.keys(session_id)[5]
+        return decode_summary(
+            session_id, self._io("get_summary", lambda: self.client.get(key), True)
+        )
+
+    def commit_summary(
+        self, session_id: str, summary: Summary, expected_version: int, ttl: int = 0
+    ) -> bool:
+        call = self.protocol.commit_summary_call(session_id, summary, expected_version, ttl)
+        return bool(self._run(call, idempotent=False))
+
+    def add_audit(
+        self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
+    ) -> None:
+        self._run(self.protocol.audit_call(session_id, record, retention, ttl), idempotent=False)
+
+    def read_audit(self, session_id: str) -> list[dict[str, Any]]:
+        key = self.protocol.keys(session_id)[6]
+        raw = self._io("read_audit", lambda: self.client.lrange(key, 0, -1), True)
+        return self.protocol.parse_audit(session_id, raw)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class AsyncRedisStore(_Base):
+    """Asynchronous twin of :class:`RedisStore` (``redis.asyncio``)."""
+
+    def __init__(self, url: StoreURL, client: Any = None, retry: RetryPolicy | None = None) -> None:
+        super().__init__(url, retry)
+        self.client = client if client is not None else _async_client(url)
+        self._scripts = {
+            name: self.client.register_script(load_script(name)) for name in SCRIPT_NAMES
+        }
+
+    async def _io(self, what: str, fn: Callable[[], Awaitable[T]], idempotent: bool) -> T:
+        delays = self.retry_policy.delays() if idempotent else iter(())
+        while True:
+            try:
+                return await fn()
+            except RETRYABLE as exc:
+                delay = next(delays, None)
+                if delay is None:
+                    raise _wrap(exc, what, self.where) from exc
+                await asyncio.sleep(delay)
+            except RedisError as exc:
+                raise _wrap(exc, what, self.where) from exc
+
+    async def _run(self, call: Call, idempotent: bool = True) -> Any:
+        script = self._scripts[call.script]
+        return await self._io(
+            call.script, lambda: script(keys=call.keys, args=call.args), idempotent
+        )
+
+    async def append(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        options: WriteOptions = _DEFAULT_OPTIONS,
+    ) -> AppendResult:
+        if not messages:
+            info = await self.info(session_id)
+            return AppendResult((), (), 0 if info is None else info.message_count)
+        reply = await self._run(self.protocol.append_call(session_id, messages, options))
+        return self.protocol.parse_append(session_id, messages, reply)
+
+    async def read(
+        self, session_id: str, start: int = 0, stop: int | None = None
+    ) -> list[StoredMessage]:
+        reply = await self._run(self.protocol.read_call(session_id, start, stop))
+        return self.protocol.parse_read(session_id, reply)
+
+    async def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
+        check_window_args(0, count)
+        if count == 0:
+            return []
+        return await self.read(session_id, -count, None)
+
+    async def info(self, session_id: str) -> SessionInfo | None:
+        keys = self.protocol.keys(session_id)
+
+        async def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hgetall(keys[0])
+            pipe.ttl(keys[0])
+            pipe.llen(keys[6])
+            return list(await pipe.execute())
+
+        meta, ttl, audits = await self._io("info", fetch, True)
+        flat = [x for kv in meta.items() for x in kv]
+        return self.protocol.parse_info(session_id, flat, ttl, int(audits))
+
+    async def delete(self, session_id: str) -> bool:
+        keys = self.protocol.keys(session_id)
+        return bool(await self._io("delete", lambda: self.client.delete(*keys), True))
+
+    async def list_sessions(self, prefix: str = "") -> AsyncIterator[str]:
+        pattern = self.protocol.keyspace.meta_pattern(prefix)
+
+        async def collect() -> list[bytes]:
+            return [k async for k in _ascan(self.client, pattern)]
+
+        seen: set[str] = set()
+        for key in await self._io("list", collect, True):
+            session_id = self.protocol.keyspace.session_id_from_meta_key(key.decode())
+            if session_id is not None and session_id not in seen:
+                seen.add(session_id)
+                yield session_id
+
+    async def fetch_window(
+        self,
+        session_id: str,
+        budget: int,
+        options: WriteOptions = _DEFAULT_OPTIONS,
+        new: Sequence[NewMessage] = (),
+    ) -> WindowFetch:
+        reply = await self._run(self.protocol.window_call(session_id, budget, options, new))
+        return self.protocol.parse_window(session_id, new, reply)
+
+    async def set_token_counts(
+        self, session_id: str, counter: str, counts: Mapping[int, int], ttl: int = 0
+    ) -> None:
+        await self._run(self.protocol.set_counts_call(session_id, counter, counts, ttl))
+
+    async def get_summary(self, session_id: str) -> Summary | None:
+        key = self.protocol.keys(session_id)[5]
+        return decode_summary(
+            session_id, await self._io("get_summary", lambda: self.client.get(key), True)
+        )
+
+    async def commit_summary(
+        self, session_id: str, summary: Summary, expected_version: int, ttl: int = 0
+    ) -> bool:
+        call = self.protocol.commit_summary_call(session_id, summary, expected_version, ttl)
+        return bool(await self._run(call, idempotent=False))
+
+    async def add_audit(
+        self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
+    ) -> None:
+        await self._run(
+            self.protocol.audit_call(session_id, record, retention, ttl), idempotent=False
+        )
+
+    async def read_audit(self, session_id: str) -> list[dict[str, Any]]:
+        key = self.protocol.keys(session_id)[6]
+        raw = await self._io("read_audit", lambda: self.client.lrange(key, 0, -1), True)
+        return self.protocol.parse_audit(session_id, raw)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def _scan(client: Any, pattern: str) -> Iterator[bytes]:
+    if isinstance(client, RedisCluster):
+        yield from client.scan_iter(match=pattern, count=1000, target_nodes=RedisCluster.PRIMARIES)
+    else:
+        yield from client.scan_iter(match=pattern, count=1000)
+
+
+async def _ascan(client: Any, pattern: str) -> AsyncIterator[bytes]:
+    if isinstance(client, aredis.RedisCluster):
+        async for key in client.scan_iter(
+            match=pattern, count=1000, target_nodes=aredis.RedisCluster.PRIMARIES
+        ):
+            yield key
+    else:
+        async for key in client.scan_iter(match=pattern, count=1000):
+            yield key
+
+
+def _cluster_url(url: StoreURL) -> str:
+    host, port = url.hosts[0]
+    scheme = "rediss" if url.scheme.startswith("rediss") else "redis"
+    auth = url.backend_url.split("://", 1)[1].rsplit("@", 1)
+    creds = auth[0] + "@" if len(auth) == 2 else ""
+    return f"{scheme}://{creds}{host}:{port}"
+
+
+def _sync_client(url: StoreURL) -> Any:
+    if url.hosts:
+        from redis.cluster import ClusterNode
+
+        nodes = [ClusterNode(h, p) for h, p in url.hosts]
+        base = redis.Redis.from_url(_cluster_url(url))
+        kwargs = {
+            k: v
+            for k, v in base.connection_pool.connection_kwargs.items()
+            if k in ("username", "password")
+        }
+        base.close()
+        return RedisCluster(startup_nodes=nodes, ssl=url.scheme.startswith("rediss"), **kwargs)
+    return redis.Redis.from_url(url.backend_url, **_client_kwargs(url))
+
+
+def _async_client(url: StoreURL) -> Any:
+    if url.hosts:
+        from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+
+        nodes = [AsyncClusterNode(h, p) for h, p in url.hosts]  # type: ignore[no-untyped-call]
+        base = redis.Redis.from_url(_cluster_url(url))
+        kwargs = {
+            k: v
+            for k, v in base.connection_pool.connection_kwargs.items()
+            if k in ("username", "password")
+        }
+        base.close()
+        return aredis.RedisCluster(
+            startup_nodes=nodes, ssl=url.scheme.startswith("rediss"), **kwargs
+        )
+    return aredis.Redis.from_url(url.backend_url, **_client_kwargs(url))

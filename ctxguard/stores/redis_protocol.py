@@ -1,0 +1,206 @@
+"""Redis store logic without I/O: script arguments in, typed results out.
+
+The sync and async Redis stores (and their cluster variants) only send what
+this module builds and hand the replies back to it, so the two can never
+drift apart (the httpx ``BaseClient`` shape).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from ctxguard.errors import InvalidInputError, StoreError
+from ctxguard.stores.base import (
+    AppendResult,
+    NewMessage,
+    SessionInfo,
+    StoredMessage,
+    Summary,
+    WindowFetch,
+    WriteOptions,
+    check_window_args,
+    decode_audit,
+    decode_message,
+    decode_summary,
+    ms_to_datetime,
+    tokens_or_none,
+)
+from ctxguard.stores.keys import KeySpace
+
+SCRIPT_NAMES = ("append", "window", "read", "set_counts", "commit_summary", "add_audit")
+
+
+def load_script(name: str) -> str:
+    """Script text: the shared helpers followed by the operation's own file."""
+    lua = resources.files("ctxguard.stores") / "lua"
+    return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One script invocation: which script, its keys and arguments."""
+
+    script: str
+    keys: list[str]
+    args: list[str | int]
+
+
+class SessionFullError(StoreError):
+    """The session holds its configured maximum number of messages."""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _ttl_arg(options: WriteOptions) -> int:
+    return int(options.ttl_seconds or 0)
+
+
+def _message_args(messages: Sequence[NewMessage]) -> list[str | int]:
+    args: list[str | int] = [len(messages)]
+    for new in messages:
+        tokens = -1 if new.tokens is None else int(new.tokens)
+        args += [new.message.id, new.encoded(), tokens, "1" if new.message.is_pinned_role else "0"]
+    return args
+
+
+class RedisProtocol:
+    """Builds script calls and parses their replies for one key space."""
+
+    def __init__(self, keyspace: KeySpace) -> None:
+        self.keyspace = keyspace
+
+    def keys(self, session_id: str) -> list[str]:
+        return self.keyspace.session_keys(session_id)
+
+    # -- building ------------------------------------------------------------
+
+    def append_call(
+        self, session_id: str, messages: Sequence[NewMessage], options: WriteOptions
+    ) -> Call:
+        head: list[str | int] = [
+            options.counter or "",
+            _ttl_arg(options),
+            options.max_messages or 0,
+        ]
+        return Call("append", self.keys(session_id), head + _message_args(messages))
+
+    def window_call(
+        self, session_id: str, budget: int, options: WriteOptions, new: Sequence[NewMessage]
+    ) -> Call:
+        check_window_args(budget)
+        head: list[str | int] = [
+            options.counter or "",
+            _ttl_arg(options),
+            options.max_messages or 0,
+            budget,
+        ]
+        return Call("window", self.keys(session_id), head + _message_args(new))
+
+    def read_call(self, session_id: str, start: int, stop: int | None) -> Call:
+        if not isinstance(start, int) or (stop is not None and not isinstance(stop, int)):
+            raise InvalidInputError("start and stop must be ints")
+        return Call("read", self.keys(session_id), [start, -1 if stop is None else max(stop, 0)])
+
+    def set_counts_call(
+        self, session_id: str, counter: str, counts: Mapping[int, int], ttl: int
+    ) -> Call:
+        args: list[str | int] = [counter, ttl]
+        for seq, value in sorted(counts.items()):
+            args += [int(seq), int(value)]
+        return Call("set_counts", self.keys(session_id), args)
+
+    def commit_summary_call(
+        self, session_id: str, summary: Summary, expected: int, ttl: int
+    ) -> Call:
+        args: list[str | int] = [
+            expected,
+            summary.model_dump_json(),
+            summary.version,
+            summary.covers_to,
+            ttl,
+        ]
+        return Call("commit_summary", self.keys(session_id), args)
+
+    def audit_call(
+        self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int
+    ) -> Call:
+        raw = json.dumps(record, default=str, ensure_ascii=False)
+        return Call("add_audit", self.keys(session_id), [raw, max(0, retention), ttl])
+
+    # -- parsing ---------------------------------------------------------------
+
+    def parse_append(
+        self, session_id: str, messages: Sequence[NewMessage], reply: Any
+    ) -> AppendResult:
+        count, flags = reply[0], reply[1]
+        if int(count) < 0:
+            raise SessionFullError(
+                f"session {session_id!r} already holds {int(flags)} messages, the configured "
+                "maximum; raise max_messages, archive the session, or start a new one"
+            )
+        stored = tuple(m.message.id for m, f in zip(messages, flags, strict=True) if int(f) == 1)
+        dups = tuple(m.message.id for m, f in zip(messages, flags, strict=True) if int(f) == 0)
+        return AppendResult(stored, dups, int(count))
+
+    def parse_info(
+        self, session_id: str, meta_flat: Sequence[Any], ttl: Any, audit_count: int = 0
+    ) -> SessionInfo | None:
+        if not meta_flat:
+            return None
+        it = iter(meta_flat)
+        meta = {_text(k): _text(v) for k, v in zip(it, it, strict=True)}
+        ttl_value = int(ttl) if ttl is not None else -1
+        return SessionInfo(
+            session_id=session_id,
+            message_count=int(meta.get("count", 0)),
+            token_total=int(meta.get("tokens", 0)),
+            counter=meta.get("counter") or None,
+            created_at=ms_to_datetime(int(meta.get("created", 0))),
+            updated_at=ms_to_datetime(int(meta.get("updated", 0))),
+            ttl_seconds=float(ttl_value) if ttl_value >= 0 else None,
+            summary_version=int(meta.get("sumver", 0)),
+            audit_count=audit_count,
+        )
+
+    def parse_window(
+        self, session_id: str, new: Sequence[NewMessage], reply: Sequence[Any]
+    ) -> WindowFetch:
+        if len(reply) == 1:
+            self.parse_append(session_id, new, reply[0])  # raises SessionFullError
+        appended_raw, meta, summary_raw, first = reply[0], reply[1], reply[2], int(reply[3])
+        appended = self.parse_append(session_id, new, appended_raw) if appended_raw else None
+        info = self.parse_info(session_id, meta, reply[9])
+        if info is None:
+            from ctxguard.stores.memory import _empty_window
+
+            return _empty_window(session_id)
+        recent = self._stored_run(session_id, first, reply[4], reply[5])
+        pinned = tuple(
+            StoredMessage(int(s), decode_message(session_id, int(s), r), tokens_or_none(int(c)))
+            for s, r, c in zip(reply[6], reply[7], reply[8], strict=True)
+        )
+        summary = decode_summary(session_id, summary_raw or None)
+        return WindowFetch(info, pinned, recent, summary, first == 0, appended)
+
+    def parse_read(self, session_id: str, reply: Sequence[Any]) -> list[StoredMessage]:
+        return list(self._stored_run(session_id, int(reply[0]), reply[1], reply[2]))
+
+    @staticmethod
+    def _stored_run(
+        session_id: str, first: int, records: Sequence[Any], counts: Sequence[Any]
+    ) -> tuple[StoredMessage, ...]:
+        return tuple(
+            StoredMessage(
+                first + i, decode_message(session_id, first + i, r), tokens_or_none(int(c))
+            )
+            for i, (r, c) in enumerate(zip(records, counts, strict=True))
+        )
+
+    def parse_audit(self, session_id: str, raw: Sequence[Any]) -> list[dict[str, Any]]:
+        return [decode_audit(session_id, i, r) for i, r in enumerate(raw)]
