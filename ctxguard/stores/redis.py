@@ -365,7 +365,7 @@ def _sync_client(url: StoreURL) -> Any:
     if url.hosts:
         from redis.cluster import ClusterNode
 
-        nodes = [ClusterNode(h, p) for h, p in url.hosts]
+        nodes = [ClusterNode(h, p) for h, p in url.hosts]  # type: ignore[no-untyped-call]
         base = redis.Redis.from_url(_cluster_url(url))
         kwargs = {
             k: v
@@ -381,7 +381,7 @@ def _async_client(url: StoreURL) -> Any:
     if url.hosts:
         from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 
-        nodes = [AsyncClusterNode(h, p) for h, p in url.hosts]  # type: ignore[no-untyped-call]
+        nodes = [AsyncClusterNode(h, p) for h, p in url.hosts]
         base = redis.Redis.from_url(_cluster_url(url))
         kwargs = {
             k: v
