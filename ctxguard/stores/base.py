@@ -123,6 +123,17 @@ class WriteOptions:
     max_messages: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RecordWrite:
+    """What a prepare writes back: lazily recounted tokens and/or one audit record."""
+
+    counter: str | None = None
+    counts: Mapping[int, int] = field(default_factory=dict)
+    audit: Mapping[str, Any] | None = None
+    retention: int = 0
+    ttl: int = 0
+
+
 @runtime_checkable
 class SessionStore(Protocol):
     """Synchronous session store."""
@@ -152,8 +163,18 @@ class SessionStore(Protocol):
     ) -> None: ...
     def get_summary(self, session_id: str) -> Summary | None: ...
     def commit_summary(self, session_id: str, summary: Summary, expected_version: int) -> bool: ...
-    def add_audit(self, session_id: str, record: Mapping[str, Any], retention: int) -> None: ...
+    def add_audit(
+        self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
+    ) -> int: ...
     def read_audit(self, session_id: str) -> list[dict[str, Any]]: ...
+    def record(self, session_id: str, write: RecordWrite) -> int: ...
+    def append_with_audit(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        options: WriteOptions,
+        write: RecordWrite,
+    ) -> AppendResult: ...
     def close(self) -> None: ...
 
 
@@ -189,9 +210,17 @@ class AsyncSessionStore(Protocol):
         self, session_id: str, summary: Summary, expected_version: int
     ) -> bool: ...
     async def add_audit(
-        self, session_id: str, record: Mapping[str, Any], retention: int
-    ) -> None: ...
+        self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
+    ) -> int: ...
     async def read_audit(self, session_id: str) -> list[dict[str, Any]]: ...
+    async def record(self, session_id: str, write: RecordWrite) -> int: ...
+    async def append_with_audit(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        options: WriteOptions,
+        write: RecordWrite,
+    ) -> AppendResult: ...
     async def close(self) -> None: ...
 
 
@@ -214,6 +243,14 @@ def decode_summary(session_id: str, raw: str | bytes | None) -> Summary | None:
         return Summary.model_validate_json(raw)
     except (pydantic.ValidationError, ValueError) as exc:
         raise CorruptRecordError(session_id, "summary", str(exc).splitlines()[0][:200]) from None
+
+
+REQUEST_RECORD_HEAD = '{"turn":0,'
+
+
+def encode_audit(record: Mapping[str, Any]) -> str:
+    """JSON for an audit record; request records (``turn`` first, 0) get numbered by the store."""
+    return json.dumps(record, default=str, ensure_ascii=False, separators=(",", ":"))
 
 
 def decode_audit(session_id: str, index: int, raw: str | bytes) -> dict[str, Any]:

@@ -16,9 +16,11 @@ from typing import Any
 
 from ctxguard.ids import validate_id
 from ctxguard.stores.base import (
+    REQUEST_RECORD_HEAD,
     UNKNOWN_TOKENS,
     AppendResult,
     NewMessage,
+    RecordWrite,
     SessionInfo,
     StoredMessage,
     Summary,
@@ -28,6 +30,7 @@ from ctxguard.stores.base import (
     decode_audit,
     decode_message,
     decode_summary,
+    encode_audit,
     estimate_unknown_tokens,
     ms_to_datetime,
     tokens_or_none,
@@ -46,6 +49,7 @@ class _Session:
     summary: str | None = None
     summary_version: int = 0
     audit: list[str] = field(default_factory=list)
+    turns: int = 0
     expires_at: float | None = None
 
     def token_total(self) -> int:
@@ -238,16 +242,45 @@ class MemoryStore:
             session.summary_version = summary.version
             return True
 
-    def add_audit(self, session_id: str, record: Mapping[str, Any], retention: int) -> None:
-        import json
-
+    def add_audit(
+        self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
+    ) -> int:
+        """Append an audit record; request records get the next turn number (returned)."""
         with self._lock:
             session = self._live(session_id)
             if session is None:
-                return
-            session.audit.append(json.dumps(record, default=str))
+                return 0
+            raw = encode_audit(record)
+            turn = 0
+            if raw.startswith(REQUEST_RECORD_HEAD):
+                session.turns += 1
+                turn = session.turns
+                raw = f'{{"turn":{turn},' + raw[len(REQUEST_RECORD_HEAD) :]
+            session.audit.append(raw)
             if retention > 0 and len(session.audit) > retention:
                 del session.audit[: len(session.audit) - retention]
+            self._touch(session, WriteOptions(ttl_seconds=ttl or None))
+            return turn
+
+    def record(self, session_id: str, write: RecordWrite) -> int:
+        with self._lock:
+            if write.counts and write.counter:
+                self.set_token_counts(session_id, write.counter, write.counts)
+            if write.audit is None:
+                return 0
+            return self.add_audit(session_id, write.audit, write.retention, write.ttl)
+
+    def append_with_audit(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        options: WriteOptions,
+        write: RecordWrite,
+    ) -> AppendResult:
+        with self._lock:
+            result = self.append(session_id, messages, options)
+            self.record(session_id, write)
+            return result
 
     def read_audit(self, session_id: str) -> list[dict[str, Any]]:
         with self._lock:
@@ -340,11 +373,25 @@ class AsyncMemoryStore:
     ) -> bool:
         return self.sync.commit_summary(session_id, summary, expected_version)
 
-    async def add_audit(self, session_id: str, record: Mapping[str, Any], retention: int) -> None:
-        self.sync.add_audit(session_id, record, retention)
+    async def add_audit(
+        self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
+    ) -> int:
+        return self.sync.add_audit(session_id, record, retention, ttl)
 
     async def read_audit(self, session_id: str) -> list[dict[str, Any]]:
         return self.sync.read_audit(session_id)
+
+    async def record(self, session_id: str, write: RecordWrite) -> int:
+        return self.sync.record(session_id, write)
+
+    async def append_with_audit(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        options: WriteOptions,
+        write: RecordWrite,
+    ) -> AppendResult:
+        return self.sync.append_with_audit(session_id, messages, options, write)
 
     async def close(self) -> None:
         self.sync.close()

@@ -27,6 +27,7 @@ from ctxguard.errors import StoreConnectionError, StoreError
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
+    RecordWrite,
     SessionInfo,
     StoredMessage,
     Summary,
@@ -196,8 +197,41 @@ class RedisStore(_Base):
 
     def add_audit(
         self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
-    ) -> None:
-        self._run(self.protocol.audit_call(session_id, record, retention, ttl), idempotent=False)
+    ) -> int:
+        call = self.protocol.audit_call(session_id, record, retention, ttl)
+        return int(self._run(call, idempotent=False))
+
+    def _pipelined(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
+        """Several scripts of one session in one round trip (not one transaction)."""
+
+        def send() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for call in calls:
+                self._scripts[call.script](keys=call.keys, args=call.args, client=pipe)
+            return list(pipe.execute())
+
+        return self._io("+".join(c.script for c in calls), send, idempotent)
+
+    def record(self, session_id: str, write: RecordWrite) -> int:
+        """Write back token counts and an audit record in one round trip; returns the turn."""
+        calls = self.protocol.record_calls(session_id, write)
+        if not calls:
+            return 0
+        replies = self._pipelined(calls, idempotent=write.audit is None)
+        return int(replies[-1]) if write.audit is not None else 0
+
+    def append_with_audit(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        options: WriteOptions,
+        write: RecordWrite,
+    ) -> AppendResult:
+        """Append and add an audit record (e.g. the server's usage) in one round trip."""
+        calls = [self.protocol.append_call(session_id, messages, options)]
+        calls += self.protocol.record_calls(session_id, write)
+        replies = self._pipelined(calls, idempotent=False)
+        return self.protocol.parse_append(session_id, messages, replies[0])
 
     def read_audit(self, session_id: str) -> list[dict[str, Any]]:
         key = self.protocol.keys(session_id)[6]
@@ -321,10 +355,37 @@ class AsyncRedisStore(_Base):
 
     async def add_audit(
         self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
-    ) -> None:
-        await self._run(
-            self.protocol.audit_call(session_id, record, retention, ttl), idempotent=False
-        )
+    ) -> int:
+        call = self.protocol.audit_call(session_id, record, retention, ttl)
+        return int(await self._run(call, idempotent=False))
+
+    async def _pipelined(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
+        async def send() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for call in calls:
+                await self._scripts[call.script](keys=call.keys, args=call.args, client=pipe)
+            return list(await pipe.execute())
+
+        return await self._io("+".join(c.script for c in calls), send, idempotent)
+
+    async def record(self, session_id: str, write: RecordWrite) -> int:
+        calls = self.protocol.record_calls(session_id, write)
+        if not calls:
+            return 0
+        replies = await self._pipelined(calls, idempotent=write.audit is None)
+        return int(replies[-1]) if write.audit is not None else 0
+
+    async def append_with_audit(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        options: WriteOptions,
+        write: RecordWrite,
+    ) -> AppendResult:
+        calls = [self.protocol.append_call(session_id, messages, options)]
+        calls += self.protocol.record_calls(session_id, write)
+        replies = await self._pipelined(calls, idempotent=False)
+        return self.protocol.parse_append(session_id, messages, replies[0])
 
     async def read_audit(self, session_id: str) -> list[dict[str, Any]]:
         key = self.protocol.keys(session_id)[6]

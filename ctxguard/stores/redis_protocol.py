@@ -7,7 +7,6 @@ drift apart (the httpx ``BaseClient`` shape).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -17,6 +16,7 @@ from ctxguard.errors import InvalidInputError, StoreError
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
+    RecordWrite,
     SessionInfo,
     StoredMessage,
     Summary,
@@ -26,6 +26,7 @@ from ctxguard.stores.base import (
     decode_audit,
     decode_message,
     decode_summary,
+    encode_audit,
     ms_to_datetime,
     tokens_or_none,
 )
@@ -130,8 +131,16 @@ class RedisProtocol:
     def audit_call(
         self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int
     ) -> Call:
-        raw = json.dumps(record, default=str, ensure_ascii=False)
+        raw = encode_audit(record)
         return Call("add_audit", self.keys(session_id), [raw, max(0, retention), ttl])
+
+    def record_calls(self, session_id: str, write: RecordWrite) -> list[Call]:
+        calls: list[Call] = []
+        if write.counts and write.counter:
+            calls.append(self.set_counts_call(session_id, write.counter, write.counts, write.ttl))
+        if write.audit is not None:
+            calls.append(self.audit_call(session_id, write.audit, write.retention, write.ttl))
+        return calls
 
     # -- parsing ---------------------------------------------------------------
 
