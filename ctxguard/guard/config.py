@@ -1,0 +1,87 @@
+"""The guard's settings, in one immutable object stored with every audit record."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from ctxguard.errors import ConfigError
+from ctxguard.messages import Message
+
+Summarizer = Callable[[str | None, Sequence[Message]], "str | Awaitable[str]"]
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    """How the guard budgets requests. Every field has a safe default.
+
+    ``max_tokens`` is the output reserved when a request does not say;
+    ``summarize_after`` is how many dropped, not-yet-summarized messages
+    trigger the summarizer; ``oversized`` decides what happens to a single
+    message over ``max_message_tokens``.
+    """
+
+    max_tokens: int = 1024
+    safety_margin: int = 0
+    ttl_seconds: int | None = None
+    max_stored_messages: int | None = None
+    max_message_tokens: int | None = None
+    oversized: Literal["reject", "truncate"] = "reject"
+    max_window_messages: int | None = None
+    degrade_tool_results: bool = True
+    summarizer: Summarizer | None = None
+    summarize_after: int = 20
+    summary_mode: Literal["inline", "background"] = "inline"
+    summary_role: Literal["system", "user"] = "system"
+    summary_timeout: float = 30.0
+    summary_max_tokens: int = 1024
+    audit_retention: int = 1000
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "safety_margin", "summarize_after", "audit_retention"):
+            _non_negative(name, getattr(self, name))
+        for name in (
+            "ttl_seconds",
+            "max_stored_messages",
+            "max_message_tokens",
+            "max_window_messages",
+        ):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ConfigError(f"{name} must be a positive int or None, got {value!r}")
+        if self.oversized not in ("reject", "truncate"):
+            raise ConfigError(f"oversized must be 'reject' or 'truncate', got {self.oversized!r}")
+        if self.summary_mode not in ("inline", "background"):
+            raise ConfigError(
+                f"summary_mode must be 'inline' or 'background', got {self.summary_mode!r}"
+            )
+        if self.summary_role not in ("system", "user"):
+            raise ConfigError(f"summary_role must be 'system' or 'user', got {self.summary_role!r}")
+        if self.summary_timeout <= 0 or self.summary_max_tokens <= 0:
+            raise ConfigError("summary_timeout and summary_max_tokens must be positive")
+
+    def describe(self) -> dict[str, Any]:
+        """The settings as plain data (for audit records and replay); no callables."""
+        data = asdict(self)
+        data["summarizer"] = _name_of(self.summarizer)
+        return data
+
+
+def is_async_callable(fn: object) -> bool:
+    """True for ``async def`` functions and objects whose ``__call__`` is one."""
+    import inspect
+
+    call = type(fn).__dict__.get("__call__") if not inspect.isfunction(fn) else None
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def _non_negative(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{name} must be a non-negative int, got {value!r}")
+
+
+def _name_of(fn: object) -> str | None:
+    if fn is None:
+        return None
+    return getattr(fn, "name", None) or getattr(fn, "__qualname__", None) or type(fn).__name__

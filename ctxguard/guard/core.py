@@ -1,0 +1,311 @@
+"""The guard's logic without I/O, shared by :class:`Guard` and :class:`AsyncGuard`.
+
+The shells fetch and write; everything between (counting new messages once,
+budgets, the policy chain, the exact count, audit records, summary checks)
+happens here, so the sync and async guards cannot behave differently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from ctxguard.errors import BudgetError, CtxGuardError, MessageTooLongError, SummarizerError
+from ctxguard.guard.config import GuardConfig
+from ctxguard.guard.plan import Budget, Item, Plan, SummaryRequest
+from ctxguard.guard.policies import WindowPolicy, check_plan, group, plan_request, tail_start
+from ctxguard.guard.prepared import PreparedRequest
+from ctxguard.guard.truncate import shrink_message
+from ctxguard.kv.limit import ContextLimit
+from ctxguard.messages import Message, MessageLike, to_messages
+from ctxguard.stores.base import NewMessage, StoredMessage, Summary, WindowFetch, WriteOptions
+from ctxguard.tokens._protocol import TokenCounter
+
+SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+Tools = Sequence[Mapping[str, Any]]
+
+
+class GuardCore:
+    """Counting, planning and record-keeping for one counter and one config."""
+
+    def __init__(self, counter: TokenCounter, config: GuardConfig) -> None:
+        self.counter = counter
+        self.config = config
+        self.policy = WindowPolicy(
+            max_window_messages=config.max_window_messages,
+            summarize_after=config.summarize_after if config.summarizer else None,
+            degrade_tool_results=config.degrade_tool_results,
+        )
+        self.write_options = WriteOptions(
+            counter=counter.fingerprint,
+            ttl_seconds=config.ttl_seconds,
+            max_messages=config.max_stored_messages,
+        )
+
+    # -- new messages: validated, capped and counted exactly once ------------
+
+    def encode_new(self, values: Iterable[MessageLike]) -> list[NewMessage]:
+        out: list[NewMessage] = []
+        for message in to_messages(values):
+            tokens = self.counter.count_message(message)
+            cap = self.config.max_message_tokens
+            if cap is not None and tokens > cap:
+                message, tokens = self._oversized(message, tokens, cap)
+            out.append(NewMessage(message, tokens))
+        return out
+
+    def _oversized(self, message: Message, tokens: int, cap: int) -> tuple[Message, int]:
+        if self.config.oversized == "reject" or not isinstance(message.content, str):
+            raise MessageTooLongError(
+                f"message {message.id!r} ({message.role}) is over max_message_tokens",
+                needed=tokens,
+                limit=cap,
+                reserved=0,
+            )
+        shrunk = shrink_message(message, cap, self.counter.count_message)
+        return shrunk, self.counter.count_message(shrunk)
+
+    # -- budget and plan -------------------------------------------------------
+
+    def budget(self, limit: ContextLimit, max_tokens: int | None, tools: Tools | None) -> Budget:
+        reserved = self.config.max_tokens if max_tokens is None else max_tokens
+        if not isinstance(reserved, int) or reserved < 0:
+            raise BudgetError(
+                "max_tokens must be a non-negative int", needed=0, limit=limit.tokens, reserved=0
+            )
+        budget = Budget(
+            limit=limit.tokens,
+            reserved_output=reserved,
+            safety_margin=self.config.safety_margin,
+            overhead=self.counter.request_overhead(tools=tools),
+            limit_source=limit.source,
+        )
+        if budget.prompt - budget.overhead <= 0:
+            raise BudgetError(
+                "max_tokens and the safety margin leave no room for a prompt",
+                needed=budget.overhead + reserved + budget.safety_margin,
+                limit=limit.tokens,
+                reserved=reserved + budget.safety_margin,
+            )
+        return budget
+
+    def items(self, stored: Iterable[StoredMessage], recounts: dict[int, int]) -> list[Item]:
+        """Stored messages as items; counts missing or from another counter are made now."""
+        out: list[Item] = []
+        for s in stored:
+            tokens = s.tokens
+            if tokens is None:
+                tokens = self.counter.count_message(s.message)
+                recounts[s.seq] = tokens
+            out.append(Item(s.seq, s.message, tokens))
+        return out
+
+    def summary_item(self, summary: Summary | None) -> Item | None:
+        if summary is None:
+            return None
+        message = self.summary_message(summary.text, summary.version)
+        tokens = summary.tokens
+        if tokens is None or summary.counter != self.counter.fingerprint:
+            tokens = self.counter.count_message(message)
+        return Item(-1, message, tokens)
+
+    def summary_message(self, text: str, version: int) -> Message:
+        return Message(
+            role=self.config.summary_role,
+            content=SUMMARY_PREFIX + text,
+            id=f"ctxguard-summary-v{version}",
+            metadata={"ctxguard": "summary", "version": version},
+        )
+
+    def plan(self, fetch: WindowFetch, budget: Budget) -> tuple[Plan, dict[int, int]]:
+        recounts: dict[int, int] = {}
+        pinned_stored = list(fetch.pinned) + [s for s in fetch.recent if s.message.is_pinned_role]
+        pinned = self.items(sorted(pinned_stored, key=lambda s: s.seq), recounts)
+        items = self.items((s for s in fetch.recent if not s.message.is_pinned_role), recounts)
+        summary = fetch.summary
+        plan = plan_request(
+            pinned,
+            items,
+            budget,
+            history_start=0,
+            summary=self.summary_item(summary),
+            summary_version=summary.version if summary else 0,
+            summary_covers_to=summary.covers_to if summary else 0,
+            summary_text=summary.text if summary else None,
+            policy=self.policy,
+            shrink=self._shrink_item,
+        )
+        return plan, recounts
+
+    def needs_more(self, fetch: WindowFetch, plan: Plan, budget: Budget) -> bool:
+        """True when estimated counts made the fetch stop short of what fits (rare)."""
+        if fetch.reached_start or not fetch.recent:
+            return False
+        used = plan.item_tokens() + budget.overhead
+        oldest = fetch.recent[0].seq
+        return plan.window_start <= oldest and used < budget.prompt // 2
+
+    def _shrink_item(self, item: Item, target: int) -> Item:
+        shrunk = shrink_message(item.message, target, self.counter.count_message)
+        return Item(item.seq, shrunk, self.counter.count_message(shrunk))
+
+    # -- the exact count -------------------------------------------------------
+
+    def finalize(self, plan: Plan, budget: Budget, tools: Tools | None) -> int:
+        """The exact prompt count; for non-additive templates render, trimming if over."""
+        if self.counter.additive:
+            total = budget.overhead + plan.item_tokens()
+        else:
+            total = self._render_to_fit(plan, budget, tools)
+        problems = check_plan(plan, budget, total)
+        if problems:
+            raise CtxGuardError("internal error, request failed its checks: " + "; ".join(problems))
+        return total
+
+    def _render_to_fit(self, plan: Plan, budget: Budget, tools: Tools | None) -> int:
+        while True:
+            total = self.counter.count_request(plan.messages(), tools=tools)
+            if total <= budget.prompt:
+                return total
+            keep_from = tail_start(plan.window)
+            groups = group(plan.window[:keep_from])
+            if not groups:
+                raise BudgetError(
+                    "the rendered prompt is over budget even with only the newest turn",
+                    needed=total + budget.reserved_output + budget.safety_margin,
+                    limit=budget.limit,
+                    reserved=budget.reserved_output + budget.safety_margin,
+                )
+            excess, dropped = total - budget.prompt, 0
+            while groups and excess > 0:
+                oldest = groups.pop(0)
+                excess -= sum(i.tokens for i in oldest)
+                dropped += len(oldest)
+            plan.window = plan.window[dropped:]
+            plan.dropped = [(0, plan.window_start)]
+            plan.decide("render_trim", rendered=total, dropped_messages=dropped)
+
+    # -- records ---------------------------------------------------------------
+
+    def audit_record(
+        self, plan: Plan, total: int, budget: Budget, fetch: WindowFetch, tools: Tools | None
+    ) -> dict[str, Any]:
+        """The request record (``turn`` first and 0: the store numbers it)."""
+        sent = plan.ordered()
+        return {
+            "turn": 0,
+            "kind": "request",
+            "at": datetime.now(UTC).isoformat(),
+            "sent_ids": [i.message.id for i in sent],
+            "sent_seqs": [i.seq for i in sent],
+            "summary_version": plan.summary_version if plan.summary_message else 0,
+            "summary_covers_to": plan.summary_covers_to if plan.summary_message else 0,
+            "summary_tokens": plan.summary_tokens,
+            "tokens": total,
+            "exact": self.counter.exact,
+            "additive": self.counter.additive,
+            "counter": self.counter.fingerprint,
+            "limit": budget.limit,
+            "limit_source": budget.limit_source,
+            "reserved_output": budget.reserved_output,
+            "safety_margin": budget.safety_margin,
+            "overhead": budget.overhead,
+            "tools": len(tools or ()),
+            "message_count": fetch.info.message_count,
+            "dropped": [list(r) for r in plan.dropped],
+            "decisions": plan.decisions,
+            "valid": True,
+        }
+
+    def prepared(
+        self,
+        session_id: str,
+        turn: int,
+        plan: Plan,
+        total: int,
+        budget: Budget,
+        tools: Tools | None,
+    ) -> PreparedRequest:
+        return PreparedRequest(
+            session_id=session_id,
+            turn=turn,
+            messages=tuple(plan.messages()),
+            tokens=total,
+            exact=self.counter.exact,
+            limit=budget.limit,
+            limit_source=budget.limit_source,
+            reserved_output=budget.reserved_output,
+            safety_margin=budget.safety_margin,
+            dropped=tuple(plan.dropped),
+            summary_version=plan.summary_version if plan.summary_message else 0,
+            decisions=tuple(plan.decisions),
+            tools=tuple(tools) if tools else None,
+            counter=self.counter.fingerprint,
+            sent_seqs=tuple(i.seq for i in plan.ordered()),
+        )
+
+    @staticmethod
+    def usage_record(
+        prepared: PreparedRequest | None, usage: Mapping[str, Any] | None
+    ) -> dict[str, Any]:
+        """Server-reported usage against the estimate, so drift is visible."""
+        record: dict[str, Any] = {"kind": "usage", "at": datetime.now(UTC).isoformat()}
+        if prepared is not None:
+            record.update(of_turn=prepared.turn, estimated=prepared.tokens)
+        if usage is not None:
+            prompt = usage.get("prompt_tokens")
+            record["prompt_tokens"] = prompt
+            record["completion_tokens"] = usage.get("completion_tokens")
+            if prepared is not None and isinstance(prompt, int):
+                record["drift"] = prompt - prepared.tokens
+        return record
+
+    # -- summaries -------------------------------------------------------------
+
+    def summary_inputs(self, stored: Sequence[StoredMessage]) -> list[Message]:
+        return [s.message for s in stored if not s.message.is_pinned_role]
+
+    def accept_summary(
+        self, text: object, request: SummaryRequest, stored: Sequence[StoredMessage]
+    ) -> Summary:
+        """Turn summarizer output into a Summary, or raise SummarizerError; never guess."""
+        if not isinstance(text, str) or not text.strip():
+            raise SummarizerError(f"summarizer returned {type(text).__name__}, not non-empty text")
+        version = request.previous_version + 1
+        tokens = self.counter.count_message(self.summary_message(text, version))
+        if tokens > self.config.summary_max_tokens:
+            limit = self.config.summary_max_tokens
+            raise SummarizerError(f"summary is {tokens} tokens, over summary_max_tokens={limit}")
+        return Summary(
+            version=version,
+            text=text,
+            covers_to=request.covers_to,
+            from_id=stored[0].message.id if stored else None,
+            to_id=stored[-1].message.id if stored else None,
+            tokens=tokens,
+            counter=self.counter.fingerprint,
+        )
+
+    @staticmethod
+    def summary_record(
+        request: SummaryRequest, summary: Summary | None, error: str | None, committed: bool
+    ) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "kind": "summary" if error is None else "summary_failed",
+            "at": datetime.now(UTC).isoformat(),
+            "covers_from": request.covers_from,
+            "covers_to": request.covers_to,
+            "previous_version": request.previous_version,
+        }
+        if summary is not None:
+            record.update(version=summary.version, tokens=summary.tokens, committed=committed)
+            record.update(from_id=summary.from_id, to_id=summary.to_id)
+        if error is not None:
+            record["error"] = error
+        return record
+
+    @staticmethod
+    def with_summary(fetch: WindowFetch, summary: Summary) -> WindowFetch:
+        return dataclasses.replace(fetch, summary=summary)

@@ -1,0 +1,100 @@
+"""Plain data passed between the guard's pure policies and its I/O shells."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ctxguard.messages import Message
+
+Decision = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One message as the policies see it: position, message, exact token count."""
+
+    seq: int
+    message: Message
+    tokens: int
+
+    @property
+    def pinned(self) -> bool:
+        return self.message.is_pinned_role
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """The numbers one request must respect.
+
+    ``prompt`` is what the prompt may use: ``limit - reserved_output - margin``.
+    """
+
+    limit: int
+    reserved_output: int
+    safety_margin: int
+    overhead: int
+    limit_source: str
+
+    @property
+    def prompt(self) -> int:
+        return self.limit - self.reserved_output - self.safety_margin
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryRequest:
+    """The plan asks the guard to fold ``items`` (after ``covers_from``) into the summary."""
+
+    previous_text: str | None
+    previous_version: int
+    covers_from: int
+    covers_to: int
+    items: tuple[Item, ...]
+
+
+@dataclass(slots=True)
+class Plan:
+    """What to send, and why: the output of the policies for one request."""
+
+    pinned: list[Item]
+    window: list[Item]
+    summary_message: Message | None = None
+    summary_tokens: int = 0
+    summary_version: int = 0
+    summary_covers_to: int = 0
+    dropped: list[tuple[int, int]] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    summarize: SummaryRequest | None = None
+
+    @property
+    def window_start(self) -> int:
+        return self.window[0].seq if self.window else 1 << 62
+
+    def ordered(self) -> list[Item]:
+        """Pinned messages older than the window, then the window (pinned ones in place)."""
+        start = self.window_start
+        head = [i for i in self.pinned if i.seq < start]
+        body = sorted(self.window + [i for i in self.pinned if i.seq >= start], key=lambda i: i.seq)
+        return head + body
+
+    def messages(self) -> list[Message]:
+        """What is sent: old pinned messages, then the summary, then the window in order."""
+        start = self.window_start
+        head = [i.message for i in self.pinned if i.seq < start]
+        if self.summary_message is not None:
+            head.append(self.summary_message)
+        body = sorted(self.window + [i for i in self.pinned if i.seq >= start], key=lambda i: i.seq)
+        return head + [i.message for i in body]
+
+    def item_tokens(self) -> int:
+        return (
+            sum(i.tokens for i in self.pinned)
+            + sum(i.tokens for i in self.window)
+            + self.summary_tokens
+        )
+
+    def decide(self, kind: str, **details: Any) -> None:
+        self.decisions.append({"policy": kind, **details})
+
+
+SummaryRole = Literal["system", "user"]

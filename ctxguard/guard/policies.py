@@ -1,0 +1,269 @@
+"""Budget policies: pure functions from (messages, budget) to a plan.
+
+No Redis, no clock, no tokenizer calls, no LLM calls in here: every count is
+already on the items, and summarization is only *asked for* (the plan's
+``summarize``); the guard calls the user's summarizer and commits the result.
+That keeps every decision replayable by the CLI from stored data alone.
+
+Order of application for one request:
+
+1. pinning: system/developer messages are always kept and counted first;
+2. admission: pinned + the newest user turn + reserved output must fit, else
+   degrade (shrink the newest turn's largest tool result) or raise
+   :class:`~ctxguard.errors.BudgetError` with the numbers;
+3. sliding window by tokens (newest groups that fit) and by message count;
+4. tool-call integrity: an assistant message with tool_calls travels with all
+   of its results, or neither goes; checked again on the final window;
+5. summary placement: a committed summary stands in for the messages it covers
+   when the window no longer reaches back to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ctxguard.errors import BudgetError
+from ctxguard.guard.plan import Budget, Item, Plan, SummaryRequest
+from ctxguard.messages import Message
+
+Shrinker = Callable[[Item, int], Item]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowPolicy:
+    """Settings of the pure policies (the guard's config passes them through)."""
+
+    max_window_messages: int | None = None
+    summarize_after: int | None = None
+    degrade_tool_results: bool = True
+
+
+def group(items: Sequence[Item]) -> list[list[Item]]:
+    """Split into atomic groups: a tool-calling assistant message and its results."""
+    groups: list[list[Item]] = []
+    index = 0
+    while index < len(items):
+        current = [items[index]]
+        calls = items[index].message.tool_calls
+        index += 1
+        if items[index - 1].message.role == "assistant" and calls:
+            ids = {c.id for c in calls}
+            while index < len(items) and items[index].message.role == "tool":
+                if items[index].message.tool_call_id not in ids:
+                    break
+                current.append(items[index])
+                index += 1
+        groups.append(current)
+    return groups
+
+
+def tool_problems(messages: Sequence[Message]) -> list[str]:
+    """Provider rules on tool calls; an empty list means the request is valid."""
+    problems: list[str] = []
+    pending: set[str] = set()
+    for index, message in enumerate(messages):
+        if message.role == "tool":
+            if message.tool_call_id not in pending:
+                problems.append(
+                    f"message {index}: tool result {message.tool_call_id!r} has no call"
+                )
+            pending.discard(message.tool_call_id or "")
+            continue
+        if pending:
+            problems.append(f"message {index}: tool calls {sorted(pending)} have no results")
+            pending = set()
+        if message.role == "assistant" and message.tool_calls:
+            pending = {c.id for c in message.tool_calls}
+    if pending:
+        problems.append(f"end: tool calls {sorted(pending)} have no results")
+    return problems
+
+
+def repair(items: Sequence[Item]) -> tuple[list[Item], list[Item]]:
+    """Drop incomplete tool groups and orphaned results; returns (kept, removed)."""
+    kept: list[Item] = []
+    removed: list[Item] = []
+    for grp in group(items):
+        head = grp[0].message
+        if head.role == "tool":
+            removed += grp
+        elif head.role == "assistant" and head.tool_calls:
+            answered = {i.message.tool_call_id for i in grp[1:]}
+            if answered == {c.id for c in head.tool_calls}:
+                kept += grp
+            else:
+                removed += grp
+        else:
+            kept += grp
+    return kept, removed
+
+
+def tail_start(items: Sequence[Item]) -> int:
+    """Index of the newest user message: the turn that must always go out."""
+    for index in range(len(items) - 1, -1, -1):
+        if items[index].message.role == "user":
+            return index
+    return max(0, len(items) - 1)
+
+
+def select_window(
+    items: Sequence[Item], available: int, max_messages: int | None, keep_from: int
+) -> list[Item]:
+    """Newest whole groups that fit ``available`` tokens (and ``max_messages``).
+
+    Groups at index ``keep_from`` and later (the newest turn) are always kept;
+    the walk stops at the first older group that does not fit, so the window
+    is contiguous.
+    """
+    groups = group(items)
+    chosen: list[list[Item]] = []
+    used = count = 0
+    position = len(items)
+    for grp in reversed(groups):
+        position -= len(grp)
+        size = sum(i.tokens for i in grp)
+        must = position >= keep_from
+        too_many = max_messages is not None and count + len(grp) > max_messages
+        if not must and (used + size > available or too_many):
+            break
+        chosen.append(grp)
+        used += size
+        count += len(grp)
+    return [i for grp in reversed(chosen) for i in grp]
+
+
+def admit(
+    pinned: Sequence[Item],
+    items: list[Item],
+    budget: Budget,
+    shrink: Shrinker | None,
+    plan: Plan,
+) -> list[Item]:
+    """Check the newest turn fits with the pinned messages; degrade or raise."""
+    start = tail_start(items)
+    fixed = budget.overhead + sum(i.tokens for i in pinned)
+    needed = fixed + sum(i.tokens for i in items[start:])
+    if needed <= budget.prompt:
+        return items
+    if shrink is not None:
+        items = _shrink_tool_results(items, start, budget.prompt - fixed, shrink, plan)
+        needed = fixed + sum(i.tokens for i in items[start:])
+        if needed <= budget.prompt:
+            return items
+    raise BudgetError(
+        "the system prompt and the newest turn cannot fit the request budget",
+        needed=needed + budget.reserved_output + budget.safety_margin,
+        limit=budget.limit,
+        reserved=budget.reserved_output + budget.safety_margin,
+    )
+
+
+def _shrink_tool_results(
+    items: list[Item], start: int, room: int, shrink: Shrinker, plan: Plan
+) -> list[Item]:
+    """Shrink the newest turn's tool results, largest first, until the turn fits ``room``."""
+    items = list(items)
+    order = sorted(
+        (k for k in range(start, len(items)) if items[k].message.role == "tool"),
+        key=lambda k: -items[k].tokens,
+    )
+    for k in order:
+        excess = sum(i.tokens for i in items[start:]) - room
+        if excess <= 0:
+            break
+        target = max(1, items[k].tokens - excess)
+        shrunk = shrink(items[k], target)
+        plan.decide(
+            "degrade", seq=items[k].seq, tokens_before=items[k].tokens, tokens_after=shrunk.tokens
+        )
+        items[k] = shrunk
+    return items
+
+
+def plan_request(
+    pinned: Sequence[Item],
+    items: Sequence[Item],
+    budget: Budget,
+    *,
+    history_start: int,
+    summary: Item | None,
+    summary_version: int,
+    summary_covers_to: int,
+    summary_text: str | None,
+    policy: WindowPolicy,
+    shrink: Shrinker | None = None,
+) -> Plan:
+    """The whole policy chain for one request (see the module docstring)."""
+    plan = Plan(pinned=list(pinned), window=[])
+    candidates, removed = repair(items)
+    if removed:
+        plan.decide("tool_integrity", removed=[i.seq for i in removed])
+    candidates = admit(
+        pinned, candidates, budget, shrink if policy.degrade_tool_results else None, plan
+    )
+    keep_from = tail_start(candidates)
+    available = budget.prompt - budget.overhead - sum(i.tokens for i in pinned)
+    window = select_window(candidates, available, policy.max_window_messages, keep_from)
+    reached = not window or (window[0].seq <= history_start and len(window) == len(candidates))
+    if not reached and summary is not None:
+        window = _with_summary(
+            plan, candidates, window, summary, summary_covers_to, available, policy
+        )
+        if plan.summary_message is not None:
+            plan.summary_version = summary_version
+            plan.summary_covers_to = summary_covers_to
+    plan.window = window
+    start = window[0].seq if window else history_start
+    if start > history_start:
+        plan.dropped = [(history_start, start)]
+        plan.decide("window", first_seq=start, dropped_before=start)
+    plan.summarize = _summary_request(
+        plan, start, summary_text, summary_version, summary_covers_to, policy
+    )
+    return plan
+
+
+def _with_summary(
+    plan: Plan,
+    candidates: list[Item],
+    window: list[Item],
+    summary: Item,
+    covers_to: int,
+    available: int,
+    policy: WindowPolicy,
+) -> list[Item]:
+    """Re-select the window after the summary, never overlapping what it covers."""
+    after = [i for i in candidates if i.seq >= covers_to]
+    keep_from = tail_start(after) if after else 0
+    turn_tokens = sum(i.tokens for i in after[keep_from:])
+    if summary.tokens + turn_tokens > available:
+        plan.decide("summary_skipped", reason="summary does not fit beside the newest turn")
+        return window
+    chosen = select_window(after, available - summary.tokens, policy.max_window_messages, keep_from)
+    plan.summary_message = summary.message
+    plan.summary_tokens = summary.tokens
+    plan.decide("summary", covers_to=covers_to, tokens=summary.tokens)
+    return chosen
+
+
+def _summary_request(
+    plan: Plan,
+    start: int,
+    text: str | None,
+    version: int,
+    covers_to: int,
+    policy: WindowPolicy,
+) -> SummaryRequest | None:
+    """Ask for a summary once enough dropped messages are not yet covered by one."""
+    if policy.summarize_after is None or start - covers_to < policy.summarize_after:
+        return None
+    return SummaryRequest(text, version, covers_to, start, ())
+
+
+def check_plan(plan: Plan, budget: Budget, total: int) -> list[str]:
+    """Post-conditions every returned request must meet (raised on as a bug if broken)."""
+    problems = tool_problems(plan.messages())
+    if total > budget.prompt:
+        problems.append(f"request is {total} tokens, over the prompt budget {budget.prompt}")
+    return problems

@@ -1,0 +1,57 @@
+"""What :meth:`Guard.prepare` returns: the request to send and the reasons for it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxguard.messages import Message
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A request that fits: ``tokens + reserved_output + safety_margin <= limit``.
+
+    ``tokens`` is the exact prompt count by the guard's counter (``exact`` is
+    False only for the approximate counter). ``dropped`` lists the position
+    ranges left out; ``decisions`` says which policy did what.
+    """
+
+    session_id: str
+    turn: int
+    messages: tuple[Message, ...]
+    tokens: int
+    exact: bool
+    limit: int
+    limit_source: str
+    reserved_output: int
+    safety_margin: int
+    dropped: tuple[tuple[int, int], ...]
+    summary_version: int
+    decisions: tuple[Mapping[str, Any], ...]
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    counter: str = ""
+    sent_seqs: tuple[int, ...] = field(default=())
+
+    @property
+    def prompt_budget(self) -> int:
+        return self.limit - self.reserved_output - self.safety_margin
+
+    def openai_messages(self) -> list[dict[str, Any]]:
+        """The messages as OpenAI chat-completions dicts, ready to send."""
+        return [m.to_openai() for m in self.messages]
+
+    def request_kwargs(self) -> dict[str, Any]:
+        """``messages``, ``max_tokens`` and ``tools`` for an OpenAI-compatible client."""
+        kwargs: dict[str, Any] = {
+            "messages": self.openai_messages(),
+            "max_tokens": self.reserved_output,
+        }
+        if self.tools:
+            kwargs["tools"] = [dict(t) for t in self.tools]
+        return kwargs
+
+
+def ids_of(messages: Sequence[Message]) -> list[str]:
+    return [m.id for m in messages]

@@ -1,0 +1,34 @@
+"""Turning the guard's constructor arguments into a counter and a limit source."""
+
+from __future__ import annotations
+
+from ctxguard.errors import ConfigError
+from ctxguard.kv.limit import ContextLimit, LimitSource, StaticLimit
+from ctxguard.tokens._protocol import TokenCounter
+
+
+def make_counter(counter: str | TokenCounter) -> TokenCounter:
+    if isinstance(counter, str):
+        from ctxguard.tokens import load_counter
+
+        return load_counter(counter)
+    if not isinstance(counter, TokenCounter):
+        raise ConfigError(
+            f"counter must be a spec string like 'tiktoken:cl100k_base' or a TokenCounter, "
+            f"got {type(counter).__name__}"
+        )
+    return counter
+
+
+def make_limit(limit: int | ContextLimit | LimitSource) -> LimitSource:
+    if isinstance(limit, bool):
+        raise ConfigError("limit must be an int, a ContextLimit or a LimitSource, got a bool")
+    if isinstance(limit, int):
+        return StaticLimit(limit)
+    if isinstance(limit, ContextLimit):
+        return StaticLimit(limit.tokens, limit.source)
+    if not hasattr(limit, "resolve"):
+        raise ConfigError(
+            f"limit must be an int, a ContextLimit or a LimitSource, got {type(limit).__name__}"
+        )
+    return limit
