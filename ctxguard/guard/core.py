@@ -198,7 +198,7 @@ class GuardCore:
             "turn": 0,
             "kind": "request",
             "at": datetime.now(UTC).isoformat(),
-            "sent_ids": [i.message.id for i in sent],
+            "sent_ids": [m.id for m in plan.messages()],
             "sent_seqs": [i.seq for i in sent],
             "summary_version": plan.summary_version if plan.summary_message else 0,
             "summary_covers_to": plan.summary_covers_to if plan.summary_message else 0,
@@ -216,7 +216,17 @@ class GuardCore:
             "message_count": fetch.info.message_count,
             "dropped": [list(r) for r in plan.dropped],
             "decisions": plan.decisions,
+            "policy": self.policy_settings(),
             "valid": True,
+        }
+
+    def policy_settings(self) -> dict[str, Any]:
+        """The settings replay needs to re-run this request's policies."""
+        return {
+            "max_window_messages": self.config.max_window_messages,
+            "summarize_after": self.policy.summarize_after,
+            "degrade_tool_results": self.config.degrade_tool_results,
+            "summary_role": self.config.summary_role,
         }
 
     def prepared(
@@ -301,7 +311,7 @@ class GuardCore:
         }
         if summary is not None:
             record.update(version=summary.version, tokens=summary.tokens, committed=committed)
-            record.update(from_id=summary.from_id, to_id=summary.to_id)
+            record.update(from_id=summary.from_id, to_id=summary.to_id, text=summary.text)
         if error is not None:
             record["error"] = error
         return record

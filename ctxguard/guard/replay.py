@@ -1,0 +1,154 @@
+"""Re-running context preparation over a stored session: the what-if tool.
+
+Replay reads the raw history and the audit trail, rebuilds what each request
+saw (the history up to that turn and the summary version it used, whose text
+the audit trail keeps) and runs the same policies through
+:class:`~ctxguard.guard.core.GuardCore`, with the recorded settings or with
+overrides (limit, max_tokens, counter, window policy). No summarizer is
+called: a replay never writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ctxguard.errors import BudgetError
+from ctxguard.guard.config import GuardConfig
+from ctxguard.guard.core import GuardCore
+from ctxguard.guard.plan import Budget
+from ctxguard.messages import Message
+from ctxguard.stores.base import SessionInfo, StoredMessage, Summary, WindowFetch
+from ctxguard.tokens._protocol import TokenCounter
+
+
+@dataclass(frozen=True)
+class ReplayOverrides:
+    """What to change for a what-if replay; None keeps the recorded value."""
+
+    limit: int | None = None
+    max_tokens: int | None = None
+    safety_margin: int | None = None
+    max_window_messages: int | None = None
+    summaries: bool = True
+
+
+@dataclass(frozen=True)
+class ReplayedTurn:
+    """One turn: what was recorded as sent, what the policies send now, and the difference."""
+
+    turn: int
+    recorded_ids: tuple[str, ...]
+    replayed_ids: tuple[str, ...]
+    recorded_tokens: int
+    replayed_tokens: int | None
+    limit: int
+    reserved_output: int
+    error: str | None = None
+
+    @property
+    def same(self) -> bool:
+        return self.error is None and self.recorded_ids == self.replayed_ids
+
+    @property
+    def added(self) -> tuple[str, ...]:
+        return tuple(i for i in self.replayed_ids if i not in set(self.recorded_ids))
+
+    @property
+    def removed(self) -> tuple[str, ...]:
+        return tuple(i for i in self.recorded_ids if i not in set(self.replayed_ids))
+
+
+def summaries_from_audit(audit: Sequence[Mapping[str, Any]]) -> dict[int, Summary]:
+    """Committed summary versions with their text, as the audit trail recorded them."""
+    found: dict[int, Summary] = {}
+    for record in audit:
+        if record.get("kind") == "summary" and record.get("committed") and "text" in record:
+            version = int(record["version"])
+            found[version] = Summary(
+                version=version,
+                text=str(record["text"]),
+                covers_to=int(record["covers_to"]),
+                from_id=record.get("from_id"),
+                to_id=record.get("to_id"),
+                tokens=None,
+            )
+    return found
+
+
+def replay_turn(
+    core: GuardCore,
+    history: Sequence[StoredMessage],
+    record: Mapping[str, Any],
+    summary: Summary | None,
+    overrides: ReplayOverrides,
+) -> ReplayedTurn:
+    """Re-run one recorded request against the history it saw."""
+    seen = [s for s in history if s.seq < int(record["message_count"])]
+    same_counter = record.get("counter") == core.counter.fingerprint
+    if not same_counter:
+        seen = [replace(s, tokens=None) for s in seen]
+    limit = overrides.limit or int(record["limit"])
+    reserved = (
+        overrides.max_tokens if overrides.max_tokens is not None else int(record["reserved_output"])
+    )
+    margin = (
+        overrides.safety_margin
+        if overrides.safety_margin is not None
+        else int(record["safety_margin"])
+    )
+    overhead = int(record["overhead"]) if same_counter else core.counter.request_overhead()
+    budget = Budget(limit, reserved, margin, overhead, str(record.get("limit_source", "replay")))
+    fetch = _full_fetch(seen, summary if overrides.summaries else None, core.counter)
+    recorded = tuple(str(i) for i in record.get("sent_ids", ()))
+    base = ReplayedTurn(
+        int(record.get("turn", 0)), recorded, (), int(record["tokens"]), None, limit, reserved
+    )
+    try:
+        plan, _ = core.plan(fetch, budget)
+        total = core.finalize(plan, budget, None)
+    except BudgetError as exc:
+        return replace(base, error=str(exc))
+    return replace(base, replayed_ids=tuple(m.id for m in plan.messages()), replayed_tokens=total)
+
+
+def replay_records(
+    core: GuardCore,
+    history: Sequence[StoredMessage],
+    audit: Sequence[Mapping[str, Any]],
+    overrides: ReplayOverrides | None = None,
+) -> list[ReplayedTurn]:
+    """Replay every request record of a session, oldest first."""
+    overrides = overrides or ReplayOverrides()
+    summaries = summaries_from_audit(audit)
+    turns = []
+    for record in audit:
+        if record.get("kind") != "request":
+            continue
+        version = int(record.get("summary_version") or 0)
+        summary = summaries.get(version) if version else None
+        turns.append(replay_turn(core, history, record, summary, overrides))
+    return turns
+
+
+def core_for_record(
+    counter: TokenCounter, record: Mapping[str, Any], overrides: ReplayOverrides
+) -> GuardCore:
+    """A core configured as the recorded request was (policy settings in the record)."""
+    policy = dict(record.get("policy") or {})
+    window = overrides.max_window_messages or policy.get("max_window_messages")
+    config = GuardConfig(
+        max_window_messages=window,
+        degrade_tool_results=bool(policy.get("degrade_tool_results", True)),
+        summary_role=policy.get("summary_role", "system"),
+    )
+    return GuardCore(counter, config)
+
+
+def _full_fetch(
+    seen: Sequence[StoredMessage], summary: Summary | None, counter: TokenCounter
+) -> WindowFetch:
+    now = seen[-1].message.created_at if seen else Message(role="user", content="").created_at
+    info = SessionInfo("replay", len(seen), 0, counter.fingerprint, now, now, None, 0)
+    return WindowFetch(info, (), tuple(seen), summary, True)
