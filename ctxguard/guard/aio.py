@@ -45,7 +45,8 @@ class AsyncGuard:
             if isinstance(store, str)
             else store
         )
-        self.core = GuardCore(make_counter(counter), self.config)
+        spec = counter if isinstance(counter, str) else None
+        self.core = GuardCore(make_counter(counter), self.config, spec)
         self.limit_source = make_limit(limit)
         self._background: set[asyncio.Task[Any]] = set()
 

@@ -30,8 +30,11 @@ Tools = Sequence[Mapping[str, Any]]
 class GuardCore:
     """Counting, planning and record-keeping for one counter and one config."""
 
-    def __init__(self, counter: TokenCounter, config: GuardConfig) -> None:
+    def __init__(
+        self, counter: TokenCounter, config: GuardConfig, counter_spec: str | None = None
+    ) -> None:
         self.counter = counter
+        self.counter_spec = counter_spec
         self.config = config
         self.policy = WindowPolicy(
             max_window_messages=config.max_window_messages,
@@ -207,6 +210,7 @@ class GuardCore:
             "exact": self.counter.exact,
             "additive": self.counter.additive,
             "counter": self.counter.fingerprint,
+            "counter_spec": self.counter_spec,
             "limit": budget.limit,
             "limit_source": budget.limit_source,
             "reserved_output": budget.reserved_output,

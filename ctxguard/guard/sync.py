@@ -53,7 +53,8 @@ class Guard:
             if isinstance(store, str)
             else store
         )
-        self.core = GuardCore(make_counter(counter), self.config)
+        spec = counter if isinstance(counter, str) else None
+        self.core = GuardCore(make_counter(counter), self.config, spec)
         self.limit_source = make_limit(limit)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._background: set[concurrent.futures.Future[Any]] = set()
