@@ -142,13 +142,22 @@ class GuardCore:
         )
         return plan, recounts
 
-    def needs_more(self, fetch: WindowFetch, plan: Plan, budget: Budget) -> bool:
-        """True when estimated counts made the fetch stop short of what fits (rare)."""
-        if fetch.reached_start or not fetch.recent:
-            return False
+    def refetch(self, fetch: WindowFetch, plan: Plan, budget: Budget) -> tuple[int, int] | None:
+        """(budget, min_messages) for a second fetch when the first stopped short; else None.
+
+        Rare: the newest user message lay beyond the budget walk (it alone is
+        over budget, which admission must then see), or estimated counts for
+        messages stored under another counter made the walk stop too early.
+        """
+        if fetch.reached_start:
+            return None
+        others = [s for s in fetch.recent if not s.message.is_pinned_role]
+        if not any(s.message.role == "user" for s in others):
+            return budget.prompt, 2 * len(fetch.recent) + 8
         used = plan.item_tokens() + budget.overhead
-        oldest = fetch.recent[0].seq
-        return plan.window_start <= oldest and used < budget.prompt // 2
+        if fetch.recent and plan.window_start <= fetch.recent[0].seq and used < budget.prompt // 2:
+            return budget.prompt * 4, len(fetch.recent)
+        return None
 
     def _shrink_item(self, item: Item, target: int) -> Item:
         shrunk = shrink_message(item.message, target, self.counter.count_message)

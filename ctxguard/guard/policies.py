@@ -20,6 +20,7 @@ Order of application for one request:
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -205,8 +206,15 @@ def plan_request(
     keep_from = tail_start(candidates)
     available = budget.prompt - budget.overhead - sum(i.tokens for i in pinned)
     window = select_window(candidates, available, policy.max_window_messages, keep_from)
-    reached = not window or (window[0].seq <= history_start and len(window) == len(candidates))
-    if not reached and summary is not None:
+    pinned_seqs = sorted(i.seq for i in pinned)
+
+    def left_out(low: int, high: int) -> int:
+        """How many non-pinned messages lie in positions [low, high)."""
+        inside = bisect.bisect_left(pinned_seqs, high) - bisect.bisect_left(pinned_seqs, low)
+        return max(0, high - low - inside)
+
+    first = window[0].seq if window else history_start
+    if left_out(history_start, first) and summary is not None:
         window = _with_summary(
             plan, candidates, window, summary, summary_covers_to, available, policy
         )
@@ -215,12 +223,13 @@ def plan_request(
             plan.summary_covers_to = summary_covers_to
     plan.window = window
     start = window[0].seq if window else history_start
-    if start > history_start:
+    dropped = left_out(history_start, start)
+    if dropped:
         plan.dropped = [(history_start, start)]
-        plan.decide("window", first_seq=start, dropped_before=start)
-    plan.summarize = _summary_request(
-        plan, start, summary_text, summary_version, summary_covers_to, policy
-    )
+        plan.decide("window", first_seq=start, dropped_messages=dropped)
+    unsummarized = left_out(max(history_start, summary_covers_to), start)
+    if policy.summarize_after is not None and unsummarized >= max(1, policy.summarize_after):
+        plan.summarize = SummaryRequest(summary_text, summary_version, summary_covers_to, start, ())
     return plan
 
 
@@ -245,20 +254,6 @@ def _with_summary(
     plan.summary_tokens = summary.tokens
     plan.decide("summary", covers_to=covers_to, tokens=summary.tokens)
     return chosen
-
-
-def _summary_request(
-    plan: Plan,
-    start: int,
-    text: str | None,
-    version: int,
-    covers_to: int,
-    policy: WindowPolicy,
-) -> SummaryRequest | None:
-    """Ask for a summary once enough dropped messages are not yet covered by one."""
-    if policy.summarize_after is None or start - covers_to < policy.summarize_after:
-        return None
-    return SummaryRequest(text, version, covers_to, start, ())
 
 
 def check_plan(plan: Plan, budget: Budget, total: int) -> list[str]:

@@ -83,13 +83,15 @@ class Guard:
         """Append ``new_messages`` and return the request to send, within budget."""
         new = self.core.encode_new(new_messages)
         budget = self.core.budget(self.limit_source.resolve(), max_tokens, tools)
-        fetch = self.store.fetch_window(session_id, budget.prompt, self.core.write_options, new)
+        options = self.core.write_options
+        fetch = self.store.fetch_window(session_id, budget.prompt, options, new, len(new))
         plan, recounts = self.core.plan(fetch, budget)
         for _ in range(MAX_REFETCH):
-            if not self.core.needs_more(fetch, plan, budget):
+            again = self.core.refetch(fetch, plan, budget)
+            if again is None:
                 break
             self.store.set_token_counts(session_id, self.counter.fingerprint, recounts)
-            fetch = self.store.fetch_window(session_id, budget.prompt * 4, self.core.write_options)
+            fetch = self.store.fetch_window(session_id, again[0], options, (), again[1])
             plan, recounts = self.core.plan(fetch, budget)
         if plan.summarize is not None:
             plan, fetch = self._summarize_for(session_id, plan, fetch, budget)

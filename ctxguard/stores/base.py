@@ -157,6 +157,7 @@ class SessionStore(Protocol):
         budget: int,
         options: WriteOptions = ...,
         new: Sequence[NewMessage] = (),
+        min_messages: int = 0,
     ) -> WindowFetch: ...
     def set_token_counts(
         self, session_id: str, counter: str, counts: Mapping[int, int]
@@ -201,6 +202,7 @@ class AsyncSessionStore(Protocol):
         budget: int,
         options: WriteOptions = ...,
         new: Sequence[NewMessage] = (),
+        min_messages: int = 0,
     ) -> WindowFetch: ...
     async def set_token_counts(
         self, session_id: str, counter: str, counts: Mapping[int, int]

@@ -109,7 +109,7 @@ class MemoryStore:
             seq = len(session.records)
             session.ids[msg_id] = seq
             session.records.append(new.encoded())
-            counted = options.counter is not None and new.tokens is not None
+            counted = bool(options.counter) and new.tokens is not None
             session.tokens.append(new.tokens if counted and new.tokens is not None else -1)
             if new.message.is_pinned_role:
                 session.pins.append(seq)
@@ -117,9 +117,12 @@ class MemoryStore:
         self._touch(session, options)
         return AppendResult(tuple(stored), tuple(duplicates), len(session.records))
 
-    def _stored(self, session_id: str, session: _Session, seq: int) -> StoredMessage:
+    def _stored(
+        self, session_id: str, session: _Session, seq: int, counts_valid: bool = True
+    ) -> StoredMessage:
         message = decode_message(session_id, seq, session.records[seq])
-        return StoredMessage(seq, message, tokens_or_none(session.tokens[seq]))
+        tokens = tokens_or_none(session.tokens[seq]) if counts_valid else None
+        return StoredMessage(seq, message, tokens)
 
     def _info(self, session_id: str, session: _Session) -> SessionInfo:
         ttl = None
@@ -146,6 +149,9 @@ class MemoryStore:
         options: WriteOptions = WriteOptions(),  # noqa: B008 - frozen, shared safely
     ) -> AppendResult:
         with self._lock:
+            if not messages:
+                found = self._live(session_id)
+                return AppendResult((), (), 0 if found is None else len(found.records))
             session = self._for_write(session_id, options)
             return self._append_locked(session, messages, options)
 
@@ -192,8 +198,9 @@ class MemoryStore:
         budget: int,
         options: WriteOptions = WriteOptions(),  # noqa: B008
         new: Sequence[NewMessage] = (),
+        min_messages: int = 0,
     ) -> WindowFetch:
-        check_window_args(budget)
+        check_window_args(budget, min_messages)
         with self._lock:
             appended = None
             if new:
@@ -204,12 +211,16 @@ class MemoryStore:
                 if found is None:
                     return _empty_window(session_id)
                 session = found
-            counter_matches = options.counter is None or options.counter == session.counter
-            first = _walk_back(session, budget, counter_matches)
+            # Counts made by another counter than the caller's are unknown to it (as in window.lua).
+            same = not options.counter or options.counter == session.counter
+            first = _walk_back(session, budget, same, min_messages)
             recent = tuple(
-                self._stored(session_id, session, s) for s in range(first, len(session.records))
+                self._stored(session_id, session, s, same)
+                for s in range(first, len(session.records))
             )
-            pinned = tuple(self._stored(session_id, session, s) for s in session.pins if s < first)
+            pinned = tuple(
+                self._stored(session_id, session, s, same) for s in session.pins if s < first
+            )
             summary = decode_summary(session_id, session.summary)
             info = self._info(session_id, session)
         return WindowFetch(info, pinned, recent, summary, first == 0, appended)
@@ -292,11 +303,11 @@ class MemoryStore:
         """Nothing to release; present so every store closes the same way."""
 
 
-def _walk_back(session: _Session, budget: int, counter_matches: bool) -> int:
+def _walk_back(session: _Session, budget: int, counter_matches: bool, min_messages: int) -> int:
     """First position of the newest run whose stored counts fit ``budget``.
 
     Mirrors ``window.lua``: the walk stops at the first message that would push
-    the running total over the budget.
+    the running total over the budget, but always takes ``min_messages``.
     """
     total = 0
     first = len(session.records)
@@ -304,7 +315,7 @@ def _walk_back(session: _Session, budget: int, counter_matches: bool) -> int:
         count = session.tokens[seq] if counter_matches else UNKNOWN_TOKENS
         if count < 0:
             count = estimate_unknown_tokens(len(session.records[seq].encode()))
-        if total + count > budget:
+        if total + count > budget and len(session.records) - seq > min_messages:
             break
         total += count
         first = seq
@@ -357,8 +368,9 @@ class AsyncMemoryStore:
         budget: int,
         options: WriteOptions = WriteOptions(),  # noqa: B008
         new: Sequence[NewMessage] = (),
+        min_messages: int = 0,
     ) -> WindowFetch:
-        return self.sync.fetch_window(session_id, budget, options, new)
+        return self.sync.fetch_window(session_id, budget, options, new, min_messages)
 
     async def set_token_counts(
         self, session_id: str, counter: str, counts: Mapping[int, int]

@@ -20,7 +20,7 @@ import redis
 import redis.asyncio as aredis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import ClusterDownError, RedisError, TryAgainError
+from redis.exceptions import ClusterDownError, RedisClusterException, RedisError, TryAgainError
 from redis.retry import Retry
 
 from ctxguard.errors import StoreConnectionError, StoreError
@@ -60,8 +60,9 @@ class RetryPolicy:
             delay = min(delay * 2, self.max_delay)
 
 
-def _wrap(exc: RedisError, what: str, where: str) -> StoreError:
-    if isinstance(exc, RETRYABLE):
+def _wrap(exc: RedisError | RedisClusterException, what: str, where: str) -> StoreError:
+    # RedisClusterException is redis-py's "no node of the cluster can be reached".
+    if isinstance(exc, (*RETRYABLE, RedisClusterException)):
         return StoreConnectionError(
             f"{what} failed: lost the connection to {where} ({type(exc).__name__})"
         )
@@ -108,7 +109,7 @@ class RedisStore(_Base):
                 if delay is None:
                     raise _wrap(exc, what, self.where) from exc
                 time.sleep(delay)
-            except RedisError as exc:
+            except (RedisError, RedisClusterException) as exc:
                 raise _wrap(exc, what, self.where) from exc
 
     def _run(self, call: Call, idempotent: bool = True) -> Any:
@@ -174,8 +175,9 @@ class RedisStore(_Base):
         budget: int,
         options: WriteOptions = _DEFAULT_OPTIONS,
         new: Sequence[NewMessage] = (),
+        min_messages: int = 0,
     ) -> WindowFetch:
-        reply = self._run(self.protocol.window_call(session_id, budget, options, new))
+        reply = self._run(self.protocol.window_call(session_id, budget, options, new, min_messages))
         return self.protocol.parse_window(session_id, new, reply)
 
     def set_token_counts(
@@ -262,7 +264,7 @@ class AsyncRedisStore(_Base):
                 if delay is None:
                     raise _wrap(exc, what, self.where) from exc
                 await asyncio.sleep(delay)
-            except RedisError as exc:
+            except (RedisError, RedisClusterException) as exc:
                 raise _wrap(exc, what, self.where) from exc
 
     async def _run(self, call: Call, idempotent: bool = True) -> Any:
@@ -332,8 +334,9 @@ class AsyncRedisStore(_Base):
         budget: int,
         options: WriteOptions = _DEFAULT_OPTIONS,
         new: Sequence[NewMessage] = (),
+        min_messages: int = 0,
     ) -> WindowFetch:
-        reply = await self._run(self.protocol.window_call(session_id, budget, options, new))
+        reply = await self._run(self.protocol.window_call(session_id, budget, options, new, min_messages))
         return self.protocol.parse_window(session_id, new, reply)
 
     async def set_token_counts(
@@ -434,7 +437,10 @@ def _sync_client(url: StoreURL) -> Any:
             if k in ("username", "password")
         }
         base.close()
-        return RedisCluster(startup_nodes=nodes, ssl=url.scheme.startswith("rediss"), **kwargs)
+        try:  # the sync cluster client connects here, to learn the topology
+            return RedisCluster(startup_nodes=nodes, ssl=url.scheme.startswith("rediss"), **kwargs)
+        except (RedisError, RedisClusterException) as exc:
+            raise _wrap(exc, "connect", url.redacted) from exc
     return redis.Redis.from_url(url.backend_url, **_client_kwargs(url))
 
 

@@ -58,6 +58,14 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _count_at(counts: Sequence[Any], index: int) -> int | None:
+    """The stored count at ``index``; missing or not a number means unknown."""
+    try:
+        return tokens_or_none(int(counts[index]))
+    except (IndexError, TypeError, ValueError):
+        return None
+
+
 def _ttl_arg(options: WriteOptions) -> int:
     return int(options.ttl_seconds or 0)
 
@@ -92,21 +100,27 @@ class RedisProtocol:
         return Call("append", self.keys(session_id), head + _message_args(messages))
 
     def window_call(
-        self, session_id: str, budget: int, options: WriteOptions, new: Sequence[NewMessage]
+        self,
+        session_id: str,
+        budget: int,
+        options: WriteOptions,
+        new: Sequence[NewMessage],
+        min_messages: int = 0,
     ) -> Call:
-        check_window_args(budget)
+        check_window_args(budget, min_messages)
         head: list[str | int] = [
             options.counter or "",
             _ttl_arg(options),
             options.max_messages or 0,
             budget,
+            min_messages,
         ]
         return Call("window", self.keys(session_id), head + _message_args(new))
 
     def read_call(self, session_id: str, start: int, stop: int | None) -> Call:
         if not isinstance(start, int) or (stop is not None and not isinstance(stop, int)):
             raise InvalidInputError("start and stop must be ints")
-        return Call("read", self.keys(session_id), [start, -1 if stop is None else max(stop, 0)])
+        return Call("read", self.keys(session_id), [start, "" if stop is None else stop])
 
     def set_counts_call(
         self, session_id: str, counter: str, counts: Mapping[int, int], ttl: int
@@ -191,8 +205,8 @@ class RedisProtocol:
             return _empty_window(session_id)
         recent = self._stored_run(session_id, first, reply[4], reply[5])
         pinned = tuple(
-            StoredMessage(int(s), decode_message(session_id, int(s), r), tokens_or_none(int(c)))
-            for s, r, c in zip(reply[6], reply[7], reply[8], strict=True)
+            StoredMessage(int(s), decode_message(session_id, int(s), r), _count_at(reply[8], i))
+            for i, (s, r) in enumerate(zip(reply[6], reply[7], strict=True))
         )
         summary = decode_summary(session_id, summary_raw or None)
         return WindowFetch(info, pinned, recent, summary, first == 0, appended)
@@ -204,11 +218,15 @@ class RedisProtocol:
     def _stored_run(
         session_id: str, first: int, records: Sequence[Any], counts: Sequence[Any]
     ) -> tuple[StoredMessage, ...]:
+        # A record pushed by something other than ctxguard has no count beside it:
+        # it still decodes (or fails) on its own, and its count is unknown.
         return tuple(
             StoredMessage(
-                first + i, decode_message(session_id, first + i, r), tokens_or_none(int(c))
+                first + i,
+                decode_message(session_id, first + i, r),
+                _count_at(counts, i),
             )
-            for i, (r, c) in enumerate(zip(records, counts, strict=True))
+            for i, r in enumerate(records)
         )
 
     def parse_audit(self, session_id: str, raw: Sequence[Any]) -> list[dict[str, Any]]:

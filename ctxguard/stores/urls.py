@@ -16,7 +16,7 @@ class StoreURL:
     """A parsed store URL; ``backend_url`` has ctxguard's own query parameters removed."""
 
     scheme: str
-    backend_url: str
+    backend_url: str = field(repr=False)  # may hold a password: never printed
     namespace: str
     tenant: str
     name: str = ""
@@ -25,6 +25,9 @@ class StoreURL:
     @property
     def redacted(self) -> str:
         return redact_url(self.backend_url)
+
+    def __str__(self) -> str:
+        return self.redacted
 
 
 def redact_url(url: str) -> str:

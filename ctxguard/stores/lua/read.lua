@@ -1,10 +1,12 @@
 -- read: a consistent slice of a session.
--- ARGV: 1 start seq, 2 stop seq (exclusive; -1 = to the end)
+-- ARGV: 1 start seq, 2 stop seq (exclusive; '' = to the end). Negative values
+--       count from the end, as Python slices do.
 -- Returns: {start seq actually used, records, counts}
 local len = redis.call('LLEN', KEYS[K_MSGS])
 local start = tonumber(ARGV[1])
-local stop = tonumber(ARGV[2])
-if stop < 0 or stop > len then stop = len end
+local stop = tonumber(ARGV[2]) or len
+if stop < 0 then stop = math.max(0, len + stop) end
+if stop > len then stop = len end
 if start < 0 then start = math.max(0, len + start) end
 if start >= stop then return {start, {}, {}} end
 return {start, redis.call('LRANGE', KEYS[K_MSGS], start, stop - 1),

@@ -1,5 +1,5 @@
 -- set_counts: store token counts made by `counter` (lazy recount after a counter change).
--- ARGV: 1 counter fingerprint, 2 ttl seconds, then pairs (seq, tokens)
+-- ARGV: 1 counter fingerprint, 2 ttl seconds, then pairs (seq, tokens; -1 = unknown)
 -- Returns: number of counts written
 if redis.call('EXISTS', KEYS[K_META]) == 0 then return 0 end
 switch_counter(ARGV[1])
@@ -11,7 +11,7 @@ for i = 3, #ARGV, 2 do
     local old = tonumber(redis.call('LINDEX', KEYS[K_TOKS], seq))
     if old >= 0 then delta = delta - old end
     redis.call('LSET', KEYS[K_TOKS], seq, value)
-    delta = delta + value
+    if value >= 0 then delta = delta + value end
     written = written + 1
   end
 end

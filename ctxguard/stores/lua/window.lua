@@ -1,6 +1,7 @@
 -- window: optionally append new messages, then fetch what one prepare needs.
 -- ARGV: 1 counter fingerprint ('' = none), 2 ttl seconds, 3 max messages (0 = no cap),
---       4 token budget, 5 n new, then n x (id, record, tokens, pinned)
+--       4 token budget, 5 min messages (always fetched, whatever the budget),
+--       6 n new, then n x (id, record, tokens, pinned)
 -- Returns: {append_result or false, meta (flat HGETALL), summary JSON or false,
 --           first seq of recent, recent records, recent counts,
 --           pinned seqs, pinned records, pinned counts, ttl seconds}
@@ -8,7 +9,8 @@
 -- that would push the running total of stored counts over the budget; an
 -- unknown count (-1, or another counter's) is under-estimated as
 -- (record bytes - 120) / 8, at least 1 (base.estimate_unknown_tokens).
-local n = tonumber(ARGV[5])
+local n = tonumber(ARGV[6])
+local min_messages = tonumber(ARGV[5])
 local appended = false
 if n > 0 then
   local cap = tonumber(ARGV[3])
@@ -16,11 +18,11 @@ if n > 0 then
   if cap > 0 and count + n > cap then
     local fresh = 0
     for i = 0, n - 1 do
-      if redis.call('HEXISTS', KEYS[K_IDS], ARGV[6 + 4 * i]) == 0 then fresh = fresh + 1 end
+      if redis.call('HEXISTS', KEYS[K_IDS], ARGV[7 + 4 * i]) == 0 then fresh = fresh + 1 end
     end
     if count + fresh > cap then return {{-1, count}} end
   end
-  appended = append_many(6, n, ARGV[1])
+  appended = append_many(7, n, ARGV[1])
   touch(ARGV[2])
 end
 
@@ -42,7 +44,7 @@ while hi >= 0 do
     if not same_counter then c = -1 end
     local cost = c
     if cost < 0 then cost = math.max(1, math.floor((#recs[i] - 120) / 8)) end
-    if total + cost > budget then stop = true; break end
+    if total + cost > budget and len - (lo + i - 1) > min_messages then stop = true; break end
     total = total + cost
     first = lo + i - 1
     records[#records + 1] = recs[i]
