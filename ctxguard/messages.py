@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import SchemaValidator
 
 from ctxguard.errors import InvalidMessageError
-from ctxguard.ids import new_message_id, validate_id
+from ctxguard.ids import MAX_ID_BYTES, new_message_id, validate_id
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = ("system", "developer", "user", "assistant", "tool")
@@ -99,6 +101,10 @@ class Message(BaseModel):
     @field_validator("id")
     @classmethod
     def _valid_id(cls, value: str) -> str:
+        # Fast path: printable ASCII has no control or surrogate characters and one
+        # byte per character; everything else gets validate_id's full check.
+        if value.isascii() and value.isprintable() and 0 < len(value) <= MAX_ID_BYTES:
+            return value
         return validate_id(value, "message id")
 
     @field_validator("content", mode="before")
@@ -181,7 +187,18 @@ class Message(BaseModel):
 
     @classmethod
     def from_record(cls, raw: str | bytes) -> Message:
-        """Decode a stored record; raises pydantic or JSON errors for the store to wrap."""
+        """Decode a stored record; raises pydantic or JSON errors for the store to wrap.
+
+        Records are validated straight from JSON (same fields, validators and
+        config), skipping the second, Python-side validation that the custom
+        ``__init__`` would add. A record that fails is decoded again the usual
+        way, so errors are exactly what :meth:`model_validate_json` raises.
+        """
+        if cls is Message:
+            try:
+                return _record_validator().validate_json(raw)  # type: ignore[no-any-return]
+            except pydantic.ValidationError:
+                pass
         return cls.model_validate_json(raw)
 
     @property
@@ -199,6 +216,24 @@ class Message(BaseModel):
 
 
 MessageLike = Message | Mapping[str, Any]
+
+
+@lru_cache(maxsize=1)
+def _record_validator() -> SchemaValidator:
+    """Message's own core schema with ``custom_init`` off (see :meth:`Message.from_record`)."""
+
+    def without_custom_init(schema: Any) -> Any:
+        if isinstance(schema, dict):
+            if schema.get("type") == "model" and schema.get("cls") is Message:
+                return {**schema, "custom_init": False}
+            return {k: without_custom_init(v) for k, v in schema.items()}
+        if isinstance(schema, list):
+            return [without_custom_init(v) for v in schema]
+        return schema
+
+    return SchemaValidator(
+        without_custom_init(Message.__pydantic_core_schema__), Message.model_config
+    )
 
 
 def to_message(value: MessageLike) -> Message:

@@ -14,3 +14,25 @@ def cli() -> None:
 def main() -> None:
     """Console-script entry point."""
     cli()
+
+
+from ctxguard.cli.kv import kv_command  # noqa: E402
+
+cli.add_command(kv_command)
+
+from ctxguard.cli.audit import audit_command  # noqa: E402
+from ctxguard.cli.delete import delete_command  # noqa: E402
+from ctxguard.cli.replay import replay_command  # noqa: E402
+from ctxguard.cli.report import report_command  # noqa: E402
+from ctxguard.cli.sessions import sessions_command  # noqa: E402
+from ctxguard.cli.show import show_command  # noqa: E402
+from ctxguard.cli.transfer import export_command, import_command  # noqa: E402
+
+cli.add_command(sessions_command)
+cli.add_command(show_command)
+cli.add_command(replay_command)
+cli.add_command(audit_command)
+cli.add_command(export_command)
+cli.add_command(import_command)
+cli.add_command(delete_command)
+cli.add_command(report_command)

@@ -123,12 +123,13 @@ class ExtractiveSummarizer:
         self.per_message_chars = per_message_chars
 
     def __call__(self, previous: str | None, messages: Sequence[Message]) -> str:
-        lines = [previous] if previous else []
+        lines = previous.splitlines() if previous else []
         for message in messages:
             text = " ".join(message.text.split())
             if not text:
                 continue
             first = _SENTENCE.split(text, maxsplit=1)[0][: self.per_message_chars]
             lines.append(f"{message.role}: {first}")
-        out = "\n".join(lines)
-        return out[-self.max_chars :] if len(out) > self.max_chars else out
+        while len(lines) > 1 and len("\n".join(lines)) > self.max_chars:
+            lines.pop(0)  # the oldest line goes first; lines are never cut mid-way
+        return "\n".join(lines)[: self.max_chars]

@@ -204,12 +204,18 @@ class RedisStore(_Base):
         return int(self._run(call, idempotent=False))
 
     def _pipelined(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
-        """Several scripts of one session in one round trip (not one transaction)."""
+        """Several scripts of one session in one round trip (not one transaction).
+
+        Sent as EVAL with the script text, not EVALSHA: redis-py would first ask
+        SCRIPT EXISTS for scripts queued on a pipeline (an extra round trip on
+        every call), and an EVALSHA that meets NOSCRIPT mid-pipeline would leave
+        the pipeline half applied. Redis caches the script by its SHA either way.
+        """
 
         def send() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for call in calls:
-                self._scripts[call.script](keys=call.keys, args=call.args, client=pipe)
+                pipe.eval(self._scripts[call.script].script, len(call.keys), *call.keys, *call.args)
             return list(pipe.execute())
 
         return self._io("+".join(c.script for c in calls), send, idempotent)
@@ -336,7 +342,9 @@ class AsyncRedisStore(_Base):
         new: Sequence[NewMessage] = (),
         min_messages: int = 0,
     ) -> WindowFetch:
-        reply = await self._run(self.protocol.window_call(session_id, budget, options, new, min_messages))
+        reply = await self._run(
+            self.protocol.window_call(session_id, budget, options, new, min_messages)
+        )
         return self.protocol.parse_window(session_id, new, reply)
 
     async def set_token_counts(
@@ -366,7 +374,7 @@ class AsyncRedisStore(_Base):
         async def send() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for call in calls:
-                await self._scripts[call.script](keys=call.keys, args=call.args, client=pipe)
+                pipe.eval(self._scripts[call.script].script, len(call.keys), *call.keys, *call.args)
             return list(await pipe.execute())
 
         return await self._io("+".join(c.script for c in calls), send, idempotent)

@@ -31,33 +31,37 @@ local counter = ARGV[1]
 local same_counter = counter == '' or redis.call('HGET', KEYS[K_META], 'counter') == counter
 local len = redis.call('LLEN', KEYS[K_MSGS])
 local total, first = 0, len
-local records, counts = {}, {}
+local counts = {}
 local step = 32
 local hi = len - 1
+-- Walk the counts only; a record is read here just when its count is unknown
+-- (to estimate it), and the records of the window are read once, below.
 while hi >= 0 do
   local lo = math.max(0, hi - step + 1)
   local toks = redis.call('LRANGE', KEYS[K_TOKS], lo, hi)
-  local recs = redis.call('LRANGE', KEYS[K_MSGS], lo, hi)
+  local recs = nil
   local stop = false
-  for i = #recs, 1, -1 do
+  for i = hi - lo + 1, 1, -1 do
     local c = tonumber(toks[i]) or -1
     if not same_counter then c = -1 end
     local cost = c
-    if cost < 0 then cost = math.max(1, math.floor((#recs[i] - 120) / 8)) end
+    if cost < 0 then
+      if recs == nil then recs = redis.call('LRANGE', KEYS[K_MSGS], lo, hi) end
+      cost = math.max(1, math.floor((#recs[i] - 120) / 8))
+    end
     if total + cost > budget and len - (lo + i - 1) > min_messages then stop = true; break end
     total = total + cost
     first = lo + i - 1
-    records[#records + 1] = recs[i]
     counts[#counts + 1] = c
   end
   if stop then break end
   hi = lo - 1
   step = math.min(step * 2, 1024)
 end
--- records/counts were gathered newest first; reverse to oldest first
+-- counts were gathered newest first; records come oldest first
 local r_out, c_out = {}, {}
-for i = #records, 1, -1 do
-  r_out[#r_out + 1] = records[i]
+if first < len then r_out = redis.call('LRANGE', KEYS[K_MSGS], first, len - 1) end
+for i = #counts, 1, -1 do
   c_out[#c_out + 1] = counts[i]
 end
 
