@@ -8,7 +8,18 @@ from typing import Any
 from hypothesis import strategies as st
 
 WORDS = st.sampled_from(
-    ["hello", "weather", "Paris", "数据", "東京", "🙂", "def f(x):", "return x*2", "ok", "lorem ipsum"]
+    [
+        "hello",
+        "weather",
+        "Paris",
+        "数据",
+        "東京",
+        "🙂",
+        "def f(x):",
+        "return x*2",
+        "ok",
+        "lorem ipsum",
+    ]
 )
 TEXT = st.lists(WORDS, min_size=0, max_size=60).map(" ".join)
 

@@ -61,14 +61,26 @@ def test_repair_drops_orphan_results_and_unanswered_calls() -> None:
 
 
 def test_tool_problems_names_each_violation() -> None:
-    ok = [i.message for i in [item(0, "user"), item(1, "assistant", tool_calls=calls("a")), item(2, "tool", tool_call_id="a")]]
+    ok = [
+        i.message
+        for i in [
+            item(0, "user"),
+            item(1, "assistant", tool_calls=calls("a")),
+            item(2, "tool", tool_call_id="a"),
+        ]
+    ]
     assert tool_problems(ok) == []
     assert tool_problems([item(0, "tool").message])[0].startswith("message 0: tool result")
     assert "have no results" in tool_problems(ok[:2])[0]
 
 
 def test_window_is_contiguous_newest_groups_that_fit() -> None:
-    items = [item(0, "user", 50), item(1, "assistant", 5), item(2, "user", 5), item(3, "assistant", 5)]
+    items = [
+        item(0, "user", 50),
+        item(1, "assistant", 5),
+        item(2, "user", 5),
+        item(3, "assistant", 5),
+    ]
     window = select_window(items, available=16, max_messages=None, keep_from=3)
     assert [i.seq for i in window] == [1, 2, 3]
     assert [i.seq for i in select_window(items, 100, max_messages=2, keep_from=3)] == [2, 3]
@@ -135,13 +147,27 @@ def test_summary_replaces_what_it_covers_without_overlap() -> None:
 def test_summary_is_requested_once_enough_is_dropped() -> None:
     items = [item(s, "user" if s % 2 else "assistant", 10) for s in range(0, 40)]
     plan = plan_request(
-        [], items, budget(limit=100), history_start=0, summary=None, summary_version=0,
-        summary_covers_to=0, summary_text=None, policy=WindowPolicy(summarize_after=20),
+        [],
+        items,
+        budget(limit=100),
+        history_start=0,
+        summary=None,
+        summary_version=0,
+        summary_covers_to=0,
+        summary_text=None,
+        policy=WindowPolicy(summarize_after=20),
     )
     assert plan.summarize is not None
     assert (plan.summarize.covers_from, plan.summarize.covers_to) == (0, plan.window[0].seq)
     quiet = plan_request(
-        [], items, budget(limit=100), history_start=0, summary=None, summary_version=0,
-        summary_covers_to=0, summary_text=None, policy=WindowPolicy(summarize_after=None),
+        [],
+        items,
+        budget(limit=100),
+        history_start=0,
+        summary=None,
+        summary_version=0,
+        summary_covers_to=0,
+        summary_text=None,
+        policy=WindowPolicy(summarize_after=None),
     )
     assert quiet.summarize is None

@@ -20,6 +20,7 @@ from ctxguard import BudgetError
 from ctxguard.guard import Guard, PreparedRequest
 from ctxguard.guard.policies import tool_problems
 from ctxguard.tokens import load_counter
+
 from .conversations import conversation
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant. 你好。"}
@@ -53,7 +54,9 @@ def check(req: PreparedRequest, turn: list[dict[str, Any]], tools: Any, spec: st
     assert any(m.role == "user" and m.content == newest_user for m in req.messages[-len(turn) :])
 
 
-def run_conversation(guard: Guard, session: str, turns: list[list[dict[str, Any]]], tools: Any, spec: str) -> int:
+def run_conversation(
+    guard: Guard, session: str, turns: list[list[dict[str, Any]]], tools: Any, spec: str
+) -> int:
     guard.append(session, [SYSTEM])
     prepared = 0
     for turn in turns:
@@ -90,13 +93,19 @@ def test_requests_fit_and_are_valid_in_memory(
 
 
 @pytest.mark.redis
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(turns=conversation(), limit=st.integers(150, 1200), with_tools=st.booleans())
 def test_requests_fit_and_are_valid_on_redis(
     redis_url: str, redis_namespace: str, turns: Any, limit: int, with_tools: bool
 ) -> None:
     spec = "tiktoken:cl100k_base"
-    guard = Guard(redis_url, counter=counter(spec), limit=limit, max_tokens=64, namespace=redis_namespace)
+    guard = Guard(
+        redis_url, counter=counter(spec), limit=limit, max_tokens=64, namespace=redis_namespace
+    )
     try:
         run_conversation(guard, uuid.uuid4().hex, turns, TOOLS if with_tools else None, spec)
     finally:

@@ -63,7 +63,9 @@ def guard_kwargs(summarizer: Any) -> dict[str, Any]:
     )
 
 
-def assert_failure_recorded(guard_audit: list[dict[str, Any]], reqs: list[Any], needle: str) -> None:
+def assert_failure_recorded(
+    guard_audit: list[dict[str, Any]], reqs: list[Any], needle: str
+) -> None:
     for req in reqs:
         assert req.tokens + req.reserved_output <= req.limit
         assert tool_problems(req.messages) == []
@@ -145,7 +147,9 @@ class RecordingSummarizer:
 
 
 @pytest.mark.redis
-def test_background_summaries_race_four_writers_without_loss(redis_url: str, redis_namespace: str) -> None:
+def test_background_summaries_race_four_writers_without_loss(
+    redis_url: str, redis_namespace: str
+) -> None:
     summarizer = RecordingSummarizer()
     guard = Guard(
         redis_url,
@@ -164,7 +168,9 @@ def test_background_summaries_race_four_writers_without_loss(redis_url: str, red
 
     def writer(w: int) -> None:
         for k in range(per_writer):
-            guard.append(session, [{"role": "user", "content": f"w{w} m{k}", "id": f"w{w}-{k:04d}"}])
+            guard.append(
+                session, [{"role": "user", "content": f"w{w} m{k}", "id": f"w{w}-{k:04d}"}]
+            )
 
     threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
     for t in threads:

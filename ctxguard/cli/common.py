@@ -1,0 +1,192 @@
+"""What every session command shares: store options, output, and errors as exit codes.
+
+Operators script these commands (CI, cron, monitoring), so each error family
+gets its own exit code and a single line on stderr; a password in the store
+URL never reaches the terminal.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn, ParamSpec, TypeVar
+from urllib.parse import urlsplit
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ctxguard.errors import (
+    BudgetError,
+    CorruptRecordError,
+    CtxGuardError,
+    InvalidInputError,
+    MissingDependencyError,
+    StoreError,
+    TokenizerError,
+)
+from ctxguard.stores import open_store
+from ctxguard.stores.base import SessionStore
+from ctxguard.stores.urls import redact_url
+
+URL_ENV = "CTXGUARD_URL"
+NAMESPACE_ENV = "CTXGUARD_NAMESPACE"
+TENANT_ENV = "CTXGUARD_TENANT"
+
+EXIT_OK = 0
+EXIT_VIOLATION = 1
+EXIT_BAD_INPUT = 2
+EXIT_STORE = 3
+EXIT_CORRUPT = 4
+EXIT_BUDGET = 5
+EXIT_TOKENIZER = 6
+EXIT_NOT_FOUND = 7
+EXIT_ABORTED = 8
+EXIT_INTERNAL = 70
+
+EXIT_CODES_HELP = """\b
+Exit codes: 0 ok; 1 audit violation found; 2 bad input or options; 3 store
+unreachable or failed; 4 undecodable record; 5 budget error; 6 tokenizer or
+optional dependency missing; 7 session not found; 8 aborted at a prompt."""
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class CliFailure(click.ClickException):
+    """An error already phrased for the operator; subclasses carry the exit code."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+def failure(message: str, exit_code: int) -> CliFailure:
+    """A CliFailure whose class carries ``exit_code`` (click reads it from the class)."""
+    kind: type[CliFailure] = type(f"CliFailure{exit_code}", (CliFailure,), {"exit_code": exit_code})
+    return kind(message)
+
+
+def exit_code_for(exc: CtxGuardError) -> int:
+    """The exit code of an error family (most specific family first)."""
+    table: tuple[tuple[type[CtxGuardError], int], ...] = (
+        (CorruptRecordError, EXIT_CORRUPT),
+        (StoreError, EXIT_STORE),
+        (InvalidInputError, EXIT_BAD_INPUT),
+        (BudgetError, EXIT_BUDGET),
+        (TokenizerError, EXIT_TOKENIZER),
+        (MissingDependencyError, EXIT_TOKENIZER),
+    )
+    for family, code in table:
+        if isinstance(exc, family):
+            return code
+    return EXIT_INTERNAL
+
+
+def scrub(text: str, url: str | None) -> str:
+    """``text`` with the store password (if any) replaced, whatever printed it."""
+    if not url:
+        return text
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        text = text.replace(password, "***")
+    return text.replace(url, redact_url(url))
+
+
+def fail(message: str, exit_code: int) -> NoReturn:
+    raise failure(message, exit_code)
+
+
+def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn library errors into one clean stderr line and the family's exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        url = _current_url()
+        try:
+            return fn(*args, **kwargs)
+        except CtxGuardError as exc:
+            text = scrub(f"{type(exc).__name__}: {exc}", url)
+            raise failure(text, exit_code_for(exc)) from None
+
+    return wrapper
+
+
+def _current_url() -> str | None:
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return os.environ.get(URL_ENV)
+    value = ctx.params.get("url")
+    return str(value) if value else os.environ.get(URL_ENV)
+
+
+def store_options(fn: Callable[P, R]) -> Callable[P, R]:
+    """--url / --namespace / --tenant, each with an environment variable."""
+    options = (
+        click.option(
+            "--url",
+            envvar=URL_ENV,
+            default="memory://",
+            show_default=True,
+            help=f"Store URL (memory://, redis://, rediss://, redis+cluster://); env {URL_ENV}.",
+        ),
+        click.option(
+            "--namespace", envvar=NAMESPACE_ENV, help=f"Key namespace; env {NAMESPACE_ENV}."
+        ),
+        click.option("--tenant", envvar=TENANT_ENV, help=f"Tenant; env {TENANT_ENV}."),
+    )
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def json_option(fn: Callable[P, R]) -> Callable[P, R]:
+    return click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")(
+        fn
+    )
+
+
+@contextmanager
+def opened_store(url: str, namespace: str | None, tenant: str | None) -> Iterator[SessionStore]:
+    """The store for the options, closed afterwards."""
+    store = open_store(url, namespace=namespace, tenant=tenant)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def stdout() -> Console:
+    """Rich console for results; wide so tables do not wrap in pipes and tests."""
+    return Console(width=None if sys.stdout.isatty() else 160, soft_wrap=False)
+
+
+def stderr() -> Console:
+    return Console(stderr=True)
+
+
+def add_row(table: Table, *cells: str | Text) -> None:
+    """Add a row whose strings are data, not markup: ids like ``chat[1]`` print as they are."""
+    table.add_row(*(c if isinstance(c, Text) else Text(c) for c in cells))
+
+
+def note(message: str) -> None:
+    """A progress or warning line on stderr, printed verbatim."""
+    click.echo(message, err=True)
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def short(text: str, width: int = 60) -> str:
+    """One-line preview of message text for tables."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"

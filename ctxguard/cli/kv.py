@@ -1,0 +1,261 @@
+"""``ctxguard kv``: will this model and max_model_len fit, and how many requests at once?"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ctxguard.errors import ConfigError, CtxGuardError, MissingDependencyError
+from ctxguard.kv.architecture import KVArchitecture
+from ctxguard.kv.calculator import GIB, KV_CACHE_DTYPES, KVPlan, ServingSetup, plan_kv
+from ctxguard.kv.catalogue import catalogue_names, resolve_model
+from ctxguard.kv.memory import DEFAULT_RESERVE_GIB, MemoryBudget, gib_to_bytes, suggest_fixes
+
+EXIT_BAD_INPUT = 2
+EXIT_DOES_NOT_FIT = 3
+EXIT_MISSING_DEPENDENCY = 4
+_LENGTHS = (4096, 8192, 32768, 131072)
+
+_EPILOG = """\b
+Examples:
+  ctxguard kv llama-3.1-8b --gpu-memory 80 --max-model-len 131072
+  ctxguard kv Qwen/Qwen3-Coder-480B-A35B-Instruct-FP8 --available-kv 48.66 \\
+      --max-model-len 262144
+  ctxguard kv ./my-model/config.json --gpu-memory 24 --tp 2 --kv-cache-dtype fp8
+  ctxguard kv deepseek-v3 --gpu-memory 141 --tp 8 --concurrency 16
+  ctxguard kv --list-models
+
+\b
+Exit codes: 0 fits; 2 bad input; 3 the requested --max-model-len would not start;
+4 an optional dependency is missing.
+"""
+
+
+@dataclass(frozen=True)
+class _Request:
+    max_model_len: int | None
+    concurrency: int | None
+
+
+@click.command("kv", epilog=_EPILOG)
+@click.argument("model", required=False)
+@click.option("--gpu-memory", type=float, help="Memory of one GPU in GiB (e.g. 79.2 for H100).")
+@click.option(
+    "--available-kv",
+    type=float,
+    help="KV memory per GPU in GiB, as vLLM logs 'Available KV cache memory'.",
+)
+@click.option("--kv-cache-memory", type=int, help="vLLM's --kv-cache-memory, in bytes per GPU.")
+@click.option("--tp", "--tensor-parallel-size", "tp", type=int, default=None, help="TP size.")
+@click.option("--pp", "--pipeline-parallel-size", "pp", type=int, default=1, show_default=True)
+@click.option("--gpus", type=int, help="Total GPUs; TP = gpus / pp when --tp is not given.")
+@click.option(
+    "--kv-cache-dtype",
+    type=click.Choice(list(KV_CACHE_DTYPES)),
+    default="auto",
+    show_default=True,
+)
+@click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True)
+@click.option("--weights", type=float, help="Weights size in GiB (default: from the model).")
+@click.option(
+    "--reserve",
+    type=float,
+    default=DEFAULT_RESERVE_GIB,
+    show_default=True,
+    help="Activations + CUDA graphs per GPU, GiB.",
+)
+@click.option("--max-model-len", type=int, help="The --max-model-len you plan to serve.")
+@click.option("--concurrency", type=int, help="Requests that must fit at full length at once.")
+@click.option("--block-size", type=int, help="KV block size (default 16; 64 for MLA).")
+@click.option("--max-num-batched-tokens", type=int, default=8192, show_default=True)
+@click.option("--list-models", is_flag=True, help="List the built-in catalogue and exit.")
+@click.pass_context
+def kv_command(ctx: click.Context, /, model: str | None, **options: object) -> None:
+    """Size a model's KV cache the way vLLM does, per GPU.
+
+    MODEL is a catalogue name (see --list-models), a config.json path or a local
+    model directory. Give --gpu-memory (with --weights/--reserve) or the exact
+    --available-kv / --kv-cache-memory to get capacity and concurrency.
+    """
+    console = Console(highlight=False, soft_wrap=True)
+    if options["list_models"]:
+        for name in catalogue_names():
+            console.print(name)
+        return
+    try:
+        code = _run(console, model, options)
+    except MissingDependencyError as exc:
+        _fail(ctx, exc, EXIT_MISSING_DEPENDENCY)
+    except ConfigError as exc:
+        _fail(ctx, exc, EXIT_BAD_INPUT)
+    except CtxGuardError as exc:
+        _fail(ctx, exc, 1)
+    ctx.exit(code)
+
+
+def _fail(ctx: click.Context, exc: Exception, code: int) -> None:
+    click.echo(f"error: {exc}", err=True)
+    ctx.exit(code)
+
+
+def _run(console: Console, model: str | None, options: dict[str, object]) -> int:
+    if not model:
+        raise ConfigError("give a MODEL (catalogue name, config.json or directory)")
+    arch = resolve_model(model)
+    setup = _setup(options)
+    budget = _budget(options)
+    request = _Request(_opt_int(options, "max_model_len"), _opt_int(options, "concurrency"))
+    if request.concurrency is not None and request.concurrency < 1:
+        raise ConfigError(f"--concurrency must be at least 1, got {request.concurrency}")
+    plan = plan_kv(arch, setup)
+    _print_architecture(console, plan)
+    if budget is None:
+        _print_without_memory(console, plan, request)
+        return 0
+    return _print_capacity(console, plan, budget, request)
+
+
+def _opt_int(options: dict[str, object], key: str) -> int | None:
+    value = options.get(key)
+    return value if isinstance(value, int) else None
+
+
+def _opt_float(options: dict[str, object], key: str) -> float | None:
+    value = options.get(key)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _setup(options: dict[str, object]) -> ServingSetup:
+    pp = _opt_int(options, "pp") or 1
+    tp = _opt_int(options, "tp")
+    gpus = _opt_int(options, "gpus")
+    if tp is None:
+        if gpus is not None and (gpus < 1 or gpus % pp):
+            raise ConfigError(f"--gpus {gpus} is not a positive multiple of --pp {pp}")
+        tp = gpus // pp if gpus else 1
+    return ServingSetup(
+        tensor_parallel=tp,
+        pipeline_parallel=pp,
+        kv_cache_dtype=str(options["kv_cache_dtype"]),
+        block_size=_opt_int(options, "block_size"),
+        max_num_batched_tokens=_opt_int(options, "max_num_batched_tokens") or 8192,
+    )
+
+
+def _budget(options: dict[str, object]) -> MemoryBudget | None:
+    exact = _opt_int(options, "kv_cache_memory")
+    logged = _opt_float(options, "available_kv")
+    gpu = _opt_float(options, "gpu_memory")
+    if exact is None and logged is not None:
+        exact = gib_to_bytes(logged, "--available-kv")
+    if exact is None and gpu is None:
+        return None
+    weights = _opt_float(options, "weights")
+    return MemoryBudget(
+        kv_cache_memory_bytes=exact,
+        gpu_memory_bytes=None if gpu is None else gib_to_bytes(gpu, "--gpu-memory"),
+        gpu_memory_utilization=float(str(options["gpu_memory_utilization"])),
+        weights_bytes=None if weights is None else gib_to_bytes(weights, "--weights"),
+        reserve_bytes=gib_to_bytes(_opt_float(options, "reserve") or 0.0, "--reserve"),
+    )
+
+
+def _kinds(arch: KVArchitecture) -> str:
+    counts = {k: arch.count(k) for k in ("full", "sliding", "chunked", "mamba") if arch.count(k)}
+    return ", ".join(f"{n} {kind}" for kind, n in counts.items())
+
+
+def _print_architecture(console: Console, plan: KVPlan) -> None:
+    arch, setup = plan.architecture, plan.setup
+    table = Table(title=f"KV cache of {arch.name} (per GPU)", show_header=False)
+    table.add_row("source", arch.source or "-")
+    table.add_row("layers", _kinds(arch))
+    if arch.is_mla:
+        table.add_row("attention", f"MLA latent {arch.kv_head_size} (not split by TP)")
+    else:
+        heads = max(1, arch.num_kv_heads // setup.tensor_parallel)
+        table.add_row(
+            "KV heads per GPU", f"{heads} of {arch.num_kv_heads}, head size {arch.head_dim}"
+        )
+    table.add_row("TP x PP", f"{setup.tensor_parallel} x {setup.pipeline_parallel}")
+    table.add_row("KV dtype", setup.kv_cache_dtype)
+    table.add_row(
+        "bytes per token", f"{plan.bytes_per_token:,} ({plan.bytes_per_token / 1024:.1f} KiB)"
+    )
+    if not arch.is_uniform:
+        full = plan.full_attention_bytes_per_token
+        table.add_row("  of which unbounded", f"{full:,} B (windowed/recurrent layers are capped)")
+    table.add_row("block size", str(plan.block_size))
+    table.add_row("max positions", _num(arch.max_position_embeddings))
+    console.print(table)
+
+
+def _num(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _print_without_memory(console: Console, plan: KVPlan, request: _Request) -> None:
+    length = request.max_model_len or plan.architecture.max_position_embeddings
+    if length:
+        needed = plan.needed_bytes(length)
+        console.print(
+            f"one request of {length:,} tokens needs {needed / GIB:.2f} GiB of KV per GPU"
+        )
+    console.print("give --gpu-memory or --available-kv for capacity and concurrency")
+
+
+def _print_capacity(console: Console, plan: KVPlan, budget: MemoryBudget, request: _Request) -> int:
+    arch, setup = plan.architecture, plan.setup
+    available = budget.available(arch, setup)
+    max_pos = arch.max_position_embeddings or request.max_model_len or max(_LENGTHS)
+    served = request.max_model_len or max_pos
+    console.print(f"available KV memory per GPU: {available / GIB:.2f} GiB")
+    if available > 0:
+        _print_concurrency(console, plan, available, served, max_pos)
+    recommended = _recommended(plan, available, request, max_pos)
+    console.print(f"recommended --max-model-len: {recommended if recommended else 'none fits'}")
+    check = plan.check(available, served)
+    if check.fits:
+        return 0
+    if request.max_model_len is None:
+        console.print(
+            f"note: without --max-model-len vLLM uses {served:,} (max positions), which would "
+            "not start here; pass the recommendation above"
+        )
+        return 0
+    console.print(f"[red]vLLM would not start:[/red] {check.error}")
+    console.print("what to change:")
+    for fix in suggest_fixes(arch, setup, budget, served):
+        console.print(f"  - {fix}")
+    return EXIT_DOES_NOT_FIT
+
+
+def _print_concurrency(
+    console: Console, plan: KVPlan, available: int, served: int, max_pos: int
+) -> None:
+    console.print(
+        f"KV capacity: {plan.capacity_tokens(available, served):,} tokens "
+        f"({plan.num_blocks(available):,} blocks of {plan.block_size})"
+    )
+    table = Table(title="concurrency at max_model_len")
+    table.add_column("max_model_len", justify="right")
+    table.add_column("fits", justify="center")
+    table.add_column("max concurrency", justify="right")
+    for length in sorted({*(n for n in _LENGTHS if n <= max_pos), served, max_pos}):
+        fits = plan.check(available, length).fits
+        table.add_row(
+            f"{length:,}",
+            "yes" if fits else "no",
+            f"{plan.max_concurrency(available, length):.2f}x",
+        )
+    console.print(table)
+
+
+def _recommended(plan: KVPlan, available: int, request: _Request, max_pos: int) -> int:
+    """Longest length that starts (and serves `concurrency` at once), capped at max positions."""
+    if request.concurrency is not None:
+        return plan.max_model_len_for_concurrency(available, request.concurrency, max_pos)
+    return plan.estimate_max_model_len(available, max_pos)

@@ -1,0 +1,177 @@
+"""``ctxguard replay``: re-run context preparation over a stored session (the what-if tool).
+
+Nothing is written: replay rebuilds each recorded request from the stored
+history and runs the policies again, with the recorded settings or with the
+ones given on the command line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from ctxguard.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_CODES_HELP,
+    EXIT_TOKENIZER,
+    EXIT_VIOLATION,
+    add_row,
+    emit_json,
+    fail,
+    handles_errors,
+    json_option,
+    note,
+    opened_store,
+    stdout,
+    store_options,
+)
+from ctxguard.cli.snapshot import Snapshot, require_snapshot
+from ctxguard.errors import CtxGuardError
+from ctxguard.guard.replay import ReplayedTurn, ReplayOverrides, core_for_record, replay_turn
+from ctxguard.tokens import TokenCounter, load_counter
+
+REQUIRED = frozenset(
+    {"message_count", "limit", "reserved_output", "safety_margin", "overhead", "tokens"}
+)
+
+_EPILOG = f"""\b
+Examples:
+  ctxguard replay chat-123                       # recorded settings: every turn 'same'
+  ctxguard replay chat-123 --limit 32768         # what would a 32k limit have kept?
+  ctxguard replay chat-123 --counter tiktoken:cl100k_base --max-tokens 2048
+  ctxguard replay chat-123 --no-summaries --json
+  ctxguard replay chat-123 --check               # exit 1 if any turn differs (CI)
+
+{EXIT_CODES_HELP}
+"""
+
+
+@click.command("replay", epilog=_EPILOG)
+@click.argument("session")
+@click.option("--limit", type=click.IntRange(min=1), help="Context limit instead of the recorded.")
+@click.option("--max-tokens", type=click.IntRange(min=0), help="Output reserve instead.")
+@click.option("--safety-margin", type=click.IntRange(min=0), help="Safety margin instead.")
+@click.option("--counter", "counter_spec", help="Token counter spec (default: the recorded one).")
+@click.option("--max-window-messages", type=click.IntRange(min=1), help="Window message cap.")
+@click.option("--no-summaries", is_flag=True, help="Replay as if no summary had been committed.")
+@click.option("--check", is_flag=True, help="Exit 1 when any turn differs from what was sent.")
+@store_options
+@json_option
+@handles_errors
+def replay_command(
+    session: str,
+    limit: int | None,
+    max_tokens: int | None,
+    safety_margin: int | None,
+    counter_spec: str | None,
+    max_window_messages: int | None,
+    no_summaries: bool,
+    check: bool,
+    url: str,
+    namespace: str | None,
+    tenant: str | None,
+    as_json: bool,
+) -> None:
+    """For each recorded turn: the ids sent, the ids a replay sends, the difference, tokens."""
+    overrides = ReplayOverrides(
+        limit=limit,
+        max_tokens=max_tokens,
+        safety_margin=safety_margin,
+        max_window_messages=max_window_messages,
+        summaries=not no_summaries,
+    )
+    with opened_store(url, namespace, tenant) as store:
+        snap = require_snapshot(store, session)
+    if snap.corrupt:
+        note(f"warning: {len(snap.corrupt)} undecodable record(s) skipped")
+    turns = replay_snapshot(snap, pick_counter(snap, counter_spec), overrides)
+    if as_json:
+        emit_json([turn_json(t) for t in turns])
+    else:
+        stdout().print(_table(session, turns))
+    if check and not all(t.same for t in turns):
+        click.get_current_context().exit(EXIT_VIOLATION)
+
+
+def pick_counter(snap: Snapshot, spec: str | None) -> TokenCounter:
+    """--counter, else the spec the requests were counted with; never a silent guess."""
+    if spec is None:
+        specs = {str(r["counter_spec"]) for r in snap.requests if r.get("counter_spec")}
+        if not specs:
+            fail("no counter spec was recorded for this session; pass --counter", EXIT_BAD_INPUT)
+        if len(specs) > 1:
+            fail(
+                f"requests were counted with {sorted(specs)}; pick one with --counter",
+                EXIT_BAD_INPUT,
+            )
+        spec = str(specs.pop())
+    try:
+        return load_counter(spec)
+    except CtxGuardError as exc:
+        fail(
+            f"cannot load counter {spec!r} ({exc}); pass --counter with one that loads here",
+            EXIT_TOKENIZER,
+        )
+
+
+def replay_snapshot(
+    snap: Snapshot, counter: TokenCounter, overrides: ReplayOverrides
+) -> list[ReplayedTurn]:
+    """Replay each request under its own recorded policy settings (they may change over time)."""
+    summaries = snap.summary_texts()
+    turns = []
+    for record in snap.requests:
+        version = int(record.get("summary_version") or 0)
+        summary = summaries.get(version) if version else None
+        missing = sorted(REQUIRED - set(record))
+        if missing:
+            turns.append(_malformed(record, f"record lacks {', '.join(missing)}"))
+            continue
+        core = core_for_record(counter, record, overrides)
+        turns.append(replay_turn(core, snap.messages, record, summary, overrides))
+    return turns
+
+
+def _malformed(record: dict[str, Any], why: str) -> ReplayedTurn:
+    """A turn that cannot be replayed is shown with the reason, not a traceback."""
+    sent = tuple(str(i) for i in record.get("sent_ids") or ())
+    numbers = [record.get(k) for k in ("tokens", "limit", "reserved_output")]
+    tokens, limit, reserved = (n if isinstance(n, int) else 0 for n in numbers)
+    return ReplayedTurn(int(record.get("turn") or 0), sent, (), tokens, None, limit, reserved, why)
+
+
+def turn_json(turn: ReplayedTurn) -> dict[str, Any]:
+    data = asdict(turn)
+    data.update(same=turn.same, added=list(turn.added), removed=list(turn.removed))
+    return data
+
+
+def _table(session: str, turns: list[ReplayedTurn]) -> Table:
+    table = Table(title=f"replay of {session}")
+    for name in ("turn", "sent", "replayed", "same", "added", "removed", "tokens", "limit"):
+        table.add_column(name)
+    for t in turns:
+        replayed = "error" if t.error else f"{len(t.replayed_ids)} msgs"
+        tokens = f"{t.recorded_tokens} → {t.replayed_tokens if t.error is None else '-'}"
+        add_row(
+            table,
+            str(t.turn),
+            f"{len(t.recorded_ids)} msgs",
+            replayed,
+            Text("same", "green") if t.same else Text("differs", "red"),
+            _ids(t.added),
+            _ids(t.removed) if not t.error else t.error,
+            tokens,
+            f"{t.limit} (reserve {t.reserved_output})",
+        )
+    return table
+
+
+def _ids(ids: tuple[str, ...]) -> str:
+    if len(ids) <= 4:
+        return " ".join(ids) or "-"
+    return " ".join(ids[:3]) + f" … (+{len(ids) - 3})"

@@ -1,0 +1,113 @@
+"""One session read in full, tolerating undecodable records.
+
+``show``, ``audit``, ``replay``, ``report`` and ``export`` all need the same
+picture of a session. An operator inspecting a damaged session must still see
+everything that decodes, so a bad record becomes an entry in ``corrupt``
+instead of aborting the read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxguard.errors import CorruptRecordError
+from ctxguard.guard.replay import summaries_from_audit
+from ctxguard.stores.base import SessionInfo, SessionStore, StoredMessage, Summary
+
+SUMMARY_ID_PREFIX = "ctxguard-summary-v"
+
+
+@dataclass(frozen=True)
+class Corrupt:
+    """A record that does not decode: where it is and what the decoder said."""
+
+    position: str
+    detail: str
+
+
+@dataclass
+class Snapshot:
+    """Everything the CLI knows about one session."""
+
+    session_id: str
+    info: SessionInfo
+    messages: list[StoredMessage] = field(default_factory=list)
+    summary: Summary | None = None
+    audit: list[dict[str, Any]] = field(default_factory=list)
+    corrupt: list[Corrupt] = field(default_factory=list)
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        return [r for r in self.audit if r.get("kind") == "request"]
+
+    @property
+    def usages(self) -> list[dict[str, Any]]:
+        return [r for r in self.audit if r.get("kind") == "usage"]
+
+    def summary_texts(self) -> dict[int, Summary]:
+        """Every summary version whose text we know: the audit trail's, plus the current one."""
+        found = summaries_from_audit(self.audit)
+        if self.summary is not None:
+            found[self.summary.version] = self.summary
+        return found
+
+
+def load_snapshot(store: SessionStore, session_id: str) -> Snapshot | None:
+    """Read a whole session; None when it does not exist."""
+    info = store.info(session_id)
+    if info is None:
+        return None
+    snap = Snapshot(session_id, info)
+    snap.messages = _read_messages(store, session_id, snap.corrupt)
+    try:
+        snap.summary = store.get_summary(session_id)
+    except CorruptRecordError as exc:
+        snap.corrupt.append(Corrupt("summary", _detail(exc)))
+    try:
+        snap.audit = store.read_audit(session_id)
+    except CorruptRecordError as exc:
+        snap.corrupt.append(Corrupt(str(exc.position), _detail(exc)))
+    return snap
+
+
+def _read_messages(
+    store: SessionStore, session_id: str, corrupt: list[Corrupt]
+) -> list[StoredMessage]:
+    """Read in runs, stepping over each record that fails (its position is in the error)."""
+    out: list[StoredMessage] = []
+    start = 0
+    while True:
+        try:
+            out += store.read(session_id, start)
+            return out
+        except CorruptRecordError as exc:
+            if not isinstance(exc.position, int) or exc.position < start:
+                raise
+            out += store.read(session_id, start, exc.position)
+            corrupt.append(Corrupt(str(exc.position), _detail(exc)))
+            start = exc.position + 1
+
+
+def _detail(exc: CorruptRecordError) -> str:
+    text = str(exc)
+    inner = text.split("does not decode (", 1)[-1]
+    return inner.split("); it was written", 1)[0]
+
+
+def summary_version_of(message_id: str) -> int | None:
+    """N for the id ``ctxguard-summary-vN`` the guard gives summary messages, else None."""
+    if not message_id.startswith(SUMMARY_ID_PREFIX):
+        return None
+    tail = message_id[len(SUMMARY_ID_PREFIX) :]
+    return int(tail) if tail.isdigit() else None
+
+
+def require_snapshot(store: SessionStore, session_id: str) -> Snapshot:
+    """The session's snapshot, or exit with "not found" (a typo should not look like success)."""
+    from ctxguard.cli.common import EXIT_NOT_FOUND, fail
+
+    snap = load_snapshot(store, session_id)
+    if snap is None:
+        fail(f"session {session_id!r} not found in this namespace/tenant", EXIT_NOT_FOUND)
+    return snap

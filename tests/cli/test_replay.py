@@ -1,0 +1,58 @@
+"""replay: under its own settings a stored session reproduces what was sent."""
+
+from __future__ import annotations
+
+import pytest
+
+from ctxguard.stores.base import SessionStore
+
+from .conftest import CHAT, CORRUPT, TOOLS, Cli
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.mark.parametrize("session", [CHAT, TOOLS])
+def test_replay_under_recorded_settings_reproduces_every_turn(
+    run: Cli, sessions: None, store: SessionStore, session: str
+) -> None:
+    recorded = [r for r in store.read_audit(session) if r["kind"] == "request"]
+    turns = run.json("replay", session)
+    assert [t["turn"] for t in turns] == [r["turn"] for r in recorded]
+    for turn, record in zip(turns, recorded, strict=True):
+        assert turn["same"], turn
+        assert turn["replayed_ids"] == record["sent_ids"]
+        assert turn["replayed_tokens"] == record["tokens"]
+    assert any(r["dropped"] for r in recorded)  # the session did drop messages
+    assert any(r["summary_version"] for r in recorded)  # and sent summaries
+    assert run("replay", session, "--check").exit_code == 0
+
+
+def test_what_if_a_bigger_limit_keeps_more(run: Cli, sessions: None) -> None:
+    turns = run.json("replay", CHAT, "--limit", "8000", "--no-summaries")
+    assert all(t["error"] is None for t in turns)
+    assert any(t["added"] for t in turns)
+    assert all(t["limit"] == 8000 for t in turns)
+    assert run("replay", CHAT, "--limit", "8000", "--check").exit_code == 1
+    table = run("replay", CHAT, "--limit", "8000")
+    assert table.exit_code == 0 and "differs" in table.stdout
+
+
+def test_a_smaller_limit_shows_errors_not_a_crash(run: Cli, sessions: None) -> None:
+    turns = run.json("replay", CHAT, "--limit", "150")
+    assert any(t["error"] for t in turns)
+
+
+def test_unloadable_counter_asks_for_another(run: Cli, sessions: None) -> None:
+    result = run("replay", CHAT, "--counter", "nonsense:zzz")
+    assert result.exit_code == 6
+    assert "--counter" in result.stderr
+
+
+def test_malformed_and_corrupt_sessions_replay_without_a_traceback(
+    run: Cli, sessions: None, store: SessionStore
+) -> None:
+    store.add_audit(TOOLS, {"turn": 0, "kind": "request", "sent_ids": ["x"]}, retention=0)
+    last = run.json("replay", TOOLS)[-1]
+    assert last["error"].startswith("record lacks") and not last["same"]
+    corrupt = run("replay", CORRUPT)
+    assert corrupt.exit_code == 0 and "1 undecodable record(s) skipped" in corrupt.stderr

@@ -1,0 +1,150 @@
+"""export / delete / import: a lossless, idempotent round trip; delete asks first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxguard.guard import Guard
+from ctxguard.stores.base import SessionStore
+
+from .conftest import CHAT, CORRUPT, TOOLS, Cli
+
+pytestmark = pytest.mark.redis
+
+
+def state(store: SessionStore, session: str) -> dict[str, Any]:
+    """Everything a session holds that an import must restore."""
+    info = store.info(session)
+    assert info is not None
+    return {
+        "messages": store.read(session),
+        "info": (info.message_count, info.token_total, info.counter, info.summary_version),
+        "audit_count": info.audit_count,
+        "summary": store.get_summary(session),
+        "audit": store.read_audit(session),
+    }
+
+
+def test_export_delete_import_round_trip_is_identical(
+    run: Cli, sessions: None, store: SessionStore, guard: Guard, tmp_path: Path
+) -> None:
+    before = {s: state(store, s) for s in (CHAT, TOOLS)}
+    out = tmp_path / "export.jsonl"
+    assert run("export", CHAT, TOOLS, "--out", str(out)).exit_code == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines[0]["type"] == "header"
+    assert any(line["type"] == "message" and line["message"].get("tool_calls") for line in lines)
+    for session in (CHAT, TOOLS):
+        assert run("delete", session, "--yes").exit_code == 0
+        assert store.info(session) is None
+    imported = run.json("import", str(out))
+    assert [i["new_session"] for i in imported] == [True, True]
+    assert {s: state(store, s) for s in (CHAT, TOOLS)} == before
+    # the store's turn counter came back too: the next request is numbered after the last
+    last = max(r["turn"] for r in before[CHAT]["audit"] if r["kind"] == "request")
+    assert guard.prepare(CHAT, [{"role": "user", "content": "again"}]).turn == last + 1
+
+
+def test_reimport_changes_nothing(
+    run: Cli, sessions: None, store: SessionStore, tmp_path: Path
+) -> None:
+    out = tmp_path / "export.jsonl"
+    assert run("export", CHAT, "--out", str(out)).exit_code == 0
+    before = state(store, CHAT)
+    for _ in range(2):
+        again = run.json("import", str(out))
+        assert again == [
+            {
+                "session_id": CHAT,
+                "new_session": False,
+                "stored": 0,
+                "duplicates": 21,
+                "audit_added": 0,
+                "summary_version": before["info"][3],
+            }
+        ]
+    assert state(store, CHAT) == before
+
+
+def test_import_into_a_session_missing_some_audit_adds_only_those(
+    run: Cli, sessions: None, store: SessionStore, tmp_path: Path
+) -> None:
+    out = tmp_path / "export.jsonl"
+    assert run("export", TOOLS, "--out", str(out)).exit_code == 0
+    lines = out.read_text().splitlines()
+    extra = {
+        "type": "audit",
+        "session_id": TOOLS,
+        "index": 99,
+        "record": {"kind": "usage", "of_turn": 1, "estimated": 5, "prompt_tokens": 5},
+    }
+    out.write_text("\n".join([*lines, json.dumps(extra)]) + "\n")
+    assert run.json("import", str(out))[0]["audit_added"] == 1
+    assert run.json("import", str(out))[0]["audit_added"] == 0
+
+
+def test_export_all_refuses_a_session_with_an_undecodable_record(
+    run: Cli, sessions: None, tmp_path: Path
+) -> None:
+    result = run("export", "--all", "--out", str(tmp_path / "x.jsonl"))
+    assert result.exit_code == 4
+    assert CORRUPT in result.stderr and "record 5" in result.stderr
+
+
+def test_export_to_stdout_and_import_from_stdin(
+    run: Cli, sessions: None, store: SessionStore
+) -> None:
+    exported = run("export", TOOLS, "--out", "-")
+    assert exported.exit_code == 0
+    before = state(store, TOOLS)
+    assert run("delete", TOOLS, "--yes").exit_code == 0
+    assert run("import", "-", input=exported.stdout).exit_code == 0
+    assert state(store, TOOLS) == before
+
+
+def test_import_rejects_a_file_that_is_not_an_export(run: Cli, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"type": "message", "session_id": "s"}\n')
+    result = run("import", str(bad))
+    assert result.exit_code == 2 and "line 1" in result.stderr
+
+
+def test_delete_asks_and_a_no_keeps_the_session(
+    run: Cli, sessions: None, store: SessionStore
+) -> None:
+    declined = run("delete", TOOLS, input="n\n")
+    assert declined.exit_code == 8
+    assert store.info(TOOLS) is not None
+    assert run("delete", TOOLS, input="").exit_code == 8  # no answer means no
+    accepted = run("delete", TOOLS, input="y\n")
+    assert accepted.exit_code == 0
+    assert store.info(TOOLS) is None
+    assert run("delete", TOOLS, "--yes").exit_code == 7
+
+
+def test_round_trip_of_a_session_whose_old_audit_records_were_trimmed(
+    run: Cli, redis_url: str, redis_namespace: str, store: SessionStore, tmp_path: Path
+) -> None:
+    guard = Guard(
+        redis_url,
+        counter="approx",
+        limit=900,
+        namespace=redis_namespace,
+        audit_retention=4,
+        max_tokens=100,
+    )
+    for turn in range(6):
+        guard.prepare("trimmed", [{"role": "user", "content": f"hello {turn}"}])
+    guard.close()
+    before = state(store, "trimmed")
+    assert [r["turn"] for r in before["audit"]] == [3, 4, 5, 6]
+    out = tmp_path / "t.jsonl"
+    assert run("export", "trimmed", "--out", str(out)).exit_code == 0
+    assert run("delete", "trimmed", "--yes").exit_code == 0
+    assert run("import", str(out)).exit_code == 0
+    assert state(store, "trimmed") == before
+    assert store.add_audit("trimmed", {"turn": 0, "kind": "request"}, retention=0) == 7

@@ -1,0 +1,98 @@
+"""ContextLimit and its sources: static numbers and the calculator."""
+
+from __future__ import annotations
+
+import pytest
+
+from ctxguard.errors import ConfigError
+from ctxguard.kv import ContextLimit, LimitSource, ModelLimit, StaticLimit, from_catalogue
+
+
+def test_prompt_budget_subtracts_output_and_margin() -> None:
+    limit = ContextLimit(8192, "static")
+    assert limit.prompt_budget(1024) == 8192 - 1024
+    assert limit.prompt_budget(1024, safety_margin=64) == 8192 - 1024 - 64
+    assert limit.prompt_budget(9000) == 8192 - 9000  # negative: nothing fits
+
+
+@pytest.mark.parametrize(("max_tokens", "margin"), [(-1, 0), (0, -5)])
+def test_prompt_budget_rejects_negative_inputs(max_tokens: int, margin: int) -> None:
+    with pytest.raises(ConfigError, match="must be >= 0"):
+        ContextLimit(8192, "static").prompt_budget(max_tokens, margin)
+
+
+@pytest.mark.parametrize("tokens", [0, -1, True])
+def test_context_limit_must_be_positive(tokens: int) -> None:
+    with pytest.raises(ConfigError):
+        ContextLimit(tokens, "static")
+
+
+async def test_static_limit_sync_and_async() -> None:
+    source = StaticLimit(32768)
+    assert isinstance(source, LimitSource)
+    assert source.resolve() == await source.aresolve()
+    assert (source.resolve().tokens, source.resolve().source) == (32768, "static")
+
+
+def test_model_limit_is_max_positions_by_default() -> None:
+    limit = ModelLimit("qwen3-8b").resolve()
+    assert limit.tokens == 40960  # Qwen3-8B max_position_embeddings
+    assert limit.details["max_position_embeddings"] == 40960
+
+
+def test_model_limit_takes_the_smaller_of_positions_and_max_model_len() -> None:
+    assert ModelLimit("qwen3-8b", max_model_len=16384).resolve().tokens == 16384
+    assert ModelLimit("qwen3-8b", max_model_len=100_000).resolve().tokens == 40960
+
+
+def test_model_limit_kv_fair_share() -> None:
+    # Llama-3.1-8B with exactly 10 GiB of KV: 10 * 2^30 / (16 * 131,072) = 5,120 blocks;
+    # 8 concurrent requests: 640 blocks each = 10,240 tokens
+    limit = ModelLimit(
+        "llama-3.1-8b", max_model_len=65536, available_kv_gib=10, concurrency=8
+    ).resolve()
+    assert limit.tokens == 640 * 16
+    assert limit.details["kv_fair_share"] == 640 * 16
+    assert limit.details["capacity_tokens"] == 5120 * 16
+    assert limit.details["bytes_per_token"] == 131_072
+
+
+def test_model_limit_from_gpu_memory() -> None:
+    # 80 GiB * 0.9 = 72 - 16.06 GiB weights (8.03e9 * 2 B) - 2 reserve = ~53.9 GiB: 128k fits
+    limit = ModelLimit("llama-3.1-8b", gpu_memory_gib=80).resolve()
+    assert limit.tokens == 131_072
+    assert (
+        limit.details["available_kv_bytes"] == int(80 * 2**30 * 0.9) - 8_030_000_000 * 2 - 2 * 2**30
+    )
+
+
+def test_model_limit_that_vllm_would_refuse_names_the_fixes() -> None:
+    with pytest.raises(ConfigError) as info:
+        ModelLimit("qwen3-coder-480b", max_model_len=262_144, available_kv_gib=48.66).resolve()
+    message = str(info.value)
+    assert "estimated maximum model length is 205728" in message
+    assert "--max-model-len 205728" in message
+
+
+async def test_model_limit_async_matches_sync() -> None:
+    source = ModelLimit("gemma-3-27b", max_model_len=8192)
+    assert await source.aresolve() == source.resolve()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"concurrency": 4}, "concurrency needs"),
+        ({"available_kv_gib": -1}, "non-negative"),
+        ({"gpu_memory_gib": 80, "gpu_memory_utilization": 1.5}, r"\(0, 1\]"),
+        ({"tensor_parallel": 0}, "tensor_parallel"),
+    ],
+)
+def test_model_limit_bad_input(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ModelLimit("llama-3.1-8b", **kwargs).resolve()  # type: ignore[arg-type]
+
+
+def test_model_limit_accepts_an_architecture_object() -> None:
+    arch = from_catalogue("deepseek-v2-lite")
+    assert ModelLimit(arch, max_model_len=32768).resolve().tokens == 32768

@@ -1,0 +1,165 @@
+"""Limits read over real HTTP from a vLLM-shaped server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from ctxguard.errors import ConfigError
+from ctxguard.kv import ServerLimit, afetch_server_info, fetch_server_info
+from ctxguard.kv.server import parse_prometheus_labels, redact
+
+from .conftest import FakeServer, vllm_metrics, vllm_models
+
+
+def test_reads_max_model_len_and_cache_config(fake_vllm: FakeServer) -> None:
+    fake_vllm.json("/v1/models", vllm_models("Qwen/Qwen3-8B", 4096))
+    # v0.29 example: 661 blocks * 16 = 10,576 tokens; 661 / cdiv(4096, 16) = 2.58203125
+    fake_vllm.text("/metrics", vllm_metrics(661, 16, 661 * 16, 661 / 256))
+    info = fetch_server_info(fake_vllm.url)
+    assert (info.model, info.max_model_len) == ("Qwen/Qwen3-8B", 4096)
+    assert (info.num_gpu_blocks, info.block_size, info.kv_cache_size_tokens) == (661, 16, 10_576)
+    assert info.kv_cache_max_concurrency == 661 / 256
+    assert info.capacity_tokens == 10_576
+    assert "/get_server_info" not in fake_vllm.hits
+
+
+def test_older_vllm_without_kv_cache_size_tokens(fake_vllm: FakeServer) -> None:
+    fake_vllm.json("/v1/models", vllm_models("m", 8192))
+    fake_vllm.text("/metrics", vllm_metrics(52_510, 16))
+    # fall back to blocks * block size: 52,510 * 16
+    assert fetch_server_info(fake_vllm.url).capacity_tokens == 52_510 * 16
+
+
+def test_server_limit_is_max_model_len(fake_vllm: FakeServer) -> None:
+    fake_vllm.json("/v1/models", vllm_models("m", 32768))
+    fake_vllm.text("/metrics", vllm_metrics(52_510, 16))
+    limit = ServerLimit(fake_vllm.url).resolve()
+    assert limit.tokens == 32768
+    assert limit.source == f"server /v1/models at {fake_vllm.url} (max_model_len)"
+
+
+def test_server_limit_kv_fair_share(fake_vllm: FakeServer) -> None:
+    fake_vllm.json("/v1/models", vllm_models("m", 32768))
+    fake_vllm.text("/metrics", vllm_metrics(661, 16, 661 * 16))
+    # 10,576 tokens / 4 requests = 2,644, rounded down to a block: 2,640
+    limit = ServerLimit(fake_vllm.url, concurrency=4).resolve()
+    assert limit.tokens == 10_576 // 4 // 16 * 16 == 2640
+    assert "fair share" in limit.source
+
+
+def test_hybrid_server_uses_reported_tokens(fake_vllm: FakeServer) -> None:
+    fake_vllm.json("/v1/models", vllm_models("qwen3-next", 8192))
+    # GDN example: blocks * block size != tokens; 314,187 tokens / 8 requests = 39,273
+    fake_vllm.text("/metrics", vllm_metrics(652, 544, 314_187, 38.3529))
+    limit = ServerLimit(fake_vllm.url, concurrency=8).resolve()
+    assert limit.details["capacity_tokens"] == 314_187
+    assert limit.tokens == 8192  # the fair share (39,273 -> 38,624) is above max_model_len
+
+
+def test_server_limit_caches(fake_vllm: FakeServer) -> None:
+    fake_vllm.json("/v1/models", vllm_models("m", 4096))
+    source = ServerLimit(fake_vllm.url, cache_seconds=60)
+    source.resolve()
+    source.resolve()
+    assert fake_vllm.hits.count("/v1/models") == 1
+    source.invalidate()
+    source.resolve()
+    assert fake_vllm.hits.count("/v1/models") == 2
+
+
+def test_no_cache_when_ttl_is_zero(fake_vllm: FakeServer) -> None:
+    fake_vllm.json("/v1/models", vllm_models("m", 4096))
+    source = ServerLimit(fake_vllm.url, cache_seconds=0)
+    source.resolve()
+    source.resolve()
+    assert fake_vllm.hits.count("/v1/models") == 2
+
+
+async def test_async_matches_sync(fake_vllm: FakeServer) -> None:
+    fake_vllm.json("/v1/models", vllm_models("m", 4096))
+    fake_vllm.text("/metrics", vllm_metrics(661, 16, 10_576))
+    assert await afetch_server_info(fake_vllm.url) == fetch_server_info(fake_vllm.url)
+    limit = await ServerLimit(fake_vllm.url, concurrency=2).aresolve()
+    assert limit.tokens == 4096  # 10,576 / 2 = 5,288 is above 4,096
+
+
+def test_model_selection(fake_vllm: FakeServer) -> None:
+    body = vllm_models("base", 4096)
+    body["data"].append({**body["data"][0], "id": "other", "root": "other", "max_model_len": 2048})
+    fake_vllm.json("/v1/models", body)
+    assert fetch_server_info(fake_vllm.url, model="other").max_model_len == 2048
+    with pytest.raises(ConfigError, match="different limits"):
+        fetch_server_info(fake_vllm.url)
+    with pytest.raises(ConfigError, match="does not serve 'missing'; it serves base, other"):
+        fetch_server_info(fake_vllm.url, model="missing")
+
+
+def test_sglang_server_info(fake_vllm: FakeServer) -> None:
+    fake_vllm.json("/v1/models", vllm_models("sglang-model", 32768))
+    fake_vllm.json(
+        "/get_server_info", {"max_total_num_tokens": 367_404, "max_req_input_len": 32762}
+    )
+    info = fetch_server_info(fake_vllm.url)
+    assert info.capacity_tokens == 367_404
+    # no block size known: 367,404 // 4
+    assert ServerLimit(fake_vllm.url, concurrency=4).resolve().details["kv_fair_share"] == 91_851
+
+
+def test_concurrency_without_metrics_is_a_clear_error(fake_vllm: FakeServer) -> None:
+    fake_vllm.json("/v1/models", vllm_models("m", 4096))
+    with pytest.raises(ConfigError, match="vllm:cache_config_info"):
+        ServerLimit(fake_vllm.url, concurrency=2).resolve()
+
+
+def test_http_errors_and_bad_bodies(fake_vllm: FakeServer) -> None:
+    fake_vllm.text("/v1/models", "Unauthorized", status=401)
+    with pytest.raises(ConfigError, match="HTTP 401"):
+        fetch_server_info(fake_vllm.url)
+    fake_vllm.text("/v1/models", "<html>")
+    with pytest.raises(ConfigError, match="did not return JSON"):
+        fetch_server_info(fake_vllm.url)
+    fake_vllm.json("/v1/models", {"data": []})
+    with pytest.raises(ConfigError, match="lists no models"):
+        fetch_server_info(fake_vllm.url)
+
+
+def test_headers_are_sent(fake_vllm: FakeServer) -> None:
+    fake_vllm.json("/v1/models", vllm_models("m", 4096))
+    fetch_server_info(fake_vllm.url, headers={"Authorization": "Bearer k"})
+    assert fake_vllm.auth_headers[0] == "Bearer k"
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_unreachable_server_names_the_url_without_credentials() -> None:
+    url = f"http://admin:s3cret@127.0.0.1:{_closed_port()}/?api_key=abc"
+    with pytest.raises(ConfigError) as info:
+        ServerLimit(url, timeout=2).resolve()
+    message = str(info.value)
+    assert "127.0.0.1" in message and "check the URL" in message
+    assert "s3cret" not in message and "admin" not in message and "abc" not in message
+
+
+async def test_unreachable_server_async() -> None:
+    with pytest.raises(ConfigError, match="could not read the model server"):
+        await ServerLimit(f"http://127.0.0.1:{_closed_port()}", timeout=2).aresolve()
+
+
+def test_redact_and_label_parsing() -> None:
+    assert redact("https://u:p@host:8000/v1/?key=x") == "https://host:8000/v1"
+    text = 'vllm:cache_config_info{a="1",b="say \\"hi\\""} 1.0\nother{a="2"} 1.0\n'
+    assert parse_prometheus_labels(text, "vllm:cache_config_info") == [{"a": "1", "b": 'say "hi"'}]
+
+
+def test_server_limit_bad_arguments() -> None:
+    with pytest.raises(ConfigError):
+        ServerLimit("http://127.0.0.1:1", concurrency=0)
+    with pytest.raises(ConfigError):
+        ServerLimit("http://127.0.0.1:1", timeout=0)
