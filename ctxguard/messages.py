@@ -231,9 +231,8 @@ def _record_validator() -> SchemaValidator:
             return [without_custom_init(v) for v in schema]
         return schema
 
-    return SchemaValidator(
-        without_custom_init(Message.__pydantic_core_schema__), Message.model_config
-    )
+    # The model's own core config (extra="forbid" ...) travels inside its schema.
+    return SchemaValidator(without_custom_init(Message.__pydantic_core_schema__))
 
 
 def to_message(value: MessageLike) -> Message:

@@ -1,0 +1,270 @@
+"""Fixtures shared by every test directory.
+
+Servers come from the environment that ``scripts/test`` sets up:
+``CTXGUARD_TEST_REDIS_URL`` (else 127.0.0.1:6379 if it answers) and
+``CTXGUARD_TEST_CLUSTER_URL``. A missing server skips the tests that need it,
+except under ``CI=true``, where it fails them. Each test gets a random key
+namespace, so tests never need FLUSHALL; its keys are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from ctxguard.stores import open_async_store, open_store
+from ctxguard.stores.keys import KeySpace
+from ctxguard.stores.urls import parse_store_url
+
+REDIS_ENV = "CTXGUARD_TEST_REDIS_URL"
+CLUSTER_ENV = "CTXGUARD_TEST_CLUSTER_URL"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+# -- servers -------------------------------------------------------------------
+
+
+def _unavailable(reason: str) -> NoReturn:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: a missing server is a failure; run ./scripts/test)")
+    pytest.skip(f"{reason}; run ./scripts/test to start one")
+
+
+def raw_client(url: str) -> Any:
+    """A plain redis-py client for a test URL (standalone or ``redis+cluster://``)."""
+    parsed = parse_store_url(url)
+    if parsed.hosts:
+        from redis.cluster import ClusterNode
+
+        nodes = [ClusterNode(h, p) for h, p in parsed.hosts]
+        return RedisCluster(startup_nodes=nodes, socket_timeout=2, socket_connect_timeout=2)
+    return redis.Redis.from_url(parsed.backend_url, socket_timeout=2, socket_connect_timeout=2)
+
+
+def _answers(url: str) -> bool:
+    try:
+        client = raw_client(url)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # any failure to connect means "not reachable"
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """URL of a standalone Redis server."""
+    url = os.environ.get(REDIS_ENV) or DEFAULT_REDIS_URL
+    if not _answers(url):
+        _unavailable(f"no Redis server answers at {parse_store_url(url).redacted} (${REDIS_ENV})")
+    return url
+
+
+@pytest.fixture(scope="session")
+def cluster_url() -> str:
+    """URL of a Redis Cluster (``redis+cluster://h1:p1,...``)."""
+    url = os.environ.get(CLUSTER_ENV)
+    if not url:
+        _unavailable(f"${CLUSTER_ENV} is not set")
+    if not _answers(url):
+        _unavailable(f"no Redis Cluster answers at {parse_store_url(url).redacted}")
+    return url
+
+
+def purge_namespace(url: str, namespace: str) -> int:
+    """Delete every key under ``namespace`` (SCAN, never KEYS or FLUSHALL)."""
+    client = raw_client(url)
+    pattern = f"{namespace}:*"
+    try:
+        if isinstance(client, RedisCluster):
+            keys = list(
+                client.scan_iter(match=pattern, count=1000, target_nodes=RedisCluster.PRIMARIES)
+            )
+            for key in keys:  # one key per call: keys of different sessions live in other slots
+                client.delete(key)
+        else:
+            keys = list(client.scan_iter(match=pattern, count=1000))
+            for start in range(0, len(keys), 500):
+                client.delete(*keys[start : start + 500])
+        return len(keys)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh key namespace for one test.
+
+    If the test used ``redis_url`` or ``cluster_url`` (directly or through
+    another fixture), the namespace's keys there are deleted afterwards.
+    """
+    name = "t" + uuid.uuid4().hex[:12]
+    yield name
+    for server in ("redis_url", "cluster_url"):
+        if server not in request.fixturenames:
+            continue
+        try:
+            url = request.getfixturevalue(server)
+        except (pytest.skip.Exception, pytest.fail.Exception):
+            continue  # the server was missing: nothing was written
+        purge_namespace(url, name)
+
+
+# -- stores over every backend -------------------------------------------------
+
+BACKENDS = ("memory", "fakeredis", "redis", "cluster")
+
+
+class StoreFacade:
+    """One awaitable face over a sync or an async store, so tests are written once.
+
+    Every method of the wrapped store is awaitable here; ``list_sessions``
+    returns a list. ``raw`` is the store itself.
+    """
+
+    def __init__(self, store: Any) -> None:
+        self.raw = store
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self.raw, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            result = method(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+
+        return call
+
+    async def list_sessions(self, prefix: str = "") -> list[str]:
+        found = self.raw.list_sessions(prefix)
+        if hasattr(found, "__aiter__"):
+            return [name async for name in found]
+        return list(found)
+
+    async def close(self) -> None:
+        result = self.raw.close()
+        if inspect.isawaitable(result):
+            await result
+
+
+@dataclass
+class StoreFactory:
+    """Opens stores of one backend and mode; ``make()`` for the default namespace."""
+
+    backend: str
+    mode: str  # "sync" or "async"
+    namespace: str
+    url: str
+    opened: list[StoreFacade] = field(default_factory=list)
+    namespaces: set[str] = field(default_factory=set)
+    _fake_server: Any = None
+
+    def make(self, namespace: str | None = None, tenant: str | None = None) -> StoreFacade:
+        ns = namespace or self.namespace
+        self.namespaces.add(ns)
+        if self.backend == "fakeredis":
+            store = self._fake_store(ns, tenant)
+        elif self.mode == "sync":
+            store = open_store(self.url, namespace=ns, tenant=tenant)
+        else:
+            store = open_async_store(self.url, namespace=ns, tenant=tenant)
+        facade = StoreFacade(store)
+        self.opened.append(facade)
+        return facade
+
+    def _fake_store(self, namespace: str, tenant: str | None) -> Any:
+        import fakeredis
+
+        from ctxguard.stores.redis import AsyncRedisStore, RedisStore
+
+        if self._fake_server is None:
+            self._fake_server = fakeredis.FakeServer()
+        parsed = parse_store_url(self.url, namespace, tenant)
+        if self.mode == "sync":
+            return RedisStore(parsed, client=fakeredis.FakeRedis(server=self._fake_server))
+        return AsyncRedisStore(parsed, client=fakeredis.FakeAsyncRedis(server=self._fake_server))
+
+    def plant_record(self, store: StoreFacade, session_id: str, raw: bytes) -> None:
+        """Append ``raw`` to a session's record list behind the store's back."""
+        if self.backend == "memory":
+            inner = getattr(store.raw, "sync", store.raw)
+            with inner._lock:
+                session = inner._sessions[session_id]
+                session.records.append(raw.decode("utf-8", "replace"))
+                session.tokens.append(-1)
+            return
+        key = KeySpace(store.raw.namespace, store.raw.tenant).session_keys(session_id)[1]
+        if self.backend == "fakeredis":
+            import fakeredis
+
+            fakeredis.FakeRedis(server=self._fake_server).rpush(key, raw)
+            return
+        client = raw_client(self.url)
+        try:
+            client.rpush(key, raw)
+        finally:
+            client.close()
+
+
+def _backend_params() -> list[Any]:
+    params = []
+    for backend in BACKENDS:
+        marks = {"redis": [pytest.mark.redis], "cluster": [pytest.mark.cluster]}.get(backend, [])
+        for mode in ("sync", "async"):
+            params.append(pytest.param((backend, mode), id=f"{backend}-{mode}", marks=marks))
+    return params
+
+
+@pytest.fixture(params=_backend_params())
+async def store_factory(
+    request: pytest.FixtureRequest, namespace: str
+) -> AsyncIterator[StoreFactory]:
+    """Opens stores of every backend (memory, fakeredis, redis, cluster), sync and async."""
+    backend, mode = request.param
+    if backend == "redis":
+        url = request.getfixturevalue("redis_url")
+    elif backend == "cluster":
+        url = request.getfixturevalue("cluster_url")
+    elif backend == "memory":
+        url = f"memory://{namespace}"  # a private in-process store per test
+    else:
+        url = "redis://fakeredis/0"
+    factory = StoreFactory(backend, mode, namespace, url)
+    yield factory
+    for store in factory.opened:
+        await store.close()
+    if backend in ("redis", "cluster"):
+        for ns in factory.namespaces | {namespace}:
+            purge_namespace(url, ns)
+
+
+@pytest.fixture
+def store(store_factory: StoreFactory) -> StoreFacade:
+    """A store of the current backend in the test's namespace."""
+    return store_factory.make()
+
+
+@pytest.fixture
+def redis_namespace(redis_url: str, namespace: str) -> Iterator[str]:
+    """A namespace on the standalone server whose keys are deleted after the test."""
+    yield namespace
+    purge_namespace(redis_url, namespace)
+
+
+@pytest.fixture
+def purge_after(namespace: str) -> Iterator[Callable[[str], None]]:
+    """``purge_after(url)``: delete the test namespace's keys on ``url`` after the test."""
+    urls: list[str] = []
+    yield urls.append
+    for url in urls:
+        purge_namespace(url, namespace)
