@@ -1,7 +1,7 @@
-"""The asynchronous guard: :class:`Guard`'s twin for asyncio backends.
+"""The asynchronous guard: :class:`~ctxguard.guard.sync.Guard`'s twin for asyncio.
 
-Same constructor, same methods (``await``-ed), same decisions: the logic is in
-:class:`~ctxguard.guard.core.GuardCore`; only the I/O differs.
+Same constructor, same methods (``await``-ed), same steps: it runs the flows of
+:mod:`ctxguard.guard.flows` with awaits instead of blocking calls.
 """
 
 from __future__ import annotations
@@ -10,22 +10,21 @@ import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ctxguard.errors import CtxGuardError, SummarizerError
+from ctxguard.errors import SummarizerError
+from ctxguard.guard import flows
+from ctxguard.guard.base import GuardBase
 from ctxguard.guard.config import GuardConfig, is_async_callable
-from ctxguard.guard.core import GuardCore, Tools
-from ctxguard.guard.plan import Budget, Plan, SummaryRequest
+from ctxguard.guard.core import Tools
+from ctxguard.guard.plan import SummaryRequest
 from ctxguard.guard.prepared import PreparedRequest
-from ctxguard.guard.setup import make_counter, make_limit
 from ctxguard.kv.limit import ContextLimit, LimitSource
 from ctxguard.messages import MessageLike
 from ctxguard.stores import open_async_store
-from ctxguard.stores.base import AppendResult, AsyncSessionStore, RecordWrite, Summary, WindowFetch
+from ctxguard.stores.base import AppendResult, AsyncSessionStore, Summary
 from ctxguard.tokens._protocol import TokenCounter
 
-MAX_REFETCH = 3
 
-
-class AsyncGuard:
+class AsyncGuard(GuardBase):
     """Keeps every request of every session inside its token limit (asyncio)."""
 
     def __init__(
@@ -39,32 +38,18 @@ class AsyncGuard:
         tenant: str | None = None,
         **settings: Any,
     ) -> None:
-        self.config = config or GuardConfig(**settings)
+        super().__init__(counter=counter, limit=limit, config=config, settings=settings)
         self.store: AsyncSessionStore = (
             open_async_store(store, namespace=namespace, tenant=tenant)
             if isinstance(store, str)
             else store
         )
-        spec = counter if isinstance(counter, str) else None
-        self.core = GuardCore(make_counter(counter), self.config, spec)
-        self.limit_source = make_limit(limit)
         self._background: set[asyncio.Task[Any]] = set()
-
-    @property
-    def counter(self) -> TokenCounter:
-        return self.core.counter
-
-    async def _limit(self) -> ContextLimit:
-        aresolve = getattr(self.limit_source, "aresolve", None)
-        if aresolve is not None:
-            return await aresolve()  # type: ignore[no-any-return]
-        return self.limit_source.resolve()
+        self._summarizing: set[str] = set()
 
     async def append(self, session_id: str, messages: Iterable[MessageLike]) -> AppendResult:
         """Store messages (each counted once, now) without preparing a request."""
-        return await self.store.append(
-            session_id, self.core.encode_new(messages), self.core.write_options
-        )
+        return await self._run(flows.append(self.core, session_id, messages))
 
     async def prepare(
         self,
@@ -75,24 +60,8 @@ class AsyncGuard:
         tools: Tools | None = None,
     ) -> PreparedRequest:
         """Append ``new_messages`` and return the request to send, within budget."""
-        new = self.core.encode_new(new_messages)
-        budget = self.core.budget(await self._limit(), max_tokens, tools)
-        options = self.core.write_options
-        fetch = await self.store.fetch_window(session_id, budget.prompt, options, new, len(new))
-        plan, recounts = self.core.plan(fetch, budget)
-        for _ in range(MAX_REFETCH):
-            again = self.core.refetch(fetch, plan, budget)
-            if again is None:
-                break
-            await self.store.set_token_counts(session_id, self.counter.fingerprint, recounts)
-            fetch = await self.store.fetch_window(session_id, again[0], options, (), again[1])
-            plan, recounts = self.core.plan(fetch, budget)
-        if plan.summarize is not None:
-            plan, fetch = await self._summarize_for(session_id, plan, fetch, budget)
-        total = self.core.finalize(plan, budget, tools)
-        record = self.core.audit_record(plan, total, budget, fetch, tools)
-        turn = await self.store.record(session_id, self._write(recounts, record))
-        return self.core.prepared(session_id, turn, plan, total, budget, tools)
+        flow = flows.prepare(self.core, session_id, new_messages, max_tokens, tools)
+        return await self._run(flow)
 
     async def complete(
         self,
@@ -103,63 +72,49 @@ class AsyncGuard:
         usage: Mapping[str, Any] | None = None,
     ) -> AppendResult:
         """Store the model's reply; with ``usage`` the server's prompt_tokens is audited."""
-        new = self.core.encode_new([reply])
-        if prepared is None and usage is None:
-            return await self.store.append(session_id, new, self.core.write_options)
-        record = self.core.usage_record(prepared, usage)
-        write = self._write({}, record)
-        return await self.store.append_with_audit(session_id, new, self.core.write_options, write)
-
-    def _write(self, counts: Mapping[int, int], record: Mapping[str, Any] | None) -> RecordWrite:
-        return RecordWrite(
-            counter=self.counter.fingerprint,
-            counts=counts,
-            audit=record,
-            retention=self.config.audit_retention,
-            ttl=self.config.ttl_seconds or 0,
-        )
-
-    async def _summarize_for(
-        self, session_id: str, plan: Plan, fetch: WindowFetch, budget: Budget
-    ) -> tuple[Plan, WindowFetch]:
-        request = plan.summarize
-        assert request is not None
-        if self.config.summary_mode == "background":
-            task = asyncio.create_task(self.summarize(session_id, request))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-            plan.decide("summary_started", covers_to=request.covers_to, mode="background")
-            return plan, fetch
-        summary, error = await self.summarize(session_id, request)
-        if summary is None:
-            plan.decide("summary_failed", error=error)
-            return plan, fetch
-        fetch = self.core.with_summary(fetch, summary)
-        new_plan, _ = self.core.plan(fetch, budget)
-        new_plan.decisions[:0] = [{"policy": "summary_committed", "version": summary.version}]
-        return new_plan, fetch
+        return await self._run(flows.complete(self.core, session_id, reply, prepared, usage))
 
     async def summarize(
         self, session_id: str, request: SummaryRequest
     ) -> tuple[Summary | None, str | None]:
         """Run the summarizer for ``request``, commit by compare-and-set, audit the outcome."""
-        stored = await self.store.read(session_id, request.covers_from, request.covers_to)
-        summary = None
-        committed = False
-        try:
-            text = await self._call_summarizer(
-                request.previous_text, self.core.summary_inputs(stored)
-            )
-            summary = self.core.accept_summary(text, request, stored)
-            committed = await self.store.commit_summary(
-                session_id, summary, request.previous_version
-            )
-            error = None if committed else "lost the compare-and-set race to another writer"
-        except (CtxGuardError, Exception) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        record = self.core.summary_record(request, summary, error, committed)
-        await self.store.record(session_id, self._write({}, record))
-        return (summary if committed else None), error
+        return await self._run(flows.summarize(self.core, session_id, request))
+
+    # -- running a flow -------------------------------------------------------------
+
+    async def _run(self, flow: flows.Flow[flows.T]) -> flows.T:
+        reply: Any = None
+        error: Exception | None = None
+        while True:
+            try:
+                op = flow.send(reply) if error is None else flow.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            try:
+                reply, error = await self._execute(op), None
+            except Exception as exc:  # handed back to the flow, which decides
+                reply, error = None, exc
+
+    async def _execute(self, op: flows.Op) -> Any:
+        if isinstance(op, flows.StoreCall):
+            return await getattr(self.store, op.method)(*op.args)
+        if isinstance(op, flows.ResolveLimit):
+            aresolve = getattr(self.limit_source, "aresolve", None)
+            return await aresolve() if aresolve is not None else self.limit_source.resolve()
+        if isinstance(op, flows.CallSummarizer):
+            return await self._call_summarizer(op.previous, op.messages)
+        if op.session_id in self._summarizing:
+            return None  # one background summary per session at a time
+        self._summarizing.add(op.session_id)
+        task = asyncio.create_task(self.summarize(op.session_id, op.request))
+        self._background.add(task)
+
+        def done(finished: asyncio.Task[Any]) -> None:
+            self._background.discard(finished)
+            self._summarizing.discard(op.session_id)
+
+        task.add_done_callback(done)
+        return None
 
     async def _call_summarizer(self, previous: str | None, messages: Sequence[Any]) -> str:
         fn = self.config.summarizer
@@ -175,9 +130,8 @@ class AsyncGuard:
         try:
             return await asyncio.wait_for(job, timeout=self.config.summary_timeout)
         except TimeoutError:
-            raise SummarizerError(
-                f"summarizer timed out after {self.config.summary_timeout}s"
-            ) from None
+            timeout = self.config.summary_timeout
+            raise SummarizerError(f"summarizer timed out after {timeout}s") from None
 
     async def wait_for_summaries(self) -> None:
         """Wait until background summaries finish (tests, shutdown)."""
@@ -185,5 +139,6 @@ class AsyncGuard:
             await asyncio.gather(*self._background, return_exceptions=True)
 
     async def aclose(self) -> None:
+        """Wait for background summaries, then release the store's connections."""
         await self.wait_for_summaries()
         await self.store.close()

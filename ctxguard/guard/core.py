@@ -20,7 +20,14 @@ from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.truncate import shrink_message
 from ctxguard.kv.limit import ContextLimit
 from ctxguard.messages import Message, MessageLike, to_messages
-from ctxguard.stores.base import NewMessage, StoredMessage, Summary, WindowFetch, WriteOptions
+from ctxguard.stores.base import (
+    NewMessage,
+    RecordWrite,
+    StoredMessage,
+    Summary,
+    WindowFetch,
+    WriteOptions,
+)
 from ctxguard.tokens._protocol import TokenCounter
 
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
@@ -198,6 +205,16 @@ class GuardCore:
             plan.window = plan.window[dropped:]
             plan.dropped = [(0, plan.window_start)]
             plan.decide("render_trim", rendered=total, dropped_messages=dropped)
+
+    def write(self, counts: Mapping[int, int], record: Mapping[str, Any] | None) -> RecordWrite:
+        """Recounted tokens and an audit record, as one store write."""
+        return RecordWrite(
+            counter=self.counter.fingerprint,
+            counts=counts,
+            audit=record,
+            retention=self.config.audit_retention,
+            ttl=self.config.ttl_seconds or 0,
+        )
 
     # -- records ---------------------------------------------------------------
 
