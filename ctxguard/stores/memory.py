@@ -12,8 +12,10 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
+from ctxguard.errors import ConflictError, InvalidInputError
 from ctxguard.ids import validate_id
 from ctxguard.stores.base import (
     REQUEST_RECORD_HEAD,
@@ -242,6 +244,36 @@ class MemoryStore:
             session = self._live(session_id)
             return None if session is None else decode_summary(session_id, session.summary)
 
+    def retract(
+        self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
+    ) -> list[StoredMessage]:
+        """Remove the newest ``count`` messages (explicit deletion, audited); returns them."""
+        if not isinstance(count, int) or count < 0:
+            raise InvalidInputError(f"count must be a non-negative int, got {count!r}")
+        with self._lock:
+            session = self._live(session_id)
+            if session is None:
+                return []
+            if expected_count is not None and expected_count != len(session.records):
+                raise ConflictError(
+                    f"session {session_id!r} now holds {len(session.records)} messages, not the "
+                    "expected count; read it again and retry"
+                )
+            keep = len(session.records) - min(count, len(session.records))
+            removed = [
+                self._stored(session_id, session, s) for s in range(keep, len(session.records))
+            ]
+            _drop_tail(session, keep)
+            record = {
+                "kind": "retract",
+                "at": datetime.now(UTC).isoformat(),
+                "count": len(removed),
+                "ids": [r.message.id for r in removed],
+            }
+            session.audit.append(encode_audit(record))
+            self._touch(session, WriteOptions(ttl_seconds=ttl or None))
+            return removed
+
     def commit_summary(self, session_id: str, summary: Summary, expected_version: int) -> bool:
         with self._lock:
             session = self._live(session_id)
@@ -301,6 +333,17 @@ class MemoryStore:
 
     def close(self) -> None:
         """Nothing to release; present so every store closes the same way."""
+
+
+def _drop_tail(session: _Session, keep: int) -> None:
+    """Forget positions ``keep`` and later, as retract.lua does."""
+    del session.records[keep:]
+    del session.tokens[keep:]
+    session.ids = {k: v for k, v in session.ids.items() if v < keep}
+    session.pins = [p for p in session.pins if p < keep]
+    summary = decode_summary("", session.summary) if session.summary else None
+    if summary is not None and summary.covers_to > keep:
+        session.summary = None
 
 
 def _walk_back(session: _Session, budget: int, counter_matches: bool, min_messages: int) -> int:
@@ -379,6 +422,11 @@ class AsyncMemoryStore:
 
     async def get_summary(self, session_id: str) -> Summary | None:
         return self.sync.get_summary(session_id)
+
+    async def retract(
+        self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
+    ) -> list[StoredMessage]:
+        return self.sync.retract(session_id, count, expected_count, ttl)
 
     async def commit_summary(
         self, session_id: str, summary: Summary, expected_version: int

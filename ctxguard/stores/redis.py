@@ -20,10 +20,16 @@ import redis
 import redis.asyncio as aredis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import ClusterDownError, RedisClusterException, RedisError, TryAgainError
+from redis.exceptions import (
+    AuthenticationError,
+    ClusterDownError,
+    RedisClusterException,
+    RedisError,
+    TryAgainError,
+)
 from redis.retry import Retry
 
-from ctxguard.errors import StoreConnectionError, StoreError
+from ctxguard.errors import ConfigError, StoreConnectionError, StoreError
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
@@ -62,6 +68,11 @@ class RetryPolicy:
 
 def _wrap(exc: RedisError | RedisClusterException, what: str, where: str) -> StoreError:
     # RedisClusterException is redis-py's "no node of the cluster can be reached".
+    if isinstance(exc, AuthenticationError):
+        return StoreConnectionError(
+            f"{what} failed: {where} refused the credentials ({type(exc).__name__}); "
+            "check the user name and password in the store URL"
+        )
     if isinstance(exc, (*RETRYABLE, RedisClusterException)):
         return StoreConnectionError(
             f"{what} failed: lost the connection to {where} ({type(exc).__name__})"
@@ -104,6 +115,8 @@ class RedisStore(_Base):
         while True:
             try:
                 return fn()
+            except AuthenticationError as exc:
+                raise _wrap(exc, what, self.where) from exc
             except RETRYABLE as exc:
                 delay = next(delays, None)
                 if delay is None:
@@ -191,6 +204,13 @@ class RedisStore(_Base):
             session_id, self._io("get_summary", lambda: self.client.get(key), True)
         )
 
+    def retract(
+        self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
+    ) -> list[StoredMessage]:
+        """Remove the newest ``count`` messages (explicit deletion, audited); returns them."""
+        call = self.protocol.retract_call(session_id, count, expected_count, ttl)
+        return self.protocol.parse_retract(session_id, self._run(call, idempotent=False))
+
     def commit_summary(
         self, session_id: str, summary: Summary, expected_version: int, ttl: int = 0
     ) -> bool:
@@ -215,7 +235,7 @@ class RedisStore(_Base):
         def send() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for call in calls:
-                pipe.eval(self._scripts[call.script].script, len(call.keys), *call.keys, *call.args)
+                _queue_eval(pipe, self._scripts[call.script].script, call)
             return list(pipe.execute())
 
         return self._io("+".join(c.script for c in calls), send, idempotent)
@@ -265,6 +285,8 @@ class AsyncRedisStore(_Base):
         while True:
             try:
                 return await fn()
+            except AuthenticationError as exc:
+                raise _wrap(exc, what, self.where) from exc
             except RETRYABLE as exc:
                 delay = next(delays, None)
                 if delay is None:
@@ -358,6 +380,12 @@ class AsyncRedisStore(_Base):
             session_id, await self._io("get_summary", lambda: self.client.get(key), True)
         )
 
+    async def retract(
+        self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
+    ) -> list[StoredMessage]:
+        call = self.protocol.retract_call(session_id, count, expected_count, ttl)
+        return self.protocol.parse_retract(session_id, await self._run(call, idempotent=False))
+
     async def commit_summary(
         self, session_id: str, summary: Summary, expected_version: int, ttl: int = 0
     ) -> bool:
@@ -374,7 +402,7 @@ class AsyncRedisStore(_Base):
         async def send() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for call in calls:
-                pipe.eval(self._scripts[call.script].script, len(call.keys), *call.keys, *call.args)
+                _queue_eval(pipe, self._scripts[call.script].script, call)
             return list(await pipe.execute())
 
         return await self._io("+".join(c.script for c in calls), send, idempotent)
@@ -407,6 +435,12 @@ class AsyncRedisStore(_Base):
         await self.client.aclose()
 
 
+def _queue_eval(pipe: Any, script: str, call: Call) -> None:
+    # Not ``pipe.eval``: redis-py's sync ClusterPipeline refuses eval() outright,
+    # while a plain EVAL command is routed by its keys like any other.
+    pipe.execute_command("EVAL", script, len(call.keys), *call.keys, *call.args)
+
+
 def _scan(client: Any, pattern: str) -> Iterator[bytes]:
     if isinstance(client, RedisCluster):
         yield from client.scan_iter(match=pattern, count=1000, target_nodes=RedisCluster.PRIMARIES)
@@ -425,12 +459,52 @@ async def _ascan(client: Any, pattern: str) -> AsyncIterator[bytes]:
             yield key
 
 
+# Connection settings a redis+cluster:// URL may carry (credentials, timeouts, TLS);
+# the same query parameters redis.Redis.from_url accepts for one server.
+_CLUSTER_KWARGS = (
+    "username",
+    "password",
+    "client_name",
+    "socket_timeout",
+    "socket_connect_timeout",
+    "health_check_interval",
+    "ssl_ca_certs",
+    "ssl_cert_reqs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_check_hostname",
+)
+
+
 def _cluster_url(url: StoreURL) -> str:
     host, port = url.hosts[0]
     scheme = "rediss" if url.scheme.startswith("rediss") else "redis"
-    auth = url.backend_url.split("://", 1)[1].rsplit("@", 1)
+    rest = url.backend_url.split("://", 1)[1]
+    auth = rest.split("?", 1)[0].rsplit("@", 1)
     creds = auth[0] + "@" if len(auth) == 2 else ""
-    return f"{scheme}://{creds}{host}:{port}"
+    query = "?" + rest.split("?", 1)[1] if "?" in rest else ""
+    return f"{scheme}://{creds}{host}:{port}{query}"
+
+
+def _cluster_kwargs(url: StoreURL) -> dict[str, Any]:
+    """Client settings for a cluster URL, parsed the way redis-py parses a server URL.
+
+    ``retry`` allows no retries: redis-py's cluster client would otherwise
+    re-send any command after a dropped connection, including the ones that are
+    not safe to repeat (audit records, summary commits). It still refreshes
+    its view of the topology before raising, and :class:`RetryPolicy` repeats
+    what is safe to repeat.
+    """
+    try:
+        base = redis.Redis.from_url(_cluster_url(url))
+    except ValueError as exc:  # a query parameter redis-py cannot parse
+        raise ConfigError(f"bad cluster URL {url.redacted}: {exc}") from None
+    given = base.connection_pool.connection_kwargs
+    base.close()
+    kwargs = {k: given[k] for k in _CLUSTER_KWARGS if k in given}
+    kwargs["ssl"] = url.scheme.startswith("rediss")
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    return kwargs
 
 
 def _sync_client(url: StoreURL) -> Any:
@@ -438,18 +512,12 @@ def _sync_client(url: StoreURL) -> Any:
         from redis.cluster import ClusterNode
 
         nodes = [ClusterNode(h, p) for h, p in url.hosts]  # type: ignore[no-untyped-call]
-        base = redis.Redis.from_url(_cluster_url(url))
-        kwargs = {
-            k: v
-            for k, v in base.connection_pool.connection_kwargs.items()
-            if k in ("username", "password")
-        }
-        base.close()
+        kwargs = _cluster_kwargs(url)
         try:  # the sync cluster client connects here, to learn the topology
-            return RedisCluster(startup_nodes=nodes, ssl=url.scheme.startswith("rediss"), **kwargs)
+            return RedisCluster(startup_nodes=nodes, **kwargs)
         except (RedisError, RedisClusterException) as exc:
             raise _wrap(exc, "connect", url.redacted) from exc
-    return redis.Redis.from_url(url.backend_url, **_client_kwargs(url))
+    return _from_url(redis.Redis, url)
 
 
 def _async_client(url: StoreURL) -> Any:
@@ -457,14 +525,12 @@ def _async_client(url: StoreURL) -> Any:
         from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 
         nodes = [AsyncClusterNode(h, p) for h, p in url.hosts]
-        base = redis.Redis.from_url(_cluster_url(url))
-        kwargs = {
-            k: v
-            for k, v in base.connection_pool.connection_kwargs.items()
-            if k in ("username", "password")
-        }
-        base.close()
-        return aredis.RedisCluster(
-            startup_nodes=nodes, ssl=url.scheme.startswith("rediss"), **kwargs
-        )
-    return aredis.Redis.from_url(url.backend_url, **_client_kwargs(url))
+        return aredis.RedisCluster(startup_nodes=nodes, **_cluster_kwargs(url))
+    return _from_url(aredis.Redis, url)
+
+
+def _from_url(cls: Any, url: StoreURL) -> Any:
+    try:
+        return cls.from_url(url.backend_url, **_client_kwargs(url))
+    except ValueError as exc:  # a query parameter redis-py cannot parse
+        raise ConfigError(f"bad store URL {url.redacted}: {exc}") from None

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
-from ctxguard.errors import InvalidInputError, StoreError
+from ctxguard.errors import ConflictError, InvalidInputError, StoreError
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
@@ -32,7 +33,15 @@ from ctxguard.stores.base import (
 )
 from ctxguard.stores.keys import KeySpace
 
-SCRIPT_NAMES = ("append", "window", "read", "set_counts", "commit_summary", "add_audit")
+SCRIPT_NAMES = (
+    "append",
+    "window",
+    "read",
+    "set_counts",
+    "commit_summary",
+    "add_audit",
+    "retract",
+)
 
 
 def load_script(name: str) -> str:
@@ -129,6 +138,24 @@ class RedisProtocol:
         for seq, value in sorted(counts.items()):
             args += [int(seq), int(value)]
         return Call("set_counts", self.keys(session_id), args)
+
+    def retract_call(self, session_id: str, count: int, expected: int | None, ttl: int) -> Call:
+        if not isinstance(count, int) or count < 0:
+            raise InvalidInputError(f"count must be a non-negative int, got {count!r}")
+        now = datetime.now(UTC).isoformat()
+        return Call(
+            "retract",
+            self.keys(session_id),
+            [count, -1 if expected is None else expected, ttl, now],
+        )
+
+    def parse_retract(self, session_id: str, reply: Sequence[Any]) -> list[StoredMessage]:
+        if int(reply[0]) < 0:
+            raise ConflictError(
+                f"session {session_id!r} now holds {int(reply[1])} messages, not the expected "
+                "count; read it again and retry"
+            )
+        return list(self._stored_run(session_id, int(reply[3]), reply[1], reply[2]))
 
     def commit_summary_call(
         self, session_id: str, summary: Summary, expected: int, ttl: int

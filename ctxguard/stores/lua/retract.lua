@@ -1,0 +1,52 @@
+-- retract: remove the newest `count` messages, at the caller's explicit request
+-- (a framework's pop_item / delete_last_message). Trimming for a budget never
+-- uses this: windows are views and raw history stays. The removal itself is
+-- recorded in the audit trail with the removed ids.
+-- ARGV: 1 count, 2 expected message count (-1 = no check), 3 ttl seconds, 4 time (ISO)
+-- Returns: {-1, count_now} when the expected count does not match (nothing removed),
+--          else {1, removed records, removed counts (oldest first), seq of the first removed}
+if redis.call('EXISTS', KEYS[K_META]) == 0 then return {1, {}, {}, 0} end
+local len = redis.call('LLEN', KEYS[K_MSGS])
+local expected = tonumber(ARGV[2])
+if expected >= 0 and expected ~= len then return {-1, len} end
+local count = math.min(tonumber(ARGV[1]), len)
+if count <= 0 then return {1, {}, {}, len} end
+local keep = len - count
+local records = redis.call('LRANGE', KEYS[K_MSGS], keep, -1)
+local counts = redis.call('LRANGE', KEYS[K_TOKS], keep, -1)
+redis.call('LTRIM', KEYS[K_MSGS], 0, keep - 1)
+redis.call('LTRIM', KEYS[K_TOKS], 0, keep - 1)
+local ids, known = {}, 0
+for i, record in ipairs(records) do
+  local ok, decoded = pcall(cjson.decode, record)
+  if ok and type(decoded) == 'table' and type(decoded['id']) == 'string' then
+    ids[#ids + 1] = decoded['id']
+    redis.call('HDEL', KEYS[K_IDS], decoded['id'])
+  end
+  local c = tonumber(counts[i]) or -1
+  if c > 0 then known = known + c end
+end
+if #ids < count then
+  -- an undecodable record: find its id by position instead
+  local all = redis.call('HGETALL', KEYS[K_IDS])
+  for i = 1, #all, 2 do
+    if tonumber(all[i + 1]) >= keep then redis.call('HDEL', KEYS[K_IDS], all[i]) end
+  end
+end
+local pins = redis.call('LRANGE', KEYS[K_PINS], 0, -1)
+redis.call('DEL', KEYS[K_PINS])
+for _, seq in ipairs(pins) do
+  if tonumber(seq) < keep then redis.call('RPUSH', KEYS[K_PINS], seq) end
+end
+redis.call('HSET', KEYS[K_META], 'count', keep, 'updated', now_ms())
+if known > 0 then redis.call('HINCRBY', KEYS[K_META], 'tokens', -known) end
+local summary = redis.call('GET', KEYS[K_SUM])
+if summary then
+  local ok, decoded = pcall(cjson.decode, summary)
+  if not ok or tonumber(decoded['covers_to']) == nil or tonumber(decoded['covers_to']) > keep then
+    redis.call('DEL', KEYS[K_SUM])
+  end
+end
+redis.call('RPUSH', KEYS[K_AUDIT], cjson.encode({kind = 'retract', at = ARGV[4], ids = ids, count = count}))
+touch(ARGV[3])
+return {1, records, counts, keep}
