@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
-from ctxguard.errors import ConflictError, InvalidInputError, StoreError
+from ctxguard.errors import ConflictError, CorruptRecordError, InvalidInputError, StoreError
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
@@ -204,19 +204,22 @@ class RedisProtocol:
         if not meta_flat:
             return None
         it = iter(meta_flat)
-        meta = {_text(k): _text(v) for k, v in zip(it, it, strict=True)}
         ttl_value = int(ttl) if ttl is not None else -1
-        return SessionInfo(
-            session_id=session_id,
-            message_count=int(meta.get("count", 0)),
-            token_total=int(meta.get("tokens", 0)),
-            counter=meta.get("counter") or None,
-            created_at=ms_to_datetime(int(meta.get("created", 0))),
-            updated_at=ms_to_datetime(int(meta.get("updated", 0))),
-            ttl_seconds=float(ttl_value) if ttl_value >= 0 else None,
-            summary_version=int(meta.get("sumver", 0)),
-            audit_count=audit_count,
-        )
+        try:
+            meta = {_text(k): _text(v) for k, v in zip(it, it, strict=True)}
+            return SessionInfo(
+                session_id=session_id,
+                message_count=int(meta.get("count", 0)),
+                token_total=int(meta.get("tokens", 0)),
+                counter=meta.get("counter") or None,
+                created_at=ms_to_datetime(int(meta.get("created", 0))),
+                updated_at=ms_to_datetime(int(meta.get("updated", 0))),
+                ttl_seconds=float(ttl_value) if ttl_value >= 0 else None,
+                summary_version=int(meta.get("sumver", 0)),
+                audit_count=audit_count,
+            )
+        except (ValueError, OverflowError, OSError) as exc:  # OSError: datetime out of range
+            raise CorruptRecordError(session_id, "meta", str(exc)[:200]) from None
 
     def parse_window(
         self, session_id: str, new: Sequence[NewMessage], reply: Sequence[Any]

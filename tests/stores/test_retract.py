@@ -60,5 +60,13 @@ async def test_retract_drops_pins_and_a_summary_it_cuts_into(store: StoreFacade)
     assert [m.message.id for m in window.recent] == ["id0", "id1", "id2"] and window.pinned == ()
 
 
+async def test_retract_of_everything_empties_the_session(store: StoreFacade) -> None:
+    await store.append("s", batch(3), OPTIONS)
+    assert len(await store.retract("s", 5)) == 3
+    assert await store.read("s") == [] and (await store.info("s")).message_count == 0
+    assert (await store.append("s", batch(1), OPTIONS)).stored == ("id0",)
+    assert [m.seq for m in await store.read("s")] == [0]
+
+
 async def test_retract_on_a_missing_session_removes_nothing(store: StoreFacade) -> None:
     assert await store.retract("nobody", 3) == []

@@ -14,8 +14,12 @@ if count <= 0 then return {1, {}, {}, len} end
 local keep = len - count
 local records = redis.call('LRANGE', KEYS[K_MSGS], keep, -1)
 local counts = redis.call('LRANGE', KEYS[K_TOKS], keep, -1)
-redis.call('LTRIM', KEYS[K_MSGS], 0, keep - 1)
-redis.call('LTRIM', KEYS[K_TOKS], 0, keep - 1)
+if keep == 0 then  -- LTRIM 0 -1 would keep everything
+  redis.call('DEL', KEYS[K_MSGS], KEYS[K_TOKS])
+else
+  redis.call('LTRIM', KEYS[K_MSGS], 0, keep - 1)
+  redis.call('LTRIM', KEYS[K_TOKS], 0, keep - 1)
+end
 local ids, known = {}, 0
 for i, record in ipairs(records) do
   local ok, decoded = pcall(cjson.decode, record)

@@ -1,0 +1,292 @@
+"""What every adapter needs: the guard behind it, whole-history I/O, and in-memory fitting.
+
+Framework-free on purpose: each adapter module imports its framework and
+converts messages; everything it does to the store goes through here, so the
+three adapters store, read and rewrite sessions the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
+from typing import Any
+
+from ctxguard.errors import ConfigError, MissingDependencyError
+from ctxguard.guard.aio import AsyncGuard
+from ctxguard.guard.config import GuardConfig
+from ctxguard.guard.prepared import PreparedRequest
+from ctxguard.guard.sync import Guard
+from ctxguard.kv.limit import ContextLimit, LimitSource
+from ctxguard.messages import Message
+from ctxguard.stores.memory import MemoryStore
+from ctxguard.tokens._protocol import TokenCounter
+
+Tools = Sequence[Mapping[str, Any]]
+FIT_SESSION = "fit"
+
+
+def require(module: str, feature: str, extra: str) -> ModuleType:
+    """Import a framework module, or raise :class:`MissingDependencyError` naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(feature, extra) from exc
+
+
+class _NoLimit:
+    """Stands in when an adapter was opened by URL without ``limit=``: storage works,
+    budgeted windows say what is missing."""
+
+    def resolve(self) -> ContextLimit:
+        raise ConfigError(
+            "a budgeted window needs a context limit: pass limit=<tokens> (or a Guard) "
+            "to the adapter"
+        )
+
+
+class GuardRef:
+    """The guard an adapter works through, given as a Guard, an AsyncGuard or a store URL.
+
+    From a URL both twins are opened lazily over the same URL (so sync and async
+    methods see the same session). From a Guard, async methods run it in a
+    thread; from an AsyncGuard, sync methods are refused (they would block a loop).
+    """
+
+    def __init__(
+        self,
+        guard_or_url: Guard | AsyncGuard | str,
+        *,
+        limit: int | ContextLimit | LimitSource | None = None,
+        counter: str | TokenCounter = "approx",
+        namespace: str | None = None,
+        tenant: str | None = None,
+        config: GuardConfig | None = None,
+    ) -> None:
+        self._sync: Guard | None = None
+        self._async: AsyncGuard | None = None
+        self._options: dict[str, Any] = {}
+        if isinstance(guard_or_url, Guard):
+            self._sync = guard_or_url
+        elif isinstance(guard_or_url, AsyncGuard):
+            self._async = guard_or_url
+        elif isinstance(guard_or_url, str):
+            self._options = {
+                "store": guard_or_url,
+                "limit": _NoLimit() if limit is None else limit,
+                "counter": counter,
+                "namespace": namespace,
+                "tenant": tenant,
+                "config": config,
+            }
+        else:
+            raise ConfigError(
+                "pass a ctxguard Guard, an AsyncGuard or a store URL such as "
+                f"'redis://localhost:6379/0', got {type(guard_or_url).__name__}"
+            )
+
+    def sync(self) -> Guard:
+        if self._sync is None:
+            if not self._options:
+                raise ConfigError(
+                    "this adapter wraps an AsyncGuard: use its async methods, "
+                    "or pass a Guard or a store URL"
+                )
+            self._sync = Guard(**self._options)
+        return self._sync
+
+    def aio(self) -> AsyncGuard | None:
+        """The async guard, or None when only a sync Guard was given."""
+        if self._async is None and self._options:
+            self._async = AsyncGuard(**self._options)
+        return self._async
+
+    def any_guard(self) -> Guard | AsyncGuard:
+        return self._sync or self._async or self.sync()
+
+
+# -- whole-history operations ---------------------------------------------------
+
+
+def read_all(guard: Guard, session_id: str) -> list[Message]:
+    return [s.message for s in guard.store.read(session_id)]
+
+
+async def aread_all(ref: GuardRef, session_id: str) -> list[Message]:
+    guard = ref.aio()
+    if guard is None:
+        return await asyncio.to_thread(read_all, ref.sync(), session_id)
+    return [s.message for s in await guard.store.read(session_id)]
+
+
+def read_last(guard: Guard, session_id: str, count: int) -> list[Message]:
+    return [s.message for s in guard.store.read_last(session_id, count)]
+
+
+async def aread_last(ref: GuardRef, session_id: str, count: int) -> list[Message]:
+    guard = ref.aio()
+    if guard is None:
+        return await asyncio.to_thread(read_last, ref.sync(), session_id, count)
+    return [s.message for s in await guard.store.read_last(session_id, count)]
+
+
+async def aappend(ref: GuardRef, session_id: str, messages: Sequence[Message]) -> None:
+    guard = ref.aio()
+    if guard is None:
+        await asyncio.to_thread(ref.sync().append, session_id, messages)
+    elif messages:
+        await guard.append(session_id, messages)
+
+
+def clear(guard: Guard, session_id: str) -> None:
+    guard.store.delete(session_id)
+
+
+async def aclear(ref: GuardRef, session_id: str) -> None:
+    guard = ref.aio()
+    if guard is None:
+        await asyncio.to_thread(clear, ref.sync(), session_id)
+    else:
+        await guard.store.delete(session_id)
+
+
+def pop_tail(guard: Guard, session_id: str, index: int) -> list[Message]:
+    """Remove messages ``index`` and later in one atomic, audited store call.
+
+    ``store.retract`` compares the session's length first, so a message that
+    another process appended meanwhile is never removed by mistake (the call
+    raises ConflictError instead). Returns the removed messages, oldest first.
+    """
+    count = guard.store.info(session_id)
+    total = 0 if count is None else count.message_count
+    if not 0 <= index < total:
+        return []
+    return [s.message for s in guard.store.retract(session_id, total - index, total)]
+
+
+async def apop_tail(ref: GuardRef, session_id: str, index: int) -> list[Message]:
+    """Async :func:`pop_tail`."""
+    guard = ref.aio()
+    if guard is None:
+        return await asyncio.to_thread(pop_tail, ref.sync(), session_id, index)
+    info = await guard.store.info(session_id)
+    total = 0 if info is None else info.message_count
+    if not 0 <= index < total:
+        return []
+    removed = await guard.store.retract(session_id, total - index, total)
+    return [s.message for s in removed]
+
+
+def pop_newest(guard: Guard, session_id: str) -> Message | None:
+    """Remove and return the newest message (one atomic, audited retract)."""
+    removed = guard.store.retract(session_id, 1)
+    return removed[0].message if removed else None
+
+
+async def apop_newest(ref: GuardRef, session_id: str) -> Message | None:
+    """Async :func:`pop_newest`."""
+    guard = ref.aio()
+    if guard is None:
+        return await asyncio.to_thread(pop_newest, ref.sync(), session_id)
+    removed = await guard.store.retract(session_id, 1)
+    return removed[0].message if removed else None
+
+
+def replace(guard: Guard, session_id: str, messages: Sequence[Message]) -> None:
+    """Replace a session's whole history (a framework's ``set_messages``): delete, then append.
+
+    Only for "replace everything" calls; removing single messages goes through
+    :func:`pop_tail`, which is atomic and keeps the summary and audit trail.
+    """
+    guard.store.delete(session_id)
+    if messages:
+        guard.append(session_id, messages)
+
+
+async def areplace(ref: GuardRef, session_id: str, messages: Sequence[Message]) -> None:
+    """Async :func:`replace` (same STOPGAP caveats)."""
+    guard = ref.aio()
+    if guard is None:
+        await asyncio.to_thread(replace, ref.sync(), session_id, messages)
+        return
+    await guard.store.delete(session_id)
+    if messages:
+        await guard.append(session_id, messages)
+
+
+def prepare(
+    guard: Guard,
+    session_id: str,
+    new: Sequence[Message],
+    max_tokens: int | None,
+    tools: Tools | None = None,
+) -> PreparedRequest:
+    """Append ``new`` (may be empty) and return the budgeted window (one audit record)."""
+    return guard.prepare(session_id, new, max_tokens=max_tokens, tools=tools)
+
+
+async def aprepare(
+    ref: GuardRef,
+    session_id: str,
+    new: Sequence[Message],
+    max_tokens: int | None,
+    tools: Tools | None = None,
+) -> PreparedRequest:
+    guard = ref.aio()
+    if guard is None:
+        return await asyncio.to_thread(prepare, ref.sync(), session_id, new, max_tokens, tools)
+    return await guard.prepare(session_id, new, max_tokens=max_tokens, tools=tools)
+
+
+# -- fitting a list that is not (all) stored yet -----------------------------------
+
+
+def fit(
+    guard: Guard | AsyncGuard,
+    messages: Sequence[Message],
+    max_tokens: int | None,
+    tools: Tools | None = None,
+) -> tuple[PreparedRequest, list[int]]:
+    """Run the guard's policies over ``messages`` in memory, touching no session store.
+
+    For prompts a framework assembles itself (history + new input + system
+    prompt). Uses the guard's counter, limit and window settings; no summarizer.
+    Returns the request and, per window message, the index of the input it came
+    from (nothing is summarised here, so every window message has one).
+    """
+    config = dataclasses.replace(guard.config, summarizer=None, max_stored_messages=None)
+    scratch = Guard(MemoryStore(), counter=guard.counter, limit=guard.limit_source, config=config)
+    tagged = [m.model_copy(update={"id": f"fit-{i}"}) for i, m in enumerate(messages)]
+    prepared = scratch.prepare(FIT_SESSION, tagged, max_tokens=max_tokens, tools=tools)
+    origins = [int(m.id.removeprefix("fit-")) for m in prepared.messages]
+    own_ids = tuple(
+        m.model_copy(update={"id": messages[i].id})
+        for m, i in zip(prepared.messages, origins, strict=True)
+    )
+    return dataclasses.replace(prepared, messages=own_ids), origins
+
+
+async def afit(
+    guard: Guard | AsyncGuard,
+    messages: Sequence[Message],
+    max_tokens: int | None,
+    tools: Tools | None = None,
+) -> tuple[PreparedRequest, list[int]]:
+    """:func:`fit` off the event loop (counting and the limit lookup may be slow)."""
+    return await asyncio.to_thread(fit, guard, messages, max_tokens, tools)
+
+
+def restore_window(
+    prepared: PreparedRequest,
+    origins: Sequence[int],
+    originals: Sequence[Any],
+    convert: Callable[[Message], Any],
+) -> list[Any]:
+    """Map a fitted window back to the caller's own objects; shrunk messages are converted."""
+    out = []
+    for message, origin in zip(prepared.messages, origins, strict=True):
+        shrunk = "ctxguard_truncated" in message.metadata
+        out.append(convert(message) if shrunk else originals[origin])
+    return out

@@ -1,0 +1,189 @@
+"""LlamaIndex adapter: BaseChatStore semantics, lossless messages, a budgeted memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_index.core")
+
+from llama_index.core.base.llms.types import ThinkingBlock, ToolCallBlock
+from llama_index.core.chat_engine import SimpleChatEngine
+from llama_index.core.llms import ChatMessage, ChatResponse, MockLLM, TextBlock
+from llama_index.core.storage.chat_store import SimpleChatStore
+from pydantic import Field
+
+from ctxguard.adapters.llamaindex import (
+    CtxGuardChatStore,
+    CtxGuardMemory,
+    to_ctxguard,
+    to_llamaindex,
+)
+from ctxguard.guard import AsyncGuard, Guard
+
+from .conftest import RESERVE, assert_fits, assert_prepared_fits
+
+
+def call(i: int) -> dict[str, Any]:
+    return {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+def rich_conversation() -> list[ChatMessage]:
+    return [
+        ChatMessage(role="system", content="be brief"),
+        ChatMessage(role="user", content="hi", additional_kwargs={"name": "ann"}),
+        ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": [call(1)]}),
+        ChatMessage(role="tool", content="r1", additional_kwargs={"tool_call_id": "c1"}),
+        ChatMessage(
+            role="assistant",
+            blocks=[
+                ThinkingBlock(content="hmm"),
+                TextBlock(text="checking"),
+                ToolCallBlock(tool_call_id="c2", tool_name="g", tool_kwargs={"x": 1}),
+            ],
+        ),
+        ChatMessage(role="tool", content="r2", additional_kwargs={"tool_call_id": "c2"}),
+        ChatMessage(role="chatbot", content="legacy role"),
+        ChatMessage(role="assistant", content="done"),
+    ]
+
+
+def test_conversion_round_trips() -> None:
+    for message in rich_conversation():
+        assert to_llamaindex(to_ctxguard(message)) == message
+    assert to_ctxguard(rich_conversation()[4]).to_openai()["tool_calls"][0]["id"] == "c2"
+
+
+@pytest.fixture
+def chat_store(guard: Guard) -> CtxGuardChatStore:
+    return CtxGuardChatStore(guard)
+
+
+def test_chat_store_matches_simple_chat_store(chat_store: CtxGuardChatStore) -> None:
+    """Every method returns what LlamaIndex's in-memory SimpleChatStore returns."""
+    reference = SimpleChatStore()
+    conversation = rich_conversation()
+
+    def both(method: str, *args: Any) -> Any:
+        ours, theirs = getattr(chat_store, method)(*args), getattr(reference, method)(*args)
+        assert ours == theirs, method
+        return ours
+
+    both("set_messages", "k1", conversation[:3])
+    both("add_message", "k1", conversation[3])
+    both("add_message", "k2", conversation[0])
+    both("get_messages", "k1")
+    assert sorted(chat_store.get_keys()) == sorted(reference.get_keys()) == ["k1", "k2"]
+    both("delete_message", "k1", 1)
+    both("delete_message", "k1", 99)
+    both("delete_last_message", "k1")
+    both("get_messages", "k1")
+    both("delete_messages", "k2")
+    both("get_messages", "k2")
+    both("delete_last_message", "k2")
+    both("set_messages", "k1", conversation)
+    both("get_messages", "k1")
+
+
+async def test_chat_store_async(aguard: AsyncGuard) -> None:
+    store = CtxGuardChatStore(aguard)
+    conversation = rich_conversation()
+    await store.aset_messages("k", conversation[:2])
+    await store.async_add_message("k", conversation[2])
+    await store.async_add_message("k", conversation[3])
+    assert await store.aget_messages("k") == conversation[:4]
+    assert await store.adelete_last_message("k") == conversation[3]
+    assert await store.adelete_message("k", 0) == conversation[0]
+    assert await store.aget_messages("k") == conversation[1:3]
+    assert await store.aget_keys() == ["k"]
+    assert await store.adelete_messages("k") == conversation[1:3]
+    assert await store.aget_messages("k") == []
+    assert await store.adelete_messages("k") is None
+
+
+def long_history(turns: int) -> list[ChatMessage]:
+    out = [ChatMessage(role="system", content="You answer weather questions.")]
+    for i in range(turns):
+        out += [
+            ChatMessage(role="user", content=f"question {i}: weather in city number {i}?"),
+            ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": [call(i)]}),
+            ChatMessage(
+                role="tool",
+                content=f"sunny, {i} degrees",
+                additional_kwargs={"tool_call_id": f"c{i}"},
+            ),
+            ChatMessage(role="assistant", content=f"It is sunny with {i} degrees in city {i}."),
+        ]
+    return out
+
+
+def check_window(guard: Guard | AsyncGuard, window: list[ChatMessage], reserve: int) -> None:
+    assert window[0].role.value == "system"
+    assert_fits(guard, [to_ctxguard(m) for m in window], reserve)
+
+
+def test_memory_get_is_the_budgeted_window(guard: Guard) -> None:
+    memory = CtxGuardMemory.from_defaults(guard, session_id="s1", max_tokens=RESERVE)
+    memory.put_messages(long_history(20))
+    memory.put(ChatMessage(role="user", content="newest?"))
+    window = memory.get()
+    assert len(window) < len(memory.get_all())
+    assert window[-1].content == "newest?"
+    check_window(guard, window, RESERVE)
+    assert memory.last_prepared is not None
+    assert_prepared_fits(memory.last_prepared)
+    smaller = memory.get(initial_token_count=100)  # a system prompt kept outside the memory
+    check_window(guard, smaller, RESERVE + 100)
+    memory.reset()
+    assert memory.get_all() == []
+
+
+async def test_memory_async(aguard: AsyncGuard) -> None:
+    memory = CtxGuardMemory.from_defaults(aguard, session_id="s1", max_tokens=RESERVE)
+    await memory.aput_messages(long_history(20))
+    await memory.aput(ChatMessage(role="user", content="newest?"))
+    window = await memory.aget()
+    assert window[-1].content == "newest?"
+    check_window(aguard, window, RESERVE)
+    await memory.aset(rich_conversation())
+    assert await memory.aget_all() == rich_conversation()
+    await memory.areset()
+    assert await memory.aget_all() == []
+
+
+class RecordingLLM(MockLLM):
+    seen: list[list[ChatMessage]] = Field(default_factory=list)
+
+    def chat(self, messages: Any, **kwargs: Any) -> ChatResponse:
+        self.seen.append(list(messages))
+        return ChatResponse(message=ChatMessage(role="assistant", content="reply " * 10))
+
+    async def achat(self, messages: Any, **kwargs: Any) -> ChatResponse:
+        return self.chat(messages, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_chat_engine_end_to_end(
+    store_url: str, namespace: str, guard: Guard, mode: str
+) -> None:
+    llm = RecordingLLM()
+    memory = CtxGuardMemory.from_defaults(
+        store_url,
+        session_id="chat",
+        limit=guard.limit_source.resolve().tokens,
+        namespace=namespace,
+        max_tokens=RESERVE,
+        llm=llm,
+        chat_history=[ChatMessage(role="system", content="You are helpful.")],
+    )
+    engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory)
+    for i in range(15):
+        question = f"question {i} about the weather today"
+        response = engine.chat(question) if mode == "sync" else await engine.achat(question)
+        assert response.response.startswith("reply")
+    stored = memory.get_all()
+    assert len(stored) == 1 + 2 * 15
+    for call_messages in llm.seen:
+        check_window(guard, call_messages, RESERVE)
+    assert len(llm.seen[-1]) < len(stored)
