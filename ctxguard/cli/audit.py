@@ -199,6 +199,7 @@ def _drift(
 ) -> tuple[float | None, int | None, list[Violation]]:
     """Median and worst |server - estimate|; turns over --max-drift are violations."""
     pairs = [(u.get("of_turn"), u["drift"]) for u in snap.usages if isinstance(u.get("drift"), int)]
+    pairs += [(r.get("turn"), r["drift"]) for r in snap.requests if isinstance(r.get("drift"), int)]
     if not pairs:
         return None, None, []
     sizes = [abs(d) for _, d in pairs]

@@ -141,4 +141,5 @@ class AsyncGuard(GuardBase):
     async def aclose(self) -> None:
         """Wait for background summaries, then release the store's connections."""
         await self.wait_for_summaries()
+        await self._run(flows.flush(self.core))
         await self.store.close()

@@ -16,6 +16,14 @@ Summarizer = Callable[[str | None, Sequence[Message]], "str | Awaitable[str]"]
 class GuardConfig:
     """How the guard budgets requests. Every field has a safe default.
 
+    ``audit_mode="sync"`` writes each request's audit record before
+    :meth:`prepare` returns (durable; one extra round trip). ``"with_reply"``
+    writes it together with the reply in :meth:`complete` (with the server's
+    usage in the same record), so a turn costs the same two round trips as a
+    bare Redis client; a request whose ``complete`` never comes is recorded at
+    the session's next prepare/complete or at ``close()``, and lost only if the
+    process dies first.
+
     ``max_tokens`` is the output reserved when a request does not say;
     ``summarize_after`` is how many dropped, not-yet-summarized messages
     trigger the summarizer; ``oversized`` decides what happens to a single
@@ -37,6 +45,7 @@ class GuardConfig:
     summary_timeout: float = 30.0
     summary_max_tokens: int = 1024
     audit_retention: int = 1000
+    audit_mode: Literal["sync", "with_reply"] = "sync"
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "safety_margin", "summarize_after", "audit_retention"):
@@ -56,6 +65,8 @@ class GuardConfig:
             raise ConfigError(
                 f"summary_mode must be 'inline' or 'background', got {self.summary_mode!r}"
             )
+        if self.audit_mode not in ("sync", "with_reply"):
+            raise ConfigError(f"audit_mode must be 'sync' or 'with_reply', got {self.audit_mode!r}")
         if self.summary_role not in ("system", "user"):
             raise ConfigError(f"summary_role must be 'system' or 'user', got {self.summary_role!r}")
         if self.summary_timeout <= 0 or self.summary_max_tokens <= 0:

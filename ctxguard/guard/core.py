@@ -8,6 +8,7 @@ happens here, so the sync and async guards cannot behave differently.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -42,6 +43,8 @@ class GuardCore:
     ) -> None:
         self.counter = counter
         self.counter_spec = counter_spec
+        self._pending: dict[str, dict[str, Any]] = {}
+        self._pending_lock = threading.Lock()
         self.config = config
         self.policy = WindowPolicy(
             max_window_messages=config.max_window_messages,
@@ -222,10 +225,12 @@ class GuardCore:
         self, plan: Plan, total: int, budget: Budget, fetch: WindowFetch, tools: Tools | None
     ) -> dict[str, Any]:
         """The request record (``turn`` first and 0: the store numbers it)."""
+        session_id = fetch.info.session_id
         sent = plan.ordered()
         return {
             "turn": 0,
             "kind": "request",
+            "session": session_id,
             "at": datetime.now(UTC).isoformat(),
             "sent_ids": [m.id for m in plan.messages()],
             "sent_seqs": [i.seq for i in sent],
@@ -267,8 +272,10 @@ class GuardCore:
         total: int,
         budget: Budget,
         tools: Tools | None,
+        pending: Mapping[str, Any] | None = None,
     ) -> PreparedRequest:
         return PreparedRequest(
+            pending_audit=pending,
             session_id=session_id,
             turn=turn,
             messages=tuple(plan.messages()),
@@ -285,6 +292,33 @@ class GuardCore:
             counter=self.counter.fingerprint,
             sent_seqs=tuple(i.seq for i in plan.ordered()),
         )
+
+    def hold(self, session_id: str, record: dict[str, Any]) -> None:
+        """Keep a request record until ``complete`` writes it (audit_mode="with_reply")."""
+        with self._pending_lock:
+            self._pending[session_id] = record
+
+    def release(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """Take the held records of one session (or of all, for ``close``)."""
+        with self._pending_lock:
+            if session_id is None:
+                held = list(self._pending.values())
+                self._pending.clear()
+                return held
+            record = self._pending.pop(session_id, None)
+        return [] if record is None else [record]
+
+    @staticmethod
+    def with_usage(record: Mapping[str, Any], usage: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The request record completed with the server's usage (one record per turn)."""
+        out = {**record, "completed": True}
+        prompt = usage.get("prompt_tokens") if usage else None
+        if usage is not None:
+            out["prompt_tokens"] = prompt
+            out["completion_tokens"] = usage.get("completion_tokens")
+        if isinstance(prompt, int):
+            out["drift"] = prompt - int(record["tokens"])
+        return out
 
     @staticmethod
     def usage_record(

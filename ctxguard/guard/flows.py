@@ -72,6 +72,7 @@ def prepare(
 ) -> Flow[PreparedRequest]:
     """Append the new messages and build the request that fits (see ARCHITECTURE.md)."""
     new = core.encode_new(values)
+    yield from flush(core, session_id)
     limit: ContextLimit = yield ResolveLimit()
     budget = core.budget(limit, max_tokens, tools)
     options = core.write_options
@@ -90,8 +91,20 @@ def prepare(
         plan, fetch = yield from _fold(core, session_id, plan, fetch, budget)
     total = core.finalize(plan, budget, tools)
     record = core.audit_record(plan, total, budget, fetch, tools)
+    if core.config.audit_mode == "with_reply":
+        if recounts:
+            yield StoreCall("record", (session_id, core.write(recounts, None)))
+        core.hold(session_id, record)
+        return core.prepared(session_id, 0, plan, total, budget, tools, pending=record)
     turn: int = yield StoreCall("record", (session_id, core.write(recounts, record)))
     return core.prepared(session_id, turn, plan, total, budget, tools)
+
+
+def flush(core: GuardCore, session_id: str | None = None) -> Flow[None]:
+    """Write request records still held for ``complete`` (one session, or all)."""
+    for record in core.release(session_id):
+        held = {**record, "completed": False}
+        yield StoreCall("record", (str(record["session"]), core.write({}, held)))
 
 
 def _fold(
@@ -146,9 +159,13 @@ def complete(
 ) -> Flow[AppendResult]:
     """Store the reply; with usage or the prepared request, audit the server's count too."""
     new = core.encode_new([reply])
-    if prepared is None and usage is None:
+    held = core.release(session_id)
+    if held:
+        write = core.write({}, core.with_usage(held[0], usage))
+    elif prepared is None and usage is None:
         result: AppendResult = yield StoreCall("append", (session_id, new, core.write_options))
         return result
-    write = core.write({}, core.usage_record(prepared, usage))
+    else:
+        write = core.write({}, core.usage_record(prepared, usage))
     result = yield StoreCall("append_with_audit", (session_id, new, core.write_options, write))
     return result

@@ -33,6 +33,7 @@ class PreparedRequest:
     tools: tuple[Mapping[str, Any], ...] | None = None
     counter: str = ""
     sent_seqs: tuple[int, ...] = field(default=())
+    pending_audit: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def prompt_budget(self) -> int:

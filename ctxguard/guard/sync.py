@@ -161,6 +161,7 @@ class Guard(GuardBase):
     def close(self) -> None:
         """Wait for background summaries, then release the store's connections."""
         self.wait_for_summaries()
+        self._run(flows.flush(self.core))
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self.store.close()

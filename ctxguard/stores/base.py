@@ -11,6 +11,7 @@ Positions (``seq``) count from 0 in append order and never change.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -235,10 +236,17 @@ class AsyncSessionStore(Protocol):
 # -- decoding shared by every backend ---------------------------------------
 
 
+@functools.lru_cache(maxsize=8192)
+def _decode_record(raw: str | bytes) -> Message:
+    """Records are immutable and so are messages: consecutive turns fetch mostly the
+    same window, so each record is validated once, not once per turn."""
+    return Message.from_record(raw)
+
+
 def decode_message(session_id: str, seq: int, raw: str | bytes) -> Message:
     """Decode one stored record, or raise :class:`CorruptRecordError` naming it."""
     try:
-        return Message.from_record(raw)
+        return _decode_record(raw)
     except (pydantic.ValidationError, ValueError, InvalidInputError) as exc:
         detail = str(exc).splitlines()[0][:200]
         raise CorruptRecordError(session_id, seq, detail) from None

@@ -28,7 +28,7 @@ TEXT = st.lists(WORDS, min_size=0, max_size=60).map(" ".join)
 def tool_turn(draw: st.DrawFn, index: int) -> list[dict[str, Any]]:
     """An assistant message with 1-3 parallel tool calls, then one result per call."""
     calls = draw(st.integers(1, 3))
-    ids = [f"call{index}x{k}" for k in range(calls)]
+    ids = [f"ca{index:03d}{k:04d}" for k in range(calls)]  # 9 alphanumerics: Mistral accepts them
     assistant = {
         "role": "assistant",
         "content": None,

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxguard import BudgetError
+from ctxguard import BudgetError, TemplateRefusedError
 from ctxguard.guard import Guard, PreparedRequest
 from ctxguard.guard.policies import tool_problems
 from ctxguard.tokens import load_counter
@@ -119,3 +119,42 @@ def test_history_that_fits_is_sent_whole() -> None:
         req = guard.prepare("s", [{"role": "user", "content": f"q{i}"}])
         guard.complete("s", {"role": "assistant", "content": f"a{i}"})
     assert len(req.messages) == 10 and req.dropped == ()
+
+
+RENDERED = ["qwen-2.5", "deepseek-v3", "glm-4.7-flash", "mistral:v3-tekken"]
+
+
+@pytest.fixture(scope="session")
+def rendered_counters(hf_dirs: dict[str, Any]) -> dict[str, Any]:
+    """Counters whose templates are not additive: the guard must render the window."""
+    out = {}
+    for name in RENDERED:
+        spec = name if ":" in name else f"hf:{hf_dirs[name]}"
+        out[name] = load_counter(spec)
+    return out
+
+
+@pytest.mark.parametrize("name", RENDERED)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(turns=conversation(), limit=st.integers(300, 1500), with_tools=st.booleans())
+def test_render_path_requests_fit_by_the_templates_own_count(
+    rendered_counters: dict[str, Any], name: str, turns: Any, limit: int, with_tools: bool
+) -> None:
+    """Non-additive templates: the guard's count is the rendered prompt's length."""
+    counter_ = rendered_counters[name]
+    assert not counter_.additive
+    tools = TOOLS if with_tools else None
+    guard = Guard(f"memory://{uuid.uuid4().hex}", counter=counter_, limit=limit, max_tokens=32)
+    guard.append("s", [SYSTEM])
+    for turn in turns:
+        try:
+            req = guard.prepare("s", turn, tools=tools)
+        except BudgetError as exc:
+            assert exc.needed > exc.limit
+            continue
+        except TemplateRefusedError:
+            continue  # the server would refuse this conversation too; never a guess
+        assert req.tokens == counter_.count_request(list(req.messages), tools=tools)
+        assert req.tokens + req.reserved_output <= req.limit
+        assert tool_problems(req.messages) == []
+        assert req.messages[0].content == SYSTEM["content"]
