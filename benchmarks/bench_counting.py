@@ -4,8 +4,10 @@ Run: ``python benchmarks/bench_counting.py``. Needs the packages in
 tests/requirements-tokenizers*.txt; families whose package is missing are skipped.
 Prints, per family: count_message cost per message; the render path (count_request on a
 window of 10/50/200 messages); the additive path (overhead + sum of stored per-message
-counts) on the same windows, with the ratio; and the per-turn additive cost with 100 vs
-10,000 stored messages (same window), which must not grow with history.
+counts) on the same windows, with the ratio; and full guard turns with 100 vs 10,000
+stored messages (same 1,536-token budget, so the same window): the time per turn and
+the tokenizer work per turn (messages counted, requests rendered), which must not grow
+with history.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from ctxguard.guard import Guard
 from ctxguard.messages import Message
 from ctxguard.tokens import TokenCounter, load_counter
 
@@ -81,6 +84,57 @@ def bench(label: str, counter: TokenCounter) -> None:
         counts = (stored * (total // len(stored) + 1))[:total]  # stored per-message counts
         turn = timed(lambda c=counts: counter.request_overhead() + sum(c[-50:]))
         print(f"  per-turn additive count, {total:>6} stored, window 50: {turn * 1e6:8.2f} us")
+    guard_turns(counter)
+
+
+class Tally:
+    """Wraps a counter and counts the tokenizer work each guard turn asks of it."""
+
+    def __init__(self, inner: TokenCounter) -> None:
+        self.inner = inner
+        self.fingerprint, self.exact, self.additive = inner.fingerprint, inner.exact, inner.additive
+        self.messages = self.requests = self.rendered = 0
+
+    def count_message(self, message: Message) -> int:
+        self.messages += 1
+        return self.inner.count_message(message)
+
+    def request_overhead(self, *, tools: Any = None) -> int:
+        return self.inner.request_overhead(tools=tools)
+
+    def count_request(self, messages: Any, *, tools: Any = None) -> int:
+        self.requests += 1
+        self.rendered += len(messages)
+        return self.inner.count_request(messages, tools=tools)
+
+
+def guard_turns(counter: TokenCounter, turns: int = 30) -> None:
+    """Full turns through the Guard (memory://) with 100 vs 10,000 messages stored."""
+    print(
+        f"  {'stored':>7}  {'turn ms':>8}  {'count_message/turn':>18}  {'renders/turn':>12}"
+        f"  {'msgs rendered/turn':>18}"
+    )
+    for stored in (100, 10_000):
+        tally = Tally(counter)
+        guard = Guard(
+            f"memory://{counter.fingerprint}-{stored}",
+            counter=tally,
+            limit=1536 + 256,
+            max_tokens=256,
+        )
+        history = conversation(stored)
+        for start in range(0, stored, 1000):
+            guard.append("s", history[start : start + 1000])
+        tally.messages = tally.requests = tally.rendered = 0
+        began = time.perf_counter()
+        for i in range(turns):
+            guard.prepare("s", [{"role": "user", "content": TEXTS[i % 3]}])
+            guard.complete("s", {"role": "assistant", "content": TEXTS[(i + 1) % 3]})
+        per = (time.perf_counter() - began) / turns
+        print(
+            f"  {stored:>7,}  {per * 1e3:>8.2f}  {tally.messages / turns:>18.1f}"
+            f"  {tally.requests / turns:>12.1f}  {tally.rendered / turns:>18.1f}"
+        )
 
 
 def main() -> None:

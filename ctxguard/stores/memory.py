@@ -39,12 +39,47 @@ from ctxguard.stores.base import (
 )
 
 
+class _Counts:
+    """Per-message token counts (-1 unknown) with their known sum kept up to date.
+
+    The sum is what ``info`` reports; keeping it incremental keeps every
+    operation independent of the history's length, as the Redis meta hash does.
+    """
+
+    def __init__(self) -> None:
+        self.values: list[int] = []
+        self.total = 0
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, seq: int) -> int:
+        return self.values[seq]
+
+    def append(self, value: int) -> None:
+        self.values.append(value)
+        self.total += max(value, 0)
+
+    def set(self, seq: int, value: int) -> None:
+        self.total += max(value, 0) - max(self.values[seq], 0)
+        self.values[seq] = value
+
+    def forget(self) -> None:
+        """Another counter took over: every count becomes unknown."""
+        self.values = [UNKNOWN_TOKENS] * len(self.values)
+        self.total = 0
+
+    def truncate(self, keep: int) -> None:
+        self.total -= sum(max(v, 0) for v in self.values[keep:])
+        del self.values[keep:]
+
+
 @dataclass
 class _Session:
     created_ms: int
     updated_ms: int
     records: list[str] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
+    tokens: _Counts = field(default_factory=_Counts)
     ids: dict[str, int] = field(default_factory=dict)
     pins: list[int] = field(default_factory=list)
     counter: str | None = None
@@ -55,7 +90,7 @@ class _Session:
     expires_at: float | None = None
 
     def token_total(self) -> int:
-        return sum(t for t in self.tokens if t >= 0)
+        return self.tokens.total
 
 
 def _now_ms() -> int:
@@ -89,7 +124,7 @@ class MemoryStore:
             session = self._sessions.setdefault(session_id, _Session(now, now))
         if options.counter and session.counter != options.counter:
             session.counter = options.counter
-            session.tokens = [UNKNOWN_TOKENS] * len(session.tokens)
+            session.tokens.forget()
         return session
 
     @staticmethod
@@ -234,10 +269,10 @@ class MemoryStore:
                 return
             if session.counter != counter:
                 session.counter = counter
-                session.tokens = [UNKNOWN_TOKENS] * len(session.tokens)
+                session.tokens.forget()
             for seq, value in counts.items():
                 if 0 <= seq < len(session.tokens):
-                    session.tokens[seq] = int(value)
+                    session.tokens.set(seq, int(value))
 
     def get_summary(self, session_id: str) -> Summary | None:
         with self._lock:
@@ -338,7 +373,7 @@ class MemoryStore:
 def _drop_tail(session: _Session, keep: int) -> None:
     """Forget positions ``keep`` and later, as retract.lua does."""
     del session.records[keep:]
-    del session.tokens[keep:]
+    session.tokens.truncate(keep)
     session.ids = {k: v for k, v in session.ids.items() if v < keep}
     session.pins = [p for p in session.pins if p < keep]
     summary = decode_summary("", session.summary) if session.summary else None
