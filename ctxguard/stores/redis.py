@@ -256,10 +256,15 @@ class RedisStore(_Base):
         write: RecordWrite,
     ) -> AppendResult:
         """Append and add an audit record (e.g. the server's usage) in one round trip."""
-        calls = [self.protocol.append_call(session_id, messages, options)]
-        calls += self.protocol.record_calls(session_id, write)
-        replies = self._pipelined(calls, idempotent=False)
-        return self.protocol.parse_append(session_id, messages, replies[0])
+        if write.counts:
+            calls = [self.protocol.append_call(session_id, messages, options)]
+            calls += self.protocol.record_calls(session_id, write)
+            replies = self._pipelined(calls, idempotent=False)
+            return self.protocol.parse_append(session_id, messages, replies[0])
+        call = self.protocol.append_call(
+            session_id, messages, options, write.audit, write.retention
+        )
+        return self.protocol.parse_append(session_id, messages, self._run(call, idempotent=False))
 
     def read_audit(self, session_id: str) -> list[dict[str, Any]]:
         key = self.protocol.keys(session_id)[6]
@@ -421,10 +426,16 @@ class AsyncRedisStore(_Base):
         options: WriteOptions,
         write: RecordWrite,
     ) -> AppendResult:
-        calls = [self.protocol.append_call(session_id, messages, options)]
-        calls += self.protocol.record_calls(session_id, write)
-        replies = await self._pipelined(calls, idempotent=False)
-        return self.protocol.parse_append(session_id, messages, replies[0])
+        if write.counts:
+            calls = [self.protocol.append_call(session_id, messages, options)]
+            calls += self.protocol.record_calls(session_id, write)
+            replies = await self._pipelined(calls, idempotent=False)
+            return self.protocol.parse_append(session_id, messages, replies[0])
+        call = self.protocol.append_call(
+            session_id, messages, options, write.audit, write.retention
+        )
+        reply = await self._run(call, idempotent=False)
+        return self.protocol.parse_append(session_id, messages, reply)
 
     async def read_audit(self, session_id: str) -> list[dict[str, Any]]:
         key = self.protocol.keys(session_id)[6]

@@ -99,12 +99,19 @@ class RedisProtocol:
     # -- building ------------------------------------------------------------
 
     def append_call(
-        self, session_id: str, messages: Sequence[NewMessage], options: WriteOptions
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        options: WriteOptions,
+        audit: Mapping[str, Any] | None = None,
+        retention: int = 0,
     ) -> Call:
         head: list[str | int] = [
             options.counter or "",
             _ttl_arg(options),
             options.max_messages or 0,
+            "" if audit is None else encode_audit(audit),
+            max(0, retention),
         ]
         return Call("append", self.keys(session_id), head + _message_args(messages))
 

@@ -68,6 +68,22 @@ local function append_many(first, n, counter)
   return {count, flags}
 end
 
+-- Append one audit record, keeping the newest `keep` (0 = all). A record that
+-- starts with '{"turn":0,' is a request record: it is numbered with the
+-- session's next turn (meta `turns`), so numbers stay unique after trimming.
+-- Returns the turn given to a request record, else 0.
+local function add_audit(record, keep)
+  local turn = 0
+  if string.sub(record, 1, 10) == '{"turn":0,' then
+    turn = redis.call('HINCRBY', KEYS[K_META], 'turns', 1)
+    record = '{"turn":' .. turn .. ',' .. string.sub(record, 11)
+  end
+  redis.call('RPUSH', KEYS[K_AUDIT], record)
+  keep = tonumber(keep)
+  if keep > 0 then redis.call('LTRIM', KEYS[K_AUDIT], -keep, -1) end
+  return turn
+end
+
 local function meta_flat()
   return redis.call('HGETALL', KEYS[K_META])
 end
