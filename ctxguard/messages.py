@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic_core import SchemaValidator
+from pydantic_core import PydanticSerializationError, SchemaValidator
 
 from ctxguard.errors import InvalidMessageError
 from ctxguard.ids import MAX_ID_BYTES, new_message_id, validate_id
@@ -65,6 +65,8 @@ class FunctionCall(_Frozen):
             raise ValueError(
                 f"function arguments must be a JSON string, got {value[:80]!r} ({exc})"
             ) from None
+        except RecursionError:
+            raise ValueError("function arguments are nested too deeply to be JSON") from None
         return value
 
 
@@ -138,7 +140,20 @@ class Message(BaseModel):
         clash = _OWN_KEYS.intersection(self.extra) | _CTXGUARD_KEYS.intersection(self.extra)
         if clash:
             raise ValueError(f"extra must not repeat modelled keys: {sorted(clash)}")
+        self._serialise()
         return self
+
+    def _serialise(self) -> str:
+        """The JSON record, made once: a message that cannot be stored is not a message.
+
+        Lone surrogates, bytes or arbitrary objects in metadata fail here, at
+        construction, as InvalidMessageError, instead of later inside a store.
+        """
+        try:
+            return self.model_dump_json(exclude_none=True)
+        except (PydanticSerializationError, UnicodeError, ValueError, RecursionError) as exc:
+            detail = str(exc).splitlines()[0][:160]
+            raise ValueError(f"the message cannot be stored as JSON ({detail})") from None
 
     # -- conversions -------------------------------------------------------
 
@@ -182,8 +197,9 @@ class Message(BaseModel):
         return out
 
     def to_record(self) -> str:
-        """The JSON record stored for this message."""
-        return self.model_dump_json(exclude_none=True)
+        """The JSON record stored for this message (never a cached copy: ``model_copy``
+        with ``update`` skips validation, so a record made at construction could be stale)."""
+        return self._serialise()
 
     @classmethod
     def from_record(cls, raw: str | bytes) -> Message:
