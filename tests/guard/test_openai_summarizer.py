@@ -1,0 +1,114 @@
+"""OpenAISummarizer against a local OpenAI-compatible endpoint (real HTTP, no network)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from ctxguard import ConfigError, Guard, Message, OpenAISummarizer, SummarizerError
+
+
+class Endpoint:
+    """A tiny /v1/chat/completions server that records requests and answers as told."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.status = 200
+        self.body: Any = {"choices": [{"message": {"role": "assistant", "content": "SUMMARY"}}]}
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers["Content-Length"])
+                endpoint.requests.append(
+                    {
+                        "path": self.path,
+                        "auth": self.headers.get("Authorization"),
+                        "json": json.loads(self.rfile.read(length)),
+                    }
+                )
+                data = json.dumps(endpoint.body).encode()
+                self.send_response(endpoint.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def endpoint() -> Iterator[Endpoint]:
+    server = Endpoint()
+    yield server
+    server.server.shutdown()
+
+
+MESSAGES = [
+    Message(role="user", content="Where is order 1138?"),
+    Message(role="assistant", content="In Lyon."),
+]
+
+
+def test_summarizer_posts_the_transcript_with_the_key_from_the_environment(
+    endpoint: Endpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SUMMARY_KEY", "sk-local")
+    summarize = OpenAISummarizer(endpoint.url, "small-model", api_key_env="SUMMARY_KEY")
+    assert summarize("earlier: a refund", MESSAGES) == "SUMMARY"
+    sent = endpoint.requests[0]
+    assert sent["path"] == "/v1/chat/completions" and sent["auth"] == "Bearer sk-local"
+    assert sent["json"]["model"] == "small-model"
+    transcript = sent["json"]["messages"][-1]["content"]
+    assert "earlier: a refund" in transcript and "user: Where is order 1138?" in transcript
+
+
+async def test_async_summarizer_uses_the_same_request(endpoint: Endpoint) -> None:
+    summarize = OpenAISummarizer(endpoint.url, "small-model")
+    assert await summarize.acall(None, MESSAGES) == "SUMMARY"
+    assert endpoint.requests[0]["auth"] is None  # no key in the environment, none sent
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "needle"),
+    [(500, {"error": "overloaded"}, "HTTP 500"), (200, {"choices": []}, "unexpected body")],
+)
+def test_endpoint_failures_are_summarizer_errors(
+    endpoint: Endpoint, status: int, body: Any, needle: str
+) -> None:
+    endpoint.status, endpoint.body = status, body
+    with pytest.raises(SummarizerError, match=needle):
+        OpenAISummarizer(endpoint.url, "m")(None, MESSAGES)
+
+
+def test_unreachable_endpoint_is_a_summarizer_error() -> None:
+    with pytest.raises(SummarizerError):
+        OpenAISummarizer("http://127.0.0.1:9/v1", "m", timeout=1)(None, MESSAGES)
+    with pytest.raises(ConfigError):
+        OpenAISummarizer("localhost:8000", "m")
+
+
+def test_guard_uses_the_endpoint_for_its_rolling_summary(endpoint: Endpoint) -> None:
+    guard = Guard(
+        "memory://openai-summary",
+        counter="approx",
+        limit=300,
+        max_tokens=40,
+        summarizer=OpenAISummarizer(endpoint.url, "m"),
+        summarize_after=3,
+    )
+    for i in range(12):
+        req = guard.prepare("s", [{"role": "user", "content": f"question {i} " + "words " * 12}])
+        guard.complete("s", {"role": "assistant", "content": "answer " * 10})
+    assert req.summary_version >= 1 and "SUMMARY" in req.messages[0].text
+    assert endpoint.requests and req.tokens + req.reserved_output <= req.limit
