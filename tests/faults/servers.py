@@ -1,0 +1,223 @@
+"""Private Redis servers for tests that stop, restart, pause or reconfigure them.
+
+A :class:`RedisServer` is a ``redis-server`` child process on a free port in a
+temporary directory; :class:`PrivateCluster` is a 3-primary + 3-replica
+cluster started by ``scripts/services.sh`` into its own state directory. Both
+are always stopped by the fixtures that make them, so failing over, killing
+connections or shutting a server down never disturbs the shared servers.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ROOT / "scripts" / "services.sh"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def need_redis_server() -> str:
+    path = shutil.which("redis-server")
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("redis-server is not installed (CI=true: install it)")
+        pytest.skip("redis-server is not installed")
+    return path
+
+
+class RedisServer:
+    """A redis-server this test owns: start, stop (gracefully or by SIGKILL), restart."""
+
+    def __init__(self, directory: Path, args: Sequence[str] = (), tls: bool = False) -> None:
+        self.binary = need_redis_server()
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.args = list(args)
+        self.tls = tls
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def command_line(self) -> list[str]:
+        port = str(self.port)
+        ports = ["--port", "0", "--tls-port", port] if self.tls else ["--port", port]
+        return [
+            self.binary,
+            *ports,
+            "--bind", "127.0.0.1",
+            "--dir", str(self.dir),
+            "--save", "",
+            "--daemonize", "no",
+            "--logfile", str(self.dir / "redis.log"),
+            *self.args,
+        ]  # fmt: skip
+
+    def start(self) -> RedisServer:
+        self.proc = subprocess.Popen(self.command_line(), stdout=subprocess.DEVNULL)
+        try:
+            self._wait_up()
+        except BaseException:
+            self.stop(kill=True)  # never leave a half-started server behind
+            raise
+        return self
+
+    def _wait_up(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
+                cmd = shlex.join(self.command_line())
+                raise RuntimeError(f"redis-server exited ({cmd}):\n{log}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            raise RuntimeError(f"redis-server did not listen on {self.port}")
+        if not self.tls:
+            self._wait_loaded()
+
+    def _wait_loaded(self) -> None:
+        client = self.client()
+        try:
+            for _ in range(200):
+                try:
+                    if client.ping():
+                        return
+                except redis.BusyLoadingError:
+                    time.sleep(0.05)
+                except redis.AuthenticationError:  # up, and asking for a password
+                    return
+        finally:
+            client.close()
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        kwargs.setdefault("socket_timeout", 5)
+        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def restart(self, kill: bool = False, down_for: float = 0.0) -> None:
+        self.stop(kill=kill)
+        time.sleep(down_for)
+        self.start()
+
+
+class PrivateCluster:
+    """A 6-node cluster of our own, started and stopped by ``scripts/services.sh``."""
+
+    def __init__(self, state: Path) -> None:
+        need_redis_server()
+        self.state = state
+        self.url = ""
+
+    def start(self) -> PrivateCluster:
+        env = dict(os.environ)
+        env.pop("CTXGUARD_TEST_CLUSTER_URL", None)  # never reuse the shared cluster
+        out = subprocess.run(
+            ["bash", str(SERVICES), "start", str(self.state)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+        for line in out.splitlines():
+            if line.startswith("export CTXGUARD_TEST_CLUSTER_URL="):
+                self.url = shlex.split(line.split("=", 1)[1])[0]
+        assert self.url.startswith("redis+cluster://"), out
+        self.wait_healthy()
+        return self
+
+    def stop(self) -> None:
+        subprocess.run(["bash", str(SERVICES), "stop", str(self.state)], timeout=60, check=False)
+
+    @property
+    def ports(self) -> list[int]:
+        return [int(hp.rsplit(":", 1)[1]) for hp in self.url.split("://", 1)[1].split(",")]
+
+    def node(self, port: int) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+
+    def owners(self, key: str) -> tuple[int, list[int]]:
+        """The primary port serving ``key``'s slot, and its replicas' ports."""
+        client = self.node(self.ports[0])
+        try:
+            slot = int(client.execute_command("CLUSTER KEYSLOT", key))
+            for start, end, primary, *replicas in client.execute_command("CLUSTER SLOTS"):
+                if int(start) <= slot <= int(end):
+                    return int(primary[1]), [int(r[1]) for r in replicas]
+        finally:
+            client.close()
+        raise AssertionError(f"no node serves slot {slot}")
+
+    def wait_healthy(self, timeout: float = 60) -> None:
+        """Until every node says ok and every primary has a replica in sync."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(self._ok(p) for p in self.ports) and self._replicated():
+                return
+            time.sleep(0.1)
+        raise AssertionError("cluster did not return to cluster_state:ok with replicas")
+
+    def _replicated(self) -> bool:
+        client = self.node(self.ports[0])
+        try:
+            ranges = client.execute_command("CLUSTER SLOTS")
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+        replicas = [int(r[1]) for _, _, _, *rs in ranges for r in rs]
+        if len(replicas) < len(ranges) or any(not rs for _, _, _, *rs in ranges):
+            return False
+        for port in replicas:
+            client = self.node(port)
+            try:
+                if client.info("replication").get("master_link_status") != "up":
+                    return False
+            except redis.RedisError:
+                return False
+            finally:
+                client.close()
+        return True
+
+    def _ok(self, port: int) -> bool:
+        client = self.node(port)
+        try:
+            info = client.execute_command("CLUSTER INFO")  # parsed into a dict by redis-py
+            return bool(info.get("cluster_state") == "ok")
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
