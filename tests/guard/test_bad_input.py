@@ -111,3 +111,12 @@ def test_bad_settings_are_config_errors(settings: dict[str, Any]) -> None:
 def test_reserving_more_than_the_limit_is_a_budget_error() -> None:
     with pytest.raises(BudgetError):
         fresh(limit=100).prepare("s", [{"role": "user", "content": "hi"}], max_tokens=100)
+
+
+def test_a_store_of_the_wrong_kind_is_refused_up_front() -> None:
+    from ctxguard import AsyncGuard, open_async_store, open_store
+
+    with pytest.raises(ConfigError, match="open_store"):
+        Guard(open_async_store("memory://kinds"), limit=100)
+    with pytest.raises(ConfigError, match="open_async_store"):
+        AsyncGuard(open_store("memory://kinds"), limit=100)
