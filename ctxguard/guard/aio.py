@@ -44,7 +44,7 @@ class AsyncGuard(GuardBase):
             if isinstance(store, str)
             else store
         )
-        self.check_store(self.store, want_async=True)
+        self._check_store(self.store, want_async=True)
         self._background: set[asyncio.Task[Any]] = set()
         self._summarizing: set[str] = set()
 

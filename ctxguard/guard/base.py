@@ -30,7 +30,7 @@ class GuardBase:
         self.limit_source = make_limit(limit)
 
     @staticmethod
-    def check_store(store: object, want_async: bool) -> None:
+    def _check_store(store: object, want_async: bool) -> None:
         """A sync store under AsyncGuard (or the reverse) fails at the first call; say so now."""
         is_async = inspect.iscoroutinefunction(getattr(store, "fetch_window", None))
         if is_async != want_async:

@@ -53,7 +53,7 @@ class Guard(GuardBase):
             if isinstance(store, str)
             else store
         )
-        self.check_store(self.store, want_async=False)
+        self._check_store(self.store, want_async=False)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._background: set[concurrent.futures.Future[Any]] = set()
         self._summarizing: set[str] = set()
