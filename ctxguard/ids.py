@@ -19,6 +19,8 @@ from ctxguard.errors import InvalidIdError
 
 MAX_ID_BYTES = 256
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_PAIRS = tuple(a + b for a in _CROCKFORD for b in _CROCKFORD)  # index: 10 bits
+_PAIR_SHIFTS = tuple(range(120, -1, -10))
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 _lock = threading.Lock()
@@ -75,4 +77,5 @@ def new_message_id() -> str:
             _last_ms = now_ms
             _last_rand = int.from_bytes(os.urandom(10), "big") >> 1
         value = (now_ms << 80) | _last_rand
-    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
+    # 26 Crockford digits of 5 bits, written two at a time (13 lookups of 10 bits)
+    return "".join([_PAIRS[(value >> shift) & 1023] for shift in _PAIR_SHIFTS])

@@ -20,7 +20,7 @@ from ctxguard.guard.policies import WindowPolicy, check_plan, group, plan_reques
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.truncate import shrink_message
 from ctxguard.kv.limit import ContextLimit
-from ctxguard.messages import Message, MessageLike, to_messages
+from ctxguard.messages import PINNED_ROLES, Message, MessageLike, to_messages
 from ctxguard.stores.base import (
     NewMessage,
     RecordWrite,
@@ -30,6 +30,11 @@ from ctxguard.stores.base import (
     WriteOptions,
 )
 from ctxguard.tokens._protocol import TokenCounter
+
+
+def _seq(stored: StoredMessage) -> int:
+    return stored.seq
+
 
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
 Tools = Sequence[Mapping[str, Any]]
@@ -107,12 +112,13 @@ class GuardCore:
     def items(self, stored: Iterable[StoredMessage], recounts: dict[int, int]) -> list[Item]:
         """Stored messages as items; counts missing or from another counter are made now."""
         out: list[Item] = []
+        append = out.append
         for s in stored:
             tokens = s.tokens
             if tokens is None:
                 tokens = self.counter.count_message(s.message)
                 recounts[s.seq] = tokens
-            out.append(Item(s.seq, s.message, tokens))
+            append(Item(s.seq, s.message, tokens))
         return out
 
     def summary_item(self, summary: Summary | None) -> Item | None:
@@ -134,9 +140,14 @@ class GuardCore:
 
     def plan(self, fetch: WindowFetch, budget: Budget) -> tuple[Plan, dict[int, int]]:
         recounts: dict[int, int] = {}
-        pinned_stored = list(fetch.pinned) + [s for s in fetch.recent if s.message.is_pinned_role]
-        pinned = self.items(sorted(pinned_stored, key=lambda s: s.seq), recounts)
-        items = self.items((s for s in fetch.recent if not s.message.is_pinned_role), recounts)
+        # one pass over the window: pinned roles go with the older pinned messages
+        pinned_stored = list(fetch.pinned)
+        others: list[StoredMessage] = []
+        for s in fetch.recent:
+            (pinned_stored if s.message.role in PINNED_ROLES else others).append(s)
+        pinned_stored.sort(key=_seq)
+        pinned = self.items(pinned_stored, recounts)
+        items = self.items(others, recounts)
         summary = fetch.summary
         plan = plan_request(
             pinned,

@@ -70,21 +70,28 @@ class Plan:
     def window_start(self) -> int:
         return self.window[0].seq if self.window else 1 << 62
 
-    def ordered(self) -> list[Item]:
-        """Pinned messages older than the window, then the window (pinned ones in place)."""
+    def _split(self) -> tuple[list[Item], list[Item]]:
+        """(pinned messages older than the window, the window with later pinned ones in place)."""
         start = self.window_start
         head = [i for i in self.pinned if i.seq < start]
-        body = sorted(self.window + [i for i in self.pinned if i.seq >= start], key=lambda i: i.seq)
+        if len(head) == len(self.pinned):  # no pinned message inside: the window is in order
+            return head, list(self.window)
+        later = [i for i in self.pinned if i.seq >= start]
+        return head, sorted(self.window + later, key=_item_seq)
+
+    def ordered(self) -> list[Item]:
+        """Pinned messages older than the window, then the window (pinned ones in place)."""
+        head, body = self._split()
         return head + body
 
     def messages(self) -> list[Message]:
         """What is sent: old pinned messages, then the summary, then the window in order."""
-        start = self.window_start
-        head = [i.message for i in self.pinned if i.seq < start]
+        head, body = self._split()
+        out = [i.message for i in head]
         if self.summary_message is not None:
-            head.append(self.summary_message)
-        body = sorted(self.window + [i for i in self.pinned if i.seq >= start], key=lambda i: i.seq)
-        return head + [i.message for i in body]
+            out.append(self.summary_message)
+        out += [i.message for i in body]
+        return out
 
     def item_tokens(self) -> int:
         return (
@@ -95,6 +102,10 @@ class Plan:
 
     def decide(self, kind: str, **details: Any) -> None:
         self.decisions.append({"policy": kind, **details})
+
+
+def _item_seq(item: Item) -> int:
+    return item.seq
 
 
 SummaryRole = Literal["system", "user"]

@@ -43,19 +43,25 @@ class WindowPolicy:
 def group(items: Sequence[Item]) -> list[list[Item]]:
     """Split into atomic groups: a tool-calling assistant message and its results."""
     groups: list[list[Item]] = []
+    append = groups.append
+    size = len(items)
     index = 0
-    while index < len(items):
-        current = [items[index]]
-        calls = items[index].message.tool_calls
+    while index < size:
+        item = items[index]
         index += 1
-        if items[index - 1].message.role == "assistant" and calls:
-            ids = {c.id for c in calls}
-            while index < len(items) and items[index].message.role == "tool":
-                if items[index].message.tool_call_id not in ids:
-                    break
-                current.append(items[index])
-                index += 1
-        groups.append(current)
+        message = item.message
+        calls = message.tool_calls
+        if not calls or message.role != "assistant":
+            append([item])
+            continue
+        current = [item]
+        ids = {c.id for c in calls}
+        while index < size and items[index].message.role == "tool":
+            if items[index].message.tool_call_id not in ids:
+                break
+            current.append(items[index])
+            index += 1
+        append(current)
     return groups
 
 
@@ -83,9 +89,21 @@ def tool_problems(messages: Sequence[Message]) -> list[str]:
 
 def repair(items: Sequence[Item]) -> tuple[list[Item], list[Item]]:
     """Drop incomplete tool groups and orphaned results; returns (kept, removed)."""
+    kept, removed, _ = _repair(group(items))
+    return kept, removed
+
+
+def _repair(groups: list[list[Item]]) -> tuple[list[Item], list[Item], list[list[Item]]]:
+    """:func:`repair` on groups already made; also returns the kept groups."""
     kept: list[Item] = []
     removed: list[Item] = []
-    for grp in group(items):
+    kept_groups: list[list[Item]] = []
+    for grp in groups:
+        head = grp[0].message
+        if len(grp) == 1 and head.role != "tool" and not head.tool_calls:
+            kept.append(grp[0])
+            kept_groups.append(grp)
+            continue
         head = grp[0].message
         if head.role == "tool":
             removed += grp
@@ -93,11 +111,13 @@ def repair(items: Sequence[Item]) -> tuple[list[Item], list[Item]]:
             answered = {i.message.tool_call_id for i in grp[1:]}
             if answered == {c.id for c in head.tool_calls}:
                 kept += grp
+                kept_groups.append(grp)
             else:
                 removed += grp
         else:
             kept += grp
-    return kept, removed
+            kept_groups.append(grp)
+    return kept, removed, kept_groups
 
 
 def tail_start(items: Sequence[Item]) -> int:
@@ -109,29 +129,34 @@ def tail_start(items: Sequence[Item]) -> int:
 
 
 def select_window(
-    items: Sequence[Item], available: int, max_messages: int | None, keep_from: int
+    items: Sequence[Item],
+    available: int,
+    max_messages: int | None,
+    keep_from: int,
+    groups: list[list[Item]] | None = None,
 ) -> list[Item]:
     """Newest whole groups that fit ``available`` tokens (and ``max_messages``).
 
     Groups at index ``keep_from`` and later (the newest turn) are always kept;
     the walk stops at the first older group that does not fit, so the window
-    is contiguous.
+    is contiguous. ``groups`` may pass ``group(items)`` when it is already known.
     """
-    groups = group(items)
-    chosen: list[list[Item]] = []
+    if groups is None:
+        groups = group(items)
     used = count = 0
     position = len(items)
     for grp in reversed(groups):
-        position -= len(grp)
-        size = sum(i.tokens for i in grp)
-        must = position >= keep_from
-        too_many = max_messages is not None and count + len(grp) > max_messages
-        if not must and (used + size > available or too_many):
+        n = len(grp)
+        position -= n
+        size = grp[0].tokens if n == 1 else sum(i.tokens for i in grp)
+        if position < keep_from and (
+            used + size > available or (max_messages is not None and count + n > max_messages)
+        ):
             break
-        chosen.append(grp)
         used += size
-        count += len(grp)
-    return [i for grp in reversed(chosen) for i in grp]
+        count += n
+    # the chosen groups are the newest ones, that is the last ``count`` items
+    return list(items[len(items) - count :]) if count else []
 
 
 def admit(
@@ -197,15 +222,18 @@ def plan_request(
 ) -> Plan:
     """The whole policy chain for one request (see the module docstring)."""
     plan = Plan(pinned=list(pinned), window=[])
-    candidates, removed = repair(items)
+    candidates, removed, groups = _repair(group(items))
     if removed:
         plan.decide("tool_integrity", removed=[i.seq for i in removed])
-    candidates = admit(
+    admitted = admit(
         pinned, candidates, budget, shrink if policy.degrade_tool_results else None, plan
     )
+    if admitted is not candidates:  # a tool result was shrunk: group again
+        candidates = admitted
+        groups = group(candidates)
     keep_from = tail_start(candidates)
     available = budget.prompt - budget.overhead - sum(i.tokens for i in pinned)
-    window = select_window(candidates, available, policy.max_window_messages, keep_from)
+    window = select_window(candidates, available, policy.max_window_messages, keep_from, groups)
     pinned_seqs = sorted(i.seq for i in pinned)
 
     def left_out(low: int, high: int) -> int:

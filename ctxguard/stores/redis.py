@@ -245,6 +245,9 @@ class RedisStore(_Base):
         calls = self.protocol.record_calls(session_id, write)
         if not calls:
             return 0
+        if len(calls) == 1:  # one script: EVALSHA, not the whole script text (see _pipelined)
+            reply = self._run(calls[0], idempotent=write.audit is None)
+            return int(reply) if write.audit is not None else 0
         replies = self._pipelined(calls, idempotent=write.audit is None)
         return int(replies[-1]) if write.audit is not None else 0
 
@@ -416,6 +419,9 @@ class AsyncRedisStore(_Base):
         calls = self.protocol.record_calls(session_id, write)
         if not calls:
             return 0
+        if len(calls) == 1:  # one script: EVALSHA, not the whole script text (see _pipelined)
+            reply = await self._run(calls[0], idempotent=write.audit is None)
+            return int(reply) if write.audit is not None else 0
         replies = await self._pipelined(calls, idempotent=write.audit is None)
         return int(replies[-1]) if write.audit is not None else 0
 

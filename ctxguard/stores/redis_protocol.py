@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
+import pydantic
+
 from ctxguard.errors import ConflictError, CorruptRecordError, InvalidInputError, StoreError
 from ctxguard.stores.base import (
     AppendResult,
@@ -23,6 +25,7 @@ from ctxguard.stores.base import (
     Summary,
     WindowFetch,
     WriteOptions,
+    _decode_record,
     check_window_args,
     decode_audit,
     decode_message,
@@ -255,6 +258,25 @@ class RedisProtocol:
     def _stored_run(
         session_id: str, first: int, records: Sequence[Any], counts: Sequence[Any]
     ) -> tuple[StoredMessage, ...]:
+        # Fast path (every record decodes, every count is a number): one comprehension,
+        # no per-record error handling. Anything else takes the careful path below,
+        # which gives the same results and names the position of a corrupt record.
+        try:
+            if len(counts) == len(records):
+                decode = _decode_record
+                return tuple(
+                    [
+                        StoredMessage(seq, decode(r), c if c >= 0 else None)
+                        for seq, r, c in zip(
+                            range(first, first + len(records)),
+                            records,
+                            [int(c) for c in counts],
+                            strict=True,
+                        )
+                    ]
+                )
+        except (pydantic.ValidationError, ValueError, TypeError, InvalidInputError):
+            pass
         # A record pushed by something other than ctxguard has no count beside it:
         # it still decodes (or fails) on its own, and its count is unknown.
         return tuple(

@@ -46,14 +46,25 @@ class TiktokenCounter:
         self._encoding = loaded.encoding
         self.encoding_name = loaded.name
         self.fingerprint = fingerprint("tiktoken", RULE_VERSION, loaded.name, loaded.sha256)
+        self._roles: dict[str, int] = {}
 
     def _tokens(self, text: str) -> int:
         return len(self._encoding.encode_ordinary(text))
 
+    def _role_tokens(self, role: str) -> int:
+        count = self._roles.get(role)
+        if count is None:
+            count = self._roles[role] = self._tokens(role)
+        return count
+
     def count_message(self, message: Message) -> int:
         """3 + every counted value's tokens (+1 for a name, + the tool-call rule)."""
+        content = message.content
+        if message.name is None and not message.tool_calls and type(content) is str:
+            # the common case, counted without building the OpenAI dict: the same rule
+            return TOKENS_PER_MESSAGE + self._role_tokens(message.role) + self._tokens(content)
         data = message.to_openai()
-        total = TOKENS_PER_MESSAGE + self._tokens(data["role"])
+        total = TOKENS_PER_MESSAGE + self._role_tokens(data["role"])
         total += sum(self._tokens(t) for t in text_parts(data.get("content")))
         if data.get("name") is not None:
             total += self._tokens(data["name"]) + TOKENS_PER_NAME
