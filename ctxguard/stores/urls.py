@@ -31,16 +31,19 @@ class StoreURL:
 
 
 def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe for logs and errors)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    if parts.password is None:
+    """The URL with any password replaced by ``***`` (safe for logs and errors).
+
+    Works on the raw text rather than a parsed URL, so a password holding an
+    unencoded ``#``, ``/`` or ``?`` (which confuses URL parsing) is still hidden
+    whole: everything between the user name's ``:`` and the last ``@`` goes.
+    """
+    scheme, sep, rest = url.partition("://")
+    at = rest.rfind("@")
+    if not sep or at < 0:
         return url
-    user = parts.username or ""
-    netloc = f"{user}:***@{parts.netloc.rsplit('@', 1)[1]}"
-    return urlunsplit(parts._replace(netloc=netloc))
+    credentials, host = rest[:at], rest[at + 1 :]
+    user, colon, _ = credentials.partition(":")
+    return f"{scheme}://{user}:***@{host}" if colon else url
 
 
 def parse_store_url(url: str, namespace: str | None = None, tenant: str | None = None) -> StoreURL:
@@ -64,8 +67,8 @@ def parse_store_url(url: str, namespace: str | None = None, tenant: str | None =
     return StoreURL(
         scheme=scheme,
         backend_url=backend,
-        namespace=namespace or own.get("namespace") or "ctxg",
-        tenant=tenant or own.get("tenant") or "default",
+        namespace=_first(namespace, own.get("namespace"), "ctxg"),
+        tenant=_first(tenant, own.get("tenant"), "default"),
         name=parts.netloc if scheme == "memory" else "",
         hosts=_cluster_hosts(parts.netloc) if scheme.endswith("+cluster") else (),
     )
@@ -82,3 +85,8 @@ def _cluster_hosts(netloc: str) -> tuple[tuple[str, int], ...]:
             )
         hosts.append((host.strip("[]"), int(port)))
     return tuple(hosts)
+
+
+def _first(*values: str | None) -> str:
+    """The first value given at all: an explicit empty name is kept (and then refused)."""
+    return next(v for v in values if v is not None)

@@ -46,7 +46,7 @@ def test_bad_cluster_node_is_a_config_error() -> None:
         open_store("redis+cluster://h1:7000,h2")
 
 
-@pytest.mark.parametrize("name", ["a:b", "a*", "x" * 65, "{t}", "a b"])
+@pytest.mark.parametrize("name", ["", "a:b", "a*", "x" * 65, "{t}", "a b"])
 def test_bad_namespace_or_tenant_is_refused(name: str) -> None:
     with pytest.raises(InvalidIdError):
         open_store("memory://", namespace=name)
@@ -79,6 +79,11 @@ def test_redact_url() -> None:
     assert redact_url("redis://:pw@h:1") == "redis://:***@h:1"
     assert redact_url("redis://h:1/0") == "redis://h:1/0"
     assert SECRET not in redact_url(CLOSED_CLUSTER)
+
+
+@pytest.mark.parametrize("password", ["p#ss", "a/b", "q?x", "x@y", "%41"])
+def test_redact_url_hides_passwords_with_url_characters(password: str) -> None:
+    assert redact_url(f"redis://user:{password}@h:1/0") == "redis://user:***@h:1/0"
 
 
 @pytest.mark.parametrize("url", [CLOSED, CLOSED_CLUSTER, f"rediss://:{SECRET}@127.0.0.1:1"])
