@@ -12,6 +12,7 @@ Catch the family you can act on::
     ├── StoreError                   the session store failed
     │   ├── StoreConnectionError     could not reach or lost the store (retryable)
     │   ├── CorruptRecordError       a stored record does not decode
+    │   ├── SessionFullError         the session holds its configured maximum
     │   └── ConflictError            a compare-and-set lost a race
     ├── TokenizerError               a tokenizer or chat template cannot be used
     │   └── TemplateRefusedError     the chat template rejects this conversation
@@ -67,6 +68,18 @@ class CorruptRecordError(StoreError):
         )
 
 
+class SessionFullError(StoreError):
+    """The session holds ``max_stored_messages`` already; nothing of the batch was stored."""
+
+    def __init__(self, session_id: str, held: int) -> None:
+        self.session_id = session_id
+        self.held = held
+        super().__init__(
+            f"session {session_id!r} already holds {held} messages, the configured maximum "
+            "(max_stored_messages); raise it, export and delete the session, or start a new one"
+        )
+
+
 class ConflictError(StoreError):
     """A compare-and-set lost a race with another writer; retry with fresh state."""
 
@@ -119,6 +132,7 @@ __all__ = [
     "InvalidMessageError",
     "MessageTooLongError",
     "MissingDependencyError",
+    "SessionFullError",
     "StoreConnectionError",
     "StoreError",
     "SummarizerError",

@@ -31,6 +31,7 @@ EXPECTED = {
     "OpenAISummarizer",
     "PreparedRequest",
     "ServerLimit",
+    "SessionFullError",
     "StaticLimit",
     "StoreConnectionError",
     "StoreError",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from ctxguard.errors import ConflictError, InvalidInputError
+from ctxguard.errors import ConflictError, InvalidInputError, SessionFullError
 from ctxguard.ids import validate_id
 from ctxguard.stores.base import (
     REQUEST_RECORD_HEAD,
@@ -133,6 +133,20 @@ class MemoryStore:
         if options.ttl_seconds:
             session.expires_at = time.monotonic() + options.ttl_seconds
 
+    def _check_cap(
+        self, session_id: str, messages: Sequence[NewMessage], options: WriteOptions
+    ) -> None:
+        """Refuse a batch that would pass max_messages, before anything is written."""
+        cap = options.max_messages
+        session = self._live(session_id)
+        if not cap or not messages:
+            return
+        held = 0 if session is None else len(session.records)
+        known = set() if session is None else session.ids.keys()
+        fresh = {n.message.id for n in messages} - known
+        if held + len(fresh) > cap:
+            raise SessionFullError(session_id, held)
+
     def _append_locked(
         self, session: _Session, messages: Sequence[NewMessage], options: WriteOptions
     ) -> AppendResult:
@@ -189,6 +203,7 @@ class MemoryStore:
             if not messages:
                 found = self._live(session_id)
                 return AppendResult((), (), 0 if found is None else len(found.records))
+            self._check_cap(session_id, messages, options)
             session = self._for_write(session_id, options)
             return self._append_locked(session, messages, options)
 
@@ -241,6 +256,7 @@ class MemoryStore:
         with self._lock:
             appended = None
             if new:
+                self._check_cap(session_id, new, options)
                 session = self._for_write(session_id, options)
                 appended = self._append_locked(session, new, options)
             else:

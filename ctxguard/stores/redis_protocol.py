@@ -15,7 +15,12 @@ from typing import Any
 
 import pydantic
 
-from ctxguard.errors import ConflictError, CorruptRecordError, InvalidInputError, StoreError
+from ctxguard.errors import (
+    ConflictError,
+    CorruptRecordError,
+    InvalidInputError,
+    SessionFullError,
+)
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
@@ -60,10 +65,6 @@ class Call:
     script: str
     keys: list[str]
     args: list[str | int]
-
-
-class SessionFullError(StoreError):
-    """The session holds its configured maximum number of messages."""
 
 
 def _text(value: Any) -> str:
@@ -200,10 +201,7 @@ class RedisProtocol:
     ) -> AppendResult:
         count, flags = reply[0], reply[1]
         if int(count) < 0:
-            raise SessionFullError(
-                f"session {session_id!r} already holds {int(flags)} messages, the configured "
-                "maximum; raise max_messages, archive the session, or start a new one"
-            )
+            raise SessionFullError(session_id, int(flags))
         stored = tuple(m.message.id for m, f in zip(messages, flags, strict=True) if int(f) == 1)
         dups = tuple(m.message.id for m, f in zip(messages, flags, strict=True) if int(f) == 0)
         return AppendResult(stored, dups, int(count))
