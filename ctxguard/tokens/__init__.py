@@ -5,6 +5,7 @@ One contract, :class:`TokenCounter`, and one door, :func:`load_counter`::
     load_counter("tiktoken:cl100k_base")    OpenAI cookbook rule over tiktoken (openai_rule.py)
     load_counter("hf:/path/to/tokenizer")   the model's chat template via transformers (hf.py)
     load_counter("mistral:v3-tekken")       mistral_common's prompt builder (mistral.py)
+    load_counter("vllm:http://host:8000")   the serving vLLM's own /tokenize (vllm.py)
     load_counter("approx")                  dependency-free estimate, exact=False (approx.py)
 
 Template-based counters (``hf:``, ``mistral:``) always count a request by rendering it

@@ -12,6 +12,7 @@ SPEC_FORMS = (
     "tiktoken:cl100k_base | tiktoken:o200k_base | tiktoken:/path/to/file.tiktoken",
     "hf:/path/to/tokenizer_dir",
     "mistral:v1 | mistral:v2 | mistral:v3 | mistral:v3-tekken | mistral:v7",
+    "vllm:http://host:8000 (a running vLLM's /tokenize; option model=)",
     "approx",
 )
 
@@ -39,6 +40,19 @@ def _mistral(rest: str, options: dict[str, Any]) -> TokenCounter:
     return load_mistral_counter(rest)
 
 
+def _vllm(rest: str, options: dict[str, Any]) -> TokenCounter:
+    from ctxguard.tokens.vllm import load_vllm_counter
+
+    if not rest.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"vllm counters take a server URL, as in vllm:http://host:8000; got {rest!r}"
+        )
+    unknown = set(options) - {"model", "timeout", "headers"}
+    if unknown:
+        raise ConfigError(f"vllm counters take model=, timeout=, headers=; not {sorted(unknown)}")
+    return load_vllm_counter(rest, **options)
+
+
 def _approx(rest: str, options: dict[str, Any]) -> TokenCounter:
     from ctxguard.tokens.approx import ApproxCounter
 
@@ -52,6 +66,7 @@ _BUILDERS: dict[str, Callable[[str, dict[str, Any]], TokenCounter]] = {
     "tiktoken": _tiktoken,
     "hf": _hf,
     "mistral": _mistral,
+    "vllm": _vllm,
     "approx": _approx,
 }
 

@@ -1,0 +1,105 @@
+"""Counting through a running vLLM (or compatible) server's ``/tokenize`` endpoint.
+
+The server renders the request with the very template and tokenizer it will use
+to serve it (``messages`` + ``tools`` + ``add_generation_prompt``), so
+``count_request`` is exact by definition, at the price of one HTTP call per
+render. Per-message counts and additivity come from the same frame arithmetic
+and probes as the local template counters (:mod:`ctxguard.tokens._templated`).
+
+A 400 answer is the template (or the server's validation) refusing the
+conversation: :class:`~ctxguard.errors.TemplateRefusedError` with the server's
+message. An unreachable server is a :class:`~ctxguard.errors.TokenizerError`
+naming the URL without credentials.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from ctxguard.errors import TemplateRefusedError, TokenizerError
+from ctxguard.stores.urls import redact_url
+from ctxguard.tokens._protocol import Tools, fingerprint
+from ctxguard.tokens._templated import U0, U1, TemplateCounter, build
+
+IDENTITY_TEXT = "ctxguard identity probe: Grüße, 你好, 🙂, def f(x): return x"
+
+
+class VLLMRenderer:
+    """Asks the server for the token count of a conversation or a text."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        *,
+        timeout: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        root = base_url.rstrip("/")
+        self.root = root[: -len("/v1")] if root.endswith("/v1") else root
+        self.model = model
+        self.where = redact_url(self.root)
+        self._client = httpx.Client(timeout=timeout, headers=dict(headers or {}))
+
+    def render(self, conversation: Sequence[dict[str, Any]], tools: Tools | None = None) -> int:
+        body: dict[str, Any] = {"messages": list(conversation), "add_generation_prompt": True}
+        if tools:
+            body["tools"] = [dict(t) for t in tools]
+        return self._count(body)
+
+    def raw_count(self, text: str) -> int:
+        return self._count({"prompt": text, "add_special_tokens": False})
+
+    def _count(self, body: dict[str, Any]) -> int:
+        if self.model:
+            body["model"] = self.model
+        try:
+            response = self._client.post(f"{self.root}/tokenize", json=body)
+        except httpx.HTTPError as exc:
+            raise TokenizerError(
+                f"cannot reach {self.where}/tokenize ({type(exc).__name__}); check the URL "
+                "and that the server runs with its tokenizer endpoint enabled"
+            ) from None
+        if response.status_code == 400:
+            raise TemplateRefusedError(f"{self.where} refused the request: {_message(response)}")
+        if response.status_code != 200:
+            raise TokenizerError(
+                f"{self.where}/tokenize answered HTTP {response.status_code}: {_message(response)}"
+            )
+        try:
+            return int(response.json()["count"])
+        except (ValueError, KeyError, TypeError):
+            raise TokenizerError(f"{self.where}/tokenize returned no 'count'") from None
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        data = response.json()
+    except ValueError:
+        return response.text[:200]
+    error = data.get("error", data) if isinstance(data, dict) else data
+    if isinstance(error, dict):
+        return str(error.get("message", error))[:300]
+    return str(error)[:300]
+
+
+def load_vllm_counter(
+    base_url: str,
+    *,
+    model: str | None = None,
+    timeout: float = 10.0,
+    headers: Mapping[str, str] | None = None,
+) -> TemplateCounter:
+    """A counter backed by ``base_url``'s ``/tokenize`` (``vllm:http://host:8000``).
+
+    The fingerprint covers the server's answers to fixed probes, so a server that
+    changes its tokenizer or template changes the fingerprint and old stored
+    counts are recounted.
+    """
+    renderer = VLLMRenderer(base_url, model, timeout=timeout, headers=headers)
+    answers = [renderer.render([U0]), renderer.render([U0, U1]), renderer.raw_count(IDENTITY_TEXT)]
+    identity = fingerprint("vllm", model or "", *(str(a) for a in answers))
+    return build(renderer, identity)

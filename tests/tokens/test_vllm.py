@@ -1,0 +1,116 @@
+"""The vllm: counter against a local server shaped like vLLM's /tokenize (real HTTP).
+
+The server renders with a real offline tokenizer (Qwen2.5) the way vLLM does for
+Hugging Face templates (``content: null`` becomes ``""``, tool-call arguments are
+decoded to objects, template errors answer 400).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from ctxguard.errors import ConfigError, TokenizerError
+from ctxguard.tokens import load_counter
+
+from .conversations import CONVERSATIONS
+from .test_families import IDS, assert_matches, shaped
+
+
+class TokenizeServer:
+    def __init__(self, tokenizer: Any) -> None:
+        self.calls = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                server.calls += 1
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                status, answer = server.tokenize(tokenizer, self.path, body)
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    @staticmethod
+    def tokenize(tokenizer: Any, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        if path != "/tokenize":
+            return 404, {"detail": "Not Found"}
+        if "prompt" in body:
+            ids = tokenizer.encode(body["prompt"], add_special_tokens=body["add_special_tokens"])
+            return 200, {"count": len(ids), "tokens": ids, "max_model_len": 32768}
+        try:
+            ids = tokenizer.apply_chat_template(
+                shaped(body["messages"], True, True),
+                tools=body.get("tools"),
+                add_generation_prompt=body["add_generation_prompt"],
+                tokenize=True,
+                return_dict=False,
+            )
+        except Exception as exc:  # the template refused: vLLM answers 400
+            return 400, {"object": "error", "message": str(exc), "code": 400}
+        return 200, {"count": len(ids), "tokens": ids, "max_model_len": 32768}
+
+
+@pytest.fixture(scope="module")
+def server(hf_tokenizers: dict[str, Any]) -> Iterator[TokenizeServer]:
+    running = TokenizeServer(hf_tokenizers["qwen-2.5"])
+    yield running
+    running.httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def counter(server: TokenizeServer) -> Any:
+    return load_counter(f"vllm:{server.url}/v1", model="Qwen/Qwen2.5-7B-Instruct")
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_counts_equal_the_servers_own_rendering(
+    name: str, counter: Any, hf_tokenizers: dict[str, Any]
+) -> None:
+    conv, tools = CONVERSATIONS[name]
+    try:
+        reference: int | None = len(
+            hf_tokenizers["qwen-2.5"].apply_chat_template(
+                shaped(conv, True, True),
+                tools=tools,
+                tokenize=True,
+                add_generation_prompt=True,
+                return_dict=False,
+            )
+        )
+    except Exception:
+        reference = None
+    assert_matches(counter, conv, tools, reference)
+
+
+def test_identity_follows_the_server(counter: Any, server: TokenizeServer, hf_dirs: Any) -> None:
+    again = load_counter(f"vllm:{server.url}", model="Qwen/Qwen2.5-7B-Instruct")
+    assert again.fingerprint == counter.fingerprint and counter.exact
+    assert counter.additive is False  # Qwen2.5's template, as the local counter finds
+    other = load_counter(f"vllm:{server.url}", model="another-model")
+    assert other.fingerprint != counter.fingerprint
+
+
+def test_unreachable_server_and_bad_specs_are_typed_errors() -> None:
+    with pytest.raises(TokenizerError, match="cannot reach") as info:
+        load_counter("vllm:http://user:s3cret@127.0.0.1:9")
+    assert "s3cret" not in str(info.value)
+    with pytest.raises(ConfigError):
+        load_counter("vllm:localhost:8000")
+    with pytest.raises(ConfigError):
+        load_counter("vllm:http://127.0.0.1:9", temperature=0)
