@@ -281,7 +281,7 @@ class MemoryStore:
     def set_token_counts(self, session_id: str, counter: str, counts: Mapping[int, int]) -> None:
         with self._lock:
             session = self._live(session_id)
-            if session is None:
+            if session is None or not counter:  # counts without a counter mean nothing
                 return
             if session.counter != counter:
                 session.counter = counter

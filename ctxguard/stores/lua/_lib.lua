@@ -35,6 +35,23 @@ local function switch_counter(counter)
   redis.call('HSET', KEYS[K_META], 'counter', counter, 'tokens', 0)
 end
 
+-- With a cap: would the messages at ARGV[first ..] (4 args each) pass it? Ids already
+-- stored, and ids repeated inside the batch, count once. Returns the current count
+-- when the batch must be refused, else false.
+local function over_cap(first, n, cap)
+  cap = tonumber(cap)
+  if cap <= 0 or n == 0 then return false end
+  local count = redis.call('LLEN', KEYS[K_MSGS])
+  local fresh, seen = 0, {}
+  for i = 0, n - 1 do
+    local id = ARGV[first + 4 * i]
+    if not seen[id] and redis.call('HEXISTS', KEYS[K_IDS], id) == 0 then fresh = fresh + 1 end
+    seen[id] = true
+  end
+  if count + fresh > cap then return count end
+  return false
+end
+
 -- Append messages given as ARGV[first .. first + 4*n - 1]: id, record, tokens, pinned.
 -- Returns {count_after, flags} where flags[i] = 1 if stored, 0 if the id was already there.
 local function append_many(first, n, counter)

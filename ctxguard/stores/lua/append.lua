@@ -6,15 +6,8 @@
 -- Returns: {count_after, {flag per message: 1 stored, 0 duplicate}}
 --          or {-1, count_now} when the cap would be exceeded (nothing stored).
 local n = tonumber(ARGV[6])
-local cap = tonumber(ARGV[3])
-if cap > 0 then
-  local fresh = 0
-  for i = 0, n - 1 do
-    if redis.call('HEXISTS', KEYS[K_IDS], ARGV[7 + 4 * i]) == 0 then fresh = fresh + 1 end
-  end
-  local count = redis.call('LLEN', KEYS[K_MSGS])
-  if count + fresh > cap then return {-1, count} end
-end
+local full = over_cap(7, n, ARGV[3])
+if full then return {-1, full} end
 local result = append_many(7, n, ARGV[1])
 if ARGV[4] ~= '' and redis.call('EXISTS', KEYS[K_META]) == 1 then add_audit(ARGV[4], ARGV[5]) end
 touch(ARGV[2])

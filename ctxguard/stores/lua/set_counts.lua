@@ -1,7 +1,8 @@
 -- set_counts: store token counts made by `counter` (lazy recount after a counter change).
 -- ARGV: 1 counter fingerprint, 2 ttl seconds, then pairs (seq, tokens; -1 = unknown)
 -- Returns: number of counts written
-if redis.call('EXISTS', KEYS[K_META]) == 0 then return 0 end
+-- counts without a counter mean nothing: nothing is written
+if ARGV[1] == '' or redis.call('EXISTS', KEYS[K_META]) == 0 then return 0 end
 switch_counter(ARGV[1])
 local len = redis.call('LLEN', KEYS[K_TOKS])
 local written, delta = 0, 0

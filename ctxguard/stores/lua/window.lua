@@ -13,15 +13,8 @@ local n = tonumber(ARGV[6])
 local min_messages = tonumber(ARGV[5])
 local appended = false
 if n > 0 then
-  local cap = tonumber(ARGV[3])
-  local count = redis.call('LLEN', KEYS[K_MSGS])
-  if cap > 0 and count + n > cap then
-    local fresh = 0
-    for i = 0, n - 1 do
-      if redis.call('HEXISTS', KEYS[K_IDS], ARGV[7 + 4 * i]) == 0 then fresh = fresh + 1 end
-    end
-    if count + fresh > cap then return {{-1, count}} end
-  end
+  local full = over_cap(7, n, ARGV[3])
+  if full then return {{-1, full}} end
   appended = append_many(7, n, ARGV[1])
   touch(ARGV[2])
 end
