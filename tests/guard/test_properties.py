@@ -158,3 +158,40 @@ def test_render_path_requests_fit_by_the_templates_own_count(
         assert req.tokens + req.reserved_output <= req.limit
         assert tool_problems(req.messages) == []
         assert req.messages[0].content == SYSTEM["content"]
+
+
+@pytest.mark.redis
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    turns=conversation(),
+    limit=st.integers(150, 900),
+    window=st.one_of(st.none(), st.integers(1, 6)),
+)
+def test_memory_and_redis_guards_send_the_same_requests(
+    redis_url: str, redis_namespace: str, turns: Any, limit: int, window: int | None
+) -> None:
+    """The whole stack, two backends: identical requests, token for token."""
+    spec = "tiktoken:cl100k_base"
+    settings_ = dict(counter=counter(spec), limit=limit, max_tokens=40, max_window_messages=window)
+    in_memory = Guard(f"memory://{uuid.uuid4().hex}", **settings_)
+    on_redis = Guard(redis_url, namespace=redis_namespace, **settings_)
+    session = uuid.uuid4().hex
+    numbered = [[{**m, "id": f"t{i}m{j}"} for j, m in enumerate(t)] for i, t in enumerate(turns)]
+    try:
+        for guard in (in_memory, on_redis):
+            guard.append(session, [{**SYSTEM, "id": "sys"}])
+        for turn in numbered:
+            outcomes = []
+            for guard in (in_memory, on_redis):
+                try:
+                    req = guard.prepare(session, turn)
+                    outcomes.append(([m.id for m in req.messages], req.tokens, req.dropped))
+                except BudgetError as exc:
+                    outcomes.append(("budget", exc.needed, exc.limit))
+            assert outcomes[0] == outcomes[1]
+    finally:
+        on_redis.close()
