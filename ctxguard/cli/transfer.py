@@ -46,7 +46,6 @@ from ctxguard.stores.base import NewMessage, SessionStore, Summary, WriteOptions
 FORMAT = "ctxguard-export"
 VERSION = 1
 BATCH = 500
-FILLER: dict[str, Any] = {"turn": 0, "kind": "import_filler"}
 
 _EXPORT_EPILOG = f"""\b
 Examples:
@@ -216,38 +215,14 @@ def import_session(store: SessionStore, item: Incoming) -> Imported:
         result = store.append(item.session_id, item.messages[start : start + BATCH], options)
         done.stored += len(result.stored)
         done.duplicates += len(result.duplicates)
-    if existing is None:
-        done.audit_added = _restore_audit(store, item)
-    else:
-        done.audit_added = _add_missing_audit(store, item)
-    current = existing.summary_version if existing else 0
-    done.summary_version = _restore_summary(store, item, current)
+    done.audit_added = _add_missing_audit(store, item)
+    turns = [int(r["turn"]) for r in item.audit if r.get("kind") == "request"]
+    _, done.summary_version = store.restore(
+        item.session_id, max(turns, default=0), item.summary, item.ttl_seconds or 0
+    )
+    if item.summary is not None and done.summary_version != item.summary.version:
+        note(f"warning: {item.session_id} already has summary v{done.summary_version}; kept it")
     return done
-
-
-def _restore_audit(store: SessionStore, item: Incoming) -> int:
-    """Restore records verbatim and leave the store's turn counter where the original was.
-
-    The store numbers request records itself, so when the turns are one run
-    (always, unless records were hand-edited), fillers advance the counter to
-    the first turn and are then trimmed away by retention; the request records
-    are re-numbered to exactly their original turns.
-    """
-    records, ttl = item.audit, item.ttl_seconds or 0
-    turns = [int(r["turn"]) for r in records if r.get("kind") == "request"]
-    one_run = bool(turns) and turns == list(range(turns[0], turns[0] + len(turns)))
-    if not one_run:
-        for record in records:
-            store.add_audit(item.session_id, record, 0, ttl)
-        return len(records)
-    keep = len(records)
-    for _ in range(turns[0] - 1):
-        store.add_audit(item.session_id, FILLER, keep, ttl)
-    for record in records:
-        if record.get("kind") == "request":
-            record = {"turn": 0, **{k: v for k, v in record.items() if k != "turn"}}
-        store.add_audit(item.session_id, record, keep, ttl)
-    return keep
 
 
 def _add_missing_audit(store: SessionStore, item: Incoming) -> int:
@@ -263,27 +238,6 @@ def _add_missing_audit(store: SessionStore, item: Incoming) -> int:
 
 def _canonical(record: dict[str, Any]) -> str:
     return json.dumps(record, sort_keys=True, default=str)
-
-
-def _restore_summary(store: SessionStore, item: Incoming, current: int) -> int:
-    """Bring the summary to the exported version through the store's compare-and-set.
-
-    Versions move one step at a time, so earlier versions are committed first
-    (with their text from the audit trail when known); only the last one stays.
-    """
-    target = item.summary
-    if target is None or target.version <= current:
-        return current
-    for version in range(current + 1, target.version + 1):
-        step = target if version == target.version else _placeholder(version)
-        if not store.commit_summary(item.session_id, step, version - 1):
-            note(f"warning: summary v{version} of {item.session_id} not set")
-            return version - 1
-    return target.version
-
-
-def _placeholder(version: int) -> Summary:
-    return Summary(version=version, text="(superseded summary, restored by import)", covers_to=0)
 
 
 def _import_table(done: list[Imported]) -> Table:

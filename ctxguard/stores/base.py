@@ -168,6 +168,9 @@ class SessionStore(Protocol):
     def retract(
         self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
     ) -> list[StoredMessage]: ...
+    def restore(
+        self, session_id: str, turns: int, summary: Summary | None, ttl: int = 0
+    ) -> tuple[int, int]: ...
     def add_audit(
         self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
     ) -> int: ...
@@ -218,6 +221,9 @@ class AsyncSessionStore(Protocol):
     async def retract(
         self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
     ) -> list[StoredMessage]: ...
+    async def restore(
+        self, session_id: str, turns: int, summary: Summary | None, ttl: int = 0
+    ) -> tuple[int, int]: ...
     async def add_audit(
         self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
     ) -> int: ...

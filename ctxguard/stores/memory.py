@@ -325,6 +325,21 @@ class MemoryStore:
             self._touch(session, WriteOptions(ttl_seconds=ttl or None))
             return removed
 
+    def restore(
+        self, session_id: str, turns: int, summary: Summary | None, ttl: int = 0
+    ) -> tuple[int, int]:
+        """For import: raise the turn counter, set the summary if there is none yet."""
+        with self._lock:
+            session = self._live(session_id)
+            if session is None:
+                return 0, 0
+            session.turns = max(session.turns, turns)
+            if summary is not None and session.summary_version == 0:
+                session.summary = summary.model_dump_json()
+                session.summary_version = summary.version
+            self._touch(session, WriteOptions(ttl_seconds=ttl or None))
+            return session.turns, session.summary_version
+
     def commit_summary(self, session_id: str, summary: Summary, expected_version: int) -> bool:
         with self._lock:
             session = self._live(session_id)
@@ -478,6 +493,11 @@ class AsyncMemoryStore:
         self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
     ) -> list[StoredMessage]:
         return self.sync.retract(session_id, count, expected_count, ttl)
+
+    async def restore(
+        self, session_id: str, turns: int, summary: Summary | None, ttl: int = 0
+    ) -> tuple[int, int]:
+        return self.sync.restore(session_id, turns, summary, ttl)
 
     async def commit_summary(
         self, session_id: str, summary: Summary, expected_version: int

@@ -211,6 +211,13 @@ class RedisStore(_Base):
         call = self.protocol.retract_call(session_id, count, expected_count, ttl)
         return self.protocol.parse_retract(session_id, self._run(call, idempotent=False))
 
+    def restore(
+        self, session_id: str, turns: int, summary: Summary | None, ttl: int = 0
+    ) -> tuple[int, int]:
+        """For import: raise the turn counter, set the summary if there is none yet."""
+        reply = self._run(self.protocol.restore_call(session_id, turns, summary, ttl))
+        return int(reply[0]), int(reply[1])
+
     def commit_summary(
         self, session_id: str, summary: Summary, expected_version: int, ttl: int = 0
     ) -> bool:
@@ -393,6 +400,12 @@ class AsyncRedisStore(_Base):
     ) -> list[StoredMessage]:
         call = self.protocol.retract_call(session_id, count, expected_count, ttl)
         return self.protocol.parse_retract(session_id, await self._run(call, idempotent=False))
+
+    async def restore(
+        self, session_id: str, turns: int, summary: Summary | None, ttl: int = 0
+    ) -> tuple[int, int]:
+        reply = await self._run(self.protocol.restore_call(session_id, turns, summary, ttl))
+        return int(reply[0]), int(reply[1])
 
     async def commit_summary(
         self, session_id: str, summary: Summary, expected_version: int, ttl: int = 0

@@ -49,6 +49,7 @@ SCRIPT_NAMES = (
     "commit_summary",
     "add_audit",
     "retract",
+    "restore",
 )
 
 
@@ -167,6 +168,11 @@ class RedisProtocol:
                 "count; read it again and retry"
             )
         return list(self._stored_run(session_id, int(reply[3]), reply[1], reply[2]))
+
+    def restore_call(self, session_id: str, turns: int, summary: Summary | None, ttl: int) -> Call:
+        raw = "" if summary is None else summary.model_dump_json()
+        version = 0 if summary is None else summary.version
+        return Call("restore", self.keys(session_id), [max(0, turns), raw, version, ttl])
 
     def commit_summary_call(
         self, session_id: str, summary: Summary, expected: int, ttl: int

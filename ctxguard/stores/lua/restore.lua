@@ -1,0 +1,19 @@
+-- restore: put back what an export recorded that appends cannot (ctxguard import).
+-- Raises the turn counter to `turns` (never lowers it) and, when the session has
+-- no summary yet, sets the summary verbatim with its version.
+-- ARGV: 1 turns, 2 summary JSON ('' = none), 3 summary version, 4 ttl seconds
+-- Returns: {turns now, summary version now}; {0, 0} when the session does not exist.
+if redis.call('EXISTS', KEYS[K_META]) == 0 then return {0, 0} end
+local turns = tonumber(redis.call('HGET', KEYS[K_META], 'turns') or '0')
+if tonumber(ARGV[1]) > turns then
+  turns = tonumber(ARGV[1])
+  redis.call('HSET', KEYS[K_META], 'turns', turns)
+end
+local version = tonumber(redis.call('HGET', KEYS[K_META], 'sumver') or '0')
+if ARGV[2] ~= '' and version == 0 then
+  redis.call('SET', KEYS[K_SUM], ARGV[2])
+  version = tonumber(ARGV[3])
+  redis.call('HSET', KEYS[K_META], 'sumver', version)
+end
+touch(ARGV[4])
+return {turns, version}
