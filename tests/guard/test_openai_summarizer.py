@@ -2,56 +2,35 @@
 
 from __future__ import annotations
 
-import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
+from local_http import JsonServer
 
 from ctxguard import ConfigError, Guard, Message, OpenAISummarizer, SummarizerError
 
 
 class Endpoint:
-    """A tiny /v1/chat/completions server that records requests and answers as told."""
+    """A /v1/chat/completions endpoint that records requests and answers as told."""
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self.status = 200
         self.body: Any = {"choices": [{"message": {"role": "assistant", "content": "SUMMARY"}}]}
-        endpoint = self
+        self.server = JsonServer(self.answer)
+        self.url = f"{self.server.url}/v1"
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers["Content-Length"])
-                endpoint.requests.append(
-                    {
-                        "path": self.path,
-                        "auth": self.headers.get("Authorization"),
-                        "json": json.loads(self.rfile.read(length)),
-                    }
-                )
-                data = json.dumps(endpoint.body).encode()
-                self.send_response(endpoint.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def answer(self, path: str, body: Any, headers: Mapping[str, str]) -> tuple[int, Any]:
+        self.requests.append({"path": path, "auth": headers.get("Authorization"), "json": body})
+        return self.status, self.body
 
 
 @pytest.fixture
 def endpoint() -> Iterator[Endpoint]:
     server = Endpoint()
     yield server
-    server.server.shutdown()
+    server.server.close()
 
 
 MESSAGES = [

@@ -7,13 +7,11 @@ decoded to objects, template errors answer 400).
 
 from __future__ import annotations
 
-import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
+from local_http import JsonServer
 
 from ctxguard.errors import ConfigError, TokenizerError
 from ctxguard.tokens import load_counter
@@ -23,28 +21,17 @@ from .test_families import IDS, assert_matches, shaped
 
 
 class TokenizeServer:
+    """vLLM's /tokenize, rendered by a real tokenizer."""
+
     def __init__(self, tokenizer: Any) -> None:
         self.calls = 0
-        server = self
+        self.tokenizer = tokenizer
+        self.server = JsonServer(self.answer)
+        self.url = self.server.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                server.calls += 1
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                status, answer = server.tokenize(tokenizer, self.path, body)
-                data = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+    def answer(self, path: str, body: Any, headers: Mapping[str, str]) -> tuple[int, Any]:
+        self.calls += 1
+        return self.tokenize(self.tokenizer, path, body)
 
     @staticmethod
     def tokenize(tokenizer: Any, path: str, body: dict[str, Any]) -> tuple[int, Any]:
@@ -70,7 +57,7 @@ class TokenizeServer:
 def server(hf_tokenizers: dict[str, Any]) -> Iterator[TokenizeServer]:
     running = TokenizeServer(hf_tokenizers["qwen-2.5"])
     yield running
-    running.httpd.shutdown()
+    running.server.close()
 
 
 @pytest.fixture(scope="module")
