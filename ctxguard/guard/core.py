@@ -103,7 +103,8 @@ class GuardCore:
         if budget.prompt - budget.overhead <= 0:
             raise BudgetError(
                 "max_tokens and the safety margin leave no room for a prompt",
-                needed=budget.overhead + reserved + budget.safety_margin,
+                # the smallest prompt: the fixed overhead plus at least one token of messages
+                needed=budget.overhead + 1 + reserved + budget.safety_margin,
                 limit=limit.tokens,
                 reserved=reserved + budget.safety_margin,
             )

@@ -43,13 +43,15 @@ class Budget:
 
 @dataclass(frozen=True, slots=True)
 class SummaryRequest:
-    """The plan asks the guard to fold ``items`` (after ``covers_from``) into the summary."""
+    """The plan asks the guard to fold messages ``[covers_from, covers_to)`` into the summary.
+
+    The guard reads them from the store then: they lie outside the fetched window.
+    """
 
     previous_text: str | None
     previous_version: int
     covers_from: int
     covers_to: int
-    items: tuple[Item, ...]
 
 
 @dataclass(slots=True)

@@ -257,7 +257,7 @@ def plan_request(
         plan.decide("window", first_seq=start, dropped_messages=dropped)
     unsummarized = left_out(max(history_start, summary_covers_to), start)
     if policy.summarize_after is not None and unsummarized >= max(1, policy.summarize_after):
-        plan.summarize = SummaryRequest(summary_text, summary_version, summary_covers_to, start, ())
+        plan.summarize = SummaryRequest(summary_text, summary_version, summary_covers_to, start)
     return plan
 
 
