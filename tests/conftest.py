@@ -19,12 +19,19 @@ from typing import Any, NoReturn
 
 import pytest
 import redis
+from hypothesis import settings
 from redis.cluster import RedisCluster
 from tokenizer_files import HF_FAMILIES, assemble, require
 
 from ctxguard.stores import open_async_store, open_store
 from ctxguard.stores.keys import KeySpace
 from ctxguard.stores.urls import parse_store_url
+
+# Under CI the property tests draw the same examples every run, so a red CI is
+# reproducible; locally they explore new examples each time.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI") == "true":
+    settings.load_profile("ci")
 
 REDIS_ENV = "CTXGUARD_TEST_REDIS_URL"
 CLUSTER_ENV = "CTXGUARD_TEST_CLUSTER_URL"
