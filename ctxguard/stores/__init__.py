@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ctxguard.ids import validate_name
 from ctxguard.stores.base import (
     AppendResult,
     AsyncSessionStore,
@@ -29,7 +30,7 @@ from ctxguard.stores.base import (
     WriteOptions,
 )
 from ctxguard.stores.memory import AsyncMemoryStore, MemoryStore
-from ctxguard.stores.urls import parse_store_url, redact_url
+from ctxguard.stores.urls import StoreURL, parse_store_url, redact_url
 
 _memory: dict[tuple[str, str, str], MemoryStore] = {}
 _memory_lock = threading.Lock()
@@ -44,15 +45,19 @@ def _memory_store(name: str, namespace: str, tenant: str) -> MemoryStore:
         return _memory[key]
 
 
+def _parsed(url: str, namespace: str | None, tenant: str | None) -> StoreURL:
+    """The URL parsed, its namespace and tenant checked (they become key prefixes)."""
+    parsed = parse_store_url(url, namespace, tenant)
+    validate_name(parsed.namespace, "namespace")
+    validate_name(parsed.tenant, "tenant")
+    return parsed
+
+
 def open_store(
     url: str = "memory://", *, namespace: str | None = None, tenant: str | None = None, **kw: Any
 ) -> SessionStore:
     """Open a synchronous store for ``url`` (see the module docstring for the table)."""
-    parsed = parse_store_url(url, namespace, tenant)
-    from ctxguard.ids import validate_name
-
-    validate_name(parsed.namespace, "namespace")
-    validate_name(parsed.tenant, "tenant")
+    parsed = _parsed(url, namespace, tenant)
     if parsed.scheme == "memory":
         return _memory_store(parsed.name, parsed.namespace, parsed.tenant)
     from ctxguard.stores.redis import RedisStore
@@ -64,11 +69,7 @@ def open_async_store(
     url: str = "memory://", *, namespace: str | None = None, tenant: str | None = None, **kw: Any
 ) -> AsyncSessionStore:
     """Open an asynchronous store for ``url``; same table as :func:`open_store`."""
-    parsed = parse_store_url(url, namespace, tenant)
-    from ctxguard.ids import validate_name
-
-    validate_name(parsed.namespace, "namespace")
-    validate_name(parsed.tenant, "tenant")
+    parsed = _parsed(url, namespace, tenant)
     if parsed.scheme == "memory":
         return AsyncMemoryStore(sync=_memory_store(parsed.name, parsed.namespace, parsed.tenant))
     from ctxguard.stores.redis import AsyncRedisStore

@@ -243,7 +243,7 @@ class AsyncSessionStore(Protocol):
 
 
 @functools.lru_cache(maxsize=8192)
-def _decode_record(raw: str | bytes) -> Message:
+def decode_record(raw: str | bytes) -> Message:
     """Records are immutable and so are messages: consecutive turns fetch mostly the
     same window, so each record is validated once, not once per turn."""
     return Message.from_record(raw)
@@ -252,7 +252,7 @@ def _decode_record(raw: str | bytes) -> Message:
 def decode_message(session_id: str, seq: int, raw: str | bytes) -> Message:
     """Decode one stored record, or raise :class:`CorruptRecordError` naming it."""
     try:
-        return _decode_record(raw)
+        return decode_record(raw)
     except (pydantic.ValidationError, ValueError, InvalidInputError) as exc:
         detail = str(exc).splitlines()[0][:200]
         raise CorruptRecordError(session_id, seq, detail) from None

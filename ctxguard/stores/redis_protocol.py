@@ -30,10 +30,10 @@ from ctxguard.stores.base import (
     Summary,
     WindowFetch,
     WriteOptions,
-    _decode_record,
     check_window_args,
     decode_audit,
     decode_message,
+    decode_record,
     decode_summary,
     encode_audit,
     ms_to_datetime,
@@ -267,7 +267,7 @@ class RedisProtocol:
         # which gives the same results and names the position of a corrupt record.
         try:
             if len(counts) == len(records):
-                decode = _decode_record
+                decode = decode_record
                 return tuple(
                     [
                         StoredMessage(seq, decode(r), c if c >= 0 else None)
