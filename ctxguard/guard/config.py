@@ -24,6 +24,12 @@ class GuardConfig:
     the session's next prepare/complete or at ``close()``, and lost only if the
     process dies first.
 
+    ``window_cache_size`` is how many sessions' last windows the guard keeps
+    in memory (0 turns it off). With a cached window a prepare plans first and
+    sends one atomic "commit if the session is unchanged" (which also writes
+    the audit record); if anything else changed the session, the store answers
+    with a fresh window and the guard plans again. It costs memory, not safety.
+
     ``max_tokens`` is the output reserved when a request does not say;
     ``summarize_after`` is how many dropped, not-yet-summarized messages
     trigger the summarizer; ``oversized`` decides what happens to a single
@@ -46,9 +52,16 @@ class GuardConfig:
     summary_max_tokens: int = 1024
     audit_retention: int = 1000
     audit_mode: Literal["sync", "with_reply"] = "sync"
+    window_cache_size: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("max_tokens", "safety_margin", "summarize_after", "audit_retention"):
+        for name in (
+            "max_tokens",
+            "safety_margin",
+            "summarize_after",
+            "audit_retention",
+            "window_cache_size",
+        ):
             _non_negative(name, getattr(self, name))
         for name in (
             "ttl_seconds",

@@ -19,6 +19,7 @@ from ctxguard.guard.plan import Budget, Item, Plan, SummaryRequest
 from ctxguard.guard.policies import WindowPolicy, check_plan, group, plan_request, tail_start
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.truncate import shrink_message
+from ctxguard.guard.window_cache import WindowCache, speculate
 from ctxguard.kv.limit import ContextLimit
 from ctxguard.messages import PINNED_ROLES, Message, MessageLike, to_messages
 from ctxguard.stores.base import (
@@ -27,6 +28,7 @@ from ctxguard.stores.base import (
     StoredMessage,
     Summary,
     WindowFetch,
+    WindowHit,
     WriteOptions,
 )
 from ctxguard.tokens._protocol import TokenCounter
@@ -38,6 +40,17 @@ def _seq(stored: StoredMessage) -> int:
 
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
 Tools = Sequence[Mapping[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Speculation:
+    """A request planned on the cached window, to commit if the session is unchanged."""
+
+    fetch: WindowFetch
+    plan: Plan
+    total: int
+    record: dict[str, Any]
+    write: RecordWrite | None
 
 
 class GuardCore:
@@ -61,6 +74,7 @@ class GuardCore:
             ttl_seconds=config.ttl_seconds,
             max_messages=config.max_stored_messages,
         )
+        self.cache = WindowCache(config.window_cache_size)
 
     # -- new messages: validated, capped and counted exactly once ------------
 
@@ -163,6 +177,40 @@ class GuardCore:
             shrink=self._shrink_item,
         )
         return plan, recounts
+
+    def speculate(
+        self, session_id: str, new: Sequence[NewMessage], budget: Budget, tools: Tools | None
+    ) -> Speculation | None:
+        """Plan on the cached window, or None when only a fetch can tell.
+
+        Everything a fetch would lead to other than a plain request (recounts,
+        a refetch, a summary, a refusal) is left to the fetch path, which then
+        does it exactly as without a cache.
+        """
+        entry = self.cache.get(session_id)
+        if entry is None:
+            return None
+        fetch = speculate(entry, new, budget.prompt, len(new))
+        if fetch is None:
+            return None
+        try:
+            plan, recounts = self.plan(fetch, budget)
+            if recounts or plan.summarize is not None or self.refetch(fetch, plan, budget):
+                return None
+            total = self.finalize(plan, budget, tools)
+        except CtxGuardError:
+            return None  # the fetch path appends the messages, then raises the same error
+        record = self.audit_record(plan, total, budget, fetch, tools)
+        write = None if self.config.audit_mode == "with_reply" else self.write({}, record)
+        return Speculation(fetch, plan, total, record, write)
+
+    def committed(self, session_id: str, speculation: Speculation, hit: WindowHit) -> None:
+        """The store took the speculative request: the cache moves to the new state."""
+        fetch = dataclasses.replace(speculation.fetch, appended=hit.appended, token=hit.token)
+        if hit.appended.message_count != fetch.info.message_count or hit.appended.duplicates:
+            self.cache.evict(session_id)  # cannot happen when the token held; never trust it
+        else:
+            self.cache.put(session_id, fetch)
 
     def refetch(self, fetch: WindowFetch, plan: Plan, budget: Budget) -> tuple[int, int] | None:
         """(budget, min_messages) for a second fetch when the first stopped short; else None.

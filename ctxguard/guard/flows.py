@@ -13,12 +13,12 @@ from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ctxguard.guard.core import GuardCore, Tools
+from ctxguard.guard.core import GuardCore, Speculation, Tools
 from ctxguard.guard.plan import Budget, Plan, SummaryRequest
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.kv.limit import ContextLimit
 from ctxguard.messages import MessageLike
-from ctxguard.stores.base import AppendResult, StoredMessage, Summary, WindowFetch
+from ctxguard.stores.base import AppendResult, StoredMessage, Summary, WindowFetch, WindowHit
 
 T = TypeVar("T")
 MAX_REFETCH = 3
@@ -60,6 +60,7 @@ Flow = Generator[Op, Any, T]
 def append(core: GuardCore, session_id: str, values: Iterable[MessageLike]) -> Flow[AppendResult]:
     new = core.encode_new(values)
     result: AppendResult = yield StoreCall("append", (session_id, new, core.write_options))
+    core.cache.appended(session_id, new, result)
     return result
 
 
@@ -76,9 +77,19 @@ def prepare(
     limit: ContextLimit = yield ResolveLimit()
     budget = core.budget(limit, max_tokens, tools)
     options = core.write_options
-    fetch: WindowFetch = yield StoreCall(
-        "fetch_window", (session_id, budget.prompt, options, new, len(new))
-    )
+    fast = core.speculate(session_id, new, budget, tools)
+    fetch: WindowFetch
+    if fast is not None:
+        token = fast.fetch.token
+        outcome: WindowHit | WindowFetch = yield StoreCall(
+            "commit_if_unchanged",
+            (session_id, token, budget.prompt, options, new, len(new), fast.write),
+        )
+        if isinstance(outcome, WindowHit):
+            return _committed(core, session_id, fast, outcome, budget, tools)
+        fetch = outcome  # the session changed: plan again on what the store sent
+    else:
+        fetch = yield StoreCall("fetch_window", (session_id, budget.prompt, options, new, len(new)))
     plan, recounts = core.plan(fetch, budget)
     for _ in range(MAX_REFETCH):
         again = core.refetch(fetch, plan, budget)
@@ -91,6 +102,10 @@ def prepare(
         plan, fetch = yield from _fold(core, session_id, plan, fetch, budget)
     total = core.finalize(plan, budget, tools)
     record = core.audit_record(plan, total, budget, fetch, tools)
+    if recounts or plan.summarize is not None:
+        core.cache.evict(session_id)  # the writes below move the session's state on
+    else:
+        core.cache.put(session_id, fetch)
     if core.config.audit_mode == "with_reply":
         if recounts:
             yield StoreCall("record", (session_id, core.write(recounts, None)))
@@ -98,6 +113,22 @@ def prepare(
         return core.prepared(session_id, 0, plan, total, budget, tools, pending=record)
     turn: int = yield StoreCall("record", (session_id, core.write(recounts, record)))
     return core.prepared(session_id, turn, plan, total, budget, tools)
+
+
+def _committed(
+    core: GuardCore,
+    session_id: str,
+    fast: Speculation,
+    hit: WindowHit,
+    budget: Budget,
+    tools: Tools | None,
+) -> PreparedRequest:
+    """The store took the request planned on the cached window (see window_cache)."""
+    core.committed(session_id, fast, hit)
+    if core.config.audit_mode == "with_reply":
+        core.hold(session_id, fast.record)
+        return core.prepared(session_id, 0, fast.plan, fast.total, budget, tools, fast.record)
+    return core.prepared(session_id, hit.turn, fast.plan, fast.total, budget, tools)
 
 
 def flush(core: GuardCore, session_id: str | None = None) -> Flow[None]:
@@ -143,6 +174,7 @@ def summarize(
             "commit_summary", (session_id, summary, request.previous_version)
         )
         error = None if committed else "lost the compare-and-set race to another writer"
+        core.cache.evict(session_id)
     except Exception as exc:  # a summarizer may raise anything; it never becomes content
         error = f"{type(exc).__name__}: {exc}"
     record = core.summary_record(request, summary, error, committed)
@@ -164,8 +196,10 @@ def complete(
         write = core.write({}, core.with_usage(held[0], usage))
     elif prepared is None and usage is None:
         result: AppendResult = yield StoreCall("append", (session_id, new, core.write_options))
+        core.cache.appended(session_id, new, result)
         return result
     else:
         write = core.write({}, core.usage_record(prepared, usage))
     result = yield StoreCall("append_with_audit", (session_id, new, core.write_options, write))
+    core.cache.appended(session_id, new, result)
     return result

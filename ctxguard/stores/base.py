@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
@@ -44,6 +44,10 @@ class AppendResult:
     stored: tuple[str, ...]
     duplicates: tuple[str, ...]
     message_count: int
+    # The session's state token before and after the append (see WindowFetch.token);
+    # a cached window is extended only when ``token_before`` is the one it holds.
+    token_before: str | None = field(default=None, compare=False)
+    token_after: str | None = field(default=None, compare=False)
 
     @property
     def all_duplicates(self) -> bool:
@@ -93,6 +97,14 @@ class WindowFetch:
     under-estimated so the walk fetches enough); ``reached_start`` says whether
     it reached the oldest message. ``pinned`` holds pinned messages older than
     ``recent``.
+
+    ``token`` names the session's state after the fetch: every change to what
+    a window can hold (messages, counts, counter, summary) gives a new one, so a
+    guard that cached this fetch can later ask the store to commit a request
+    planned on it only if the token still holds (:meth:`commit_if_unchanged`).
+    ``stop_tokens`` is the stored count of the message just older than
+    ``recent`` (the one that stopped the walk), or None when there is none or it
+    is unknown: with it the walk can be re-run on a cached copy exactly.
     """
 
     info: SessionInfo
@@ -101,6 +113,22 @@ class WindowFetch:
     summary: Summary | None
     reached_start: bool
     appended: AppendResult | None = None
+    token: str | None = field(default=None, compare=False)
+    stop_tokens: int | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowHit:
+    """:meth:`commit_if_unchanged` found the session as the caller's token says.
+
+    The new messages were appended and the audit record (if any) written, in
+    the same atomic step; ``turn`` is the record's number (0 without one) and
+    ``token`` the session's state token afterwards.
+    """
+
+    appended: AppendResult
+    turn: int
+    token: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +188,26 @@ class SessionStore(Protocol):
         new: Sequence[NewMessage] = (),
         min_messages: int = 0,
     ) -> WindowFetch: ...
+    def commit_if_unchanged(
+        self,
+        session_id: str,
+        token: str,
+        budget: int,
+        options: WriteOptions,
+        new: Sequence[NewMessage],
+        min_messages: int,
+        write: RecordWrite | None,
+    ) -> WindowHit | WindowFetch:
+        """Commit a request planned on a cached window, if the session is unchanged.
+
+        When the session's state token is ``token`` and no id of ``new`` is
+        stored yet, append ``new`` and write ``write`` (its audit record) in
+        one atomic step and return a :class:`WindowHit`. Otherwise do exactly
+        what :meth:`fetch_window` does with the same arguments (``write`` is
+        not applied) and return its :class:`WindowFetch`, to plan again on.
+        """
+        ...
+
     def set_token_counts(
         self, session_id: str, counter: str, counts: Mapping[int, int]
     ) -> None: ...
@@ -211,6 +259,16 @@ class AsyncSessionStore(Protocol):
         new: Sequence[NewMessage] = (),
         min_messages: int = 0,
     ) -> WindowFetch: ...
+    async def commit_if_unchanged(
+        self,
+        session_id: str,
+        token: str,
+        budget: int,
+        options: WriteOptions,
+        new: Sequence[NewMessage],
+        min_messages: int,
+        write: RecordWrite | None,
+    ) -> WindowHit | WindowFetch: ...
     async def set_token_counts(
         self, session_id: str, counter: str, counts: Mapping[int, int]
     ) -> None: ...
@@ -298,6 +356,25 @@ def check_window_args(budget: int, count: int | None = None) -> None:
         raise InvalidInputError(f"budget must be a non-negative int, got {budget!r}")
     if count is not None and (not isinstance(count, int) or count < 0):
         raise InvalidInputError(f"count must be a non-negative int, got {count!r}")
+
+
+def walk_back(
+    costs: Iterable[tuple[int, int]], length: int, budget: int, min_messages: int
+) -> tuple[int, bool]:
+    """The window walk of ``window.lua``, over ``(seq, tokens)`` pairs newest first.
+
+    Stops before the first message that would push the running total over
+    ``budget``, but always takes the newest ``min_messages``. Returns the first
+    position taken and whether the walk stopped (False: it ran out of pairs).
+    """
+    total = 0
+    first = length
+    for seq, cost in costs:
+        if total + cost > budget and length - seq > min_messages:
+            return first, True
+        total += cost
+        first = seq
+    return first, False
 
 
 def estimate_unknown_tokens(record_bytes: int) -> int:

@@ -8,6 +8,7 @@ there is no I/O to wait for.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -27,6 +28,7 @@ from ctxguard.stores.base import (
     StoredMessage,
     Summary,
     WindowFetch,
+    WindowHit,
     WriteOptions,
     check_window_args,
     decode_audit,
@@ -36,7 +38,10 @@ from ctxguard.stores.base import (
     estimate_unknown_tokens,
     ms_to_datetime,
     tokens_or_none,
+    walk_back,
 )
+
+_EPOCHS = itertools.count(1)  # each session object created in this process gets its own
 
 
 class _Counts:
@@ -88,9 +93,19 @@ class _Session:
     audit: list[str] = field(default_factory=list)
     turns: int = 0
     expires_at: float | None = None
+    epoch: int = field(default_factory=lambda: next(_EPOCHS))
+    version: int = 0
 
     def token_total(self) -> int:
         return self.tokens.total
+
+    @property
+    def state_token(self) -> str:
+        """Moves on with every change a window could see (as ``state_token`` in _lib.lua)."""
+        return f"m{self.epoch}:{self.version}"
+
+    def changed(self) -> None:
+        self.version += 1
 
 
 def _now_ms() -> int:
@@ -125,6 +140,7 @@ class MemoryStore:
         if options.counter and session.counter != options.counter:
             session.counter = options.counter
             session.tokens.forget()
+            session.changed()
         return session
 
     @staticmethod
@@ -152,6 +168,7 @@ class MemoryStore:
     ) -> AppendResult:
         stored: list[str] = []
         duplicates: list[str] = []
+        before = session.state_token
         for new in messages:
             msg_id = new.message.id
             if msg_id in session.ids:
@@ -165,8 +182,11 @@ class MemoryStore:
             if new.message.is_pinned_role:
                 session.pins.append(seq)
             stored.append(msg_id)
+        if stored:
+            session.changed()
         self._touch(session, options)
-        return AppendResult(tuple(stored), tuple(duplicates), len(session.records))
+        count = len(session.records)
+        return AppendResult(tuple(stored), tuple(duplicates), count, before, session.state_token)
 
     def _stored(
         self, session_id: str, session: _Session, seq: int, counts_valid: bool = True
@@ -264,19 +284,61 @@ class MemoryStore:
                 if found is None:
                     return _empty_window(session_id)
                 session = found
-            # Counts made by another counter than the caller's are unknown to it (as in window.lua).
-            same = not options.counter or options.counter == session.counter
-            first = _walk_back(session, budget, same, min_messages)
-            recent = tuple(
-                self._stored(session_id, session, s, same)
-                for s in range(first, len(session.records))
+            return self._window_locked(session_id, session, budget, options, min_messages, appended)
+
+    def _window_locked(
+        self,
+        session_id: str,
+        session: _Session,
+        budget: int,
+        options: WriteOptions,
+        min_messages: int,
+        appended: AppendResult | None,
+    ) -> WindowFetch:
+        # Counts made by another counter than the caller's are unknown to it (as in window.lua).
+        same = not options.counter or options.counter == session.counter
+        first = _walk_back(session, budget, same, min_messages)
+        recent = tuple(
+            self._stored(session_id, session, s, same) for s in range(first, len(session.records))
+        )
+        pinned = tuple(
+            self._stored(session_id, session, s, same) for s in session.pins if s < first
+        )
+        summary = decode_summary(session_id, session.summary)
+        info = self._info(session_id, session)
+        stop = tokens_or_none(session.tokens[first - 1]) if first > 0 and same else None
+        return WindowFetch(
+            info, pinned, recent, summary, first == 0, appended, session.state_token, stop
+        )
+
+    def commit_if_unchanged(
+        self,
+        session_id: str,
+        token: str,
+        budget: int,
+        options: WriteOptions,
+        new: Sequence[NewMessage],
+        min_messages: int,
+        write: RecordWrite | None,
+    ) -> WindowHit | WindowFetch:
+        check_window_args(budget, min_messages)
+        with self._lock:
+            session = self._live(session_id)
+            ids = [n.message.id for n in new]
+            unchanged = (
+                session is not None
+                and session.state_token == token
+                and len(set(ids)) == len(ids)
+                and not any(i in session.ids for i in ids)
             )
-            pinned = tuple(
-                self._stored(session_id, session, s, same) for s in session.pins if s < first
-            )
-            summary = decode_summary(session_id, session.summary)
-            info = self._info(session_id, session)
-        return WindowFetch(info, pinned, recent, summary, first == 0, appended)
+            if session is None or not unchanged:
+                return self.fetch_window(session_id, budget, options, new, min_messages)
+            self._check_cap(session_id, new, options)
+            appended = self._append_locked(session, new, options)
+            turn = 0
+            if write is not None and write.audit is not None:
+                turn = self.add_audit(session_id, write.audit, write.retention, write.ttl)
+            return WindowHit(appended, turn, session.state_token)
 
     def set_token_counts(self, session_id: str, counter: str, counts: Mapping[int, int]) -> None:
         with self._lock:
@@ -286,6 +348,7 @@ class MemoryStore:
             if session.counter != counter:
                 session.counter = counter
                 session.tokens.forget()
+            session.changed()
             for seq, value in counts.items():
                 if 0 <= seq < len(session.tokens):
                     session.tokens.set(seq, int(value))
@@ -315,6 +378,8 @@ class MemoryStore:
                 self._stored(session_id, session, s) for s in range(keep, len(session.records))
             ]
             _drop_tail(session, keep)
+            if removed:
+                session.changed()
             record = {
                 "kind": "retract",
                 "at": datetime.now(UTC).isoformat(),
@@ -337,6 +402,7 @@ class MemoryStore:
             if summary is not None and session.summary_version == 0:
                 session.summary = summary.model_dump_json()
                 session.summary_version = summary.version
+                session.changed()
             self._touch(session, WriteOptions(ttl_seconds=ttl or None))
             return session.turns, session.summary_version
 
@@ -349,6 +415,7 @@ class MemoryStore:
                 return False
             session.summary = summary.model_dump_json()
             session.summary_version = summary.version
+            session.changed()
             return True
 
     def add_audit(
@@ -413,22 +480,16 @@ def _drop_tail(session: _Session, keep: int) -> None:
 
 
 def _walk_back(session: _Session, budget: int, counter_matches: bool, min_messages: int) -> int:
-    """First position of the newest run whose stored counts fit ``budget``.
+    """First position of the newest run whose stored counts fit ``budget`` (see walk_back)."""
 
-    Mirrors ``window.lua``: the walk stops at the first message that would push
-    the running total over the budget, but always takes ``min_messages``.
-    """
-    total = 0
-    first = len(session.records)
-    for seq in range(len(session.records) - 1, -1, -1):
-        count = session.tokens[seq] if counter_matches else UNKNOWN_TOKENS
-        if count < 0:
-            count = estimate_unknown_tokens(len(session.records[seq].encode()))
-        if total + count > budget and len(session.records) - seq > min_messages:
-            break
-        total += count
-        first = seq
-    return first
+    def costs() -> Iterator[tuple[int, int]]:
+        for seq in range(len(session.records) - 1, -1, -1):
+            count = session.tokens[seq] if counter_matches else UNKNOWN_TOKENS
+            if count < 0:
+                count = estimate_unknown_tokens(len(session.records[seq].encode()))
+            yield seq, count
+
+    return walk_back(costs(), len(session.records), budget, min_messages)[0]
 
 
 def _empty_window(session_id: str) -> WindowFetch:
@@ -480,6 +541,20 @@ class AsyncMemoryStore:
         min_messages: int = 0,
     ) -> WindowFetch:
         return self.sync.fetch_window(session_id, budget, options, new, min_messages)
+
+    async def commit_if_unchanged(
+        self,
+        session_id: str,
+        token: str,
+        budget: int,
+        options: WriteOptions,
+        new: Sequence[NewMessage],
+        min_messages: int,
+        write: RecordWrite | None,
+    ) -> WindowHit | WindowFetch:
+        return self.sync.commit_if_unchanged(
+            session_id, token, budget, options, new, min_messages, write
+        )
 
     async def set_token_counts(
         self, session_id: str, counter: str, counts: Mapping[int, int]

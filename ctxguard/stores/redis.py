@@ -38,6 +38,7 @@ from ctxguard.stores.base import (
     StoredMessage,
     Summary,
     WindowFetch,
+    WindowHit,
     WriteOptions,
     check_window_args,
     decode_summary,
@@ -78,6 +79,13 @@ def _wrap(exc: RedisError | RedisClusterException, what: str, where: str) -> Sto
             f"{what} failed: lost the connection to {where} ({type(exc).__name__})"
         )
     return StoreError(f"{what} failed on {where}: {type(exc).__name__}: {exc}")
+
+
+def _as_fetch(result: WindowFetch | WindowHit) -> WindowFetch:
+    """A plain fetch sends no state token, so the script cannot answer with a hit."""
+    if isinstance(result, WindowHit):
+        raise StoreError("the window script committed a fetch that expected nothing")
+    return result
 
 
 def _client_kwargs(url: StoreURL) -> dict[str, Any]:
@@ -191,6 +199,23 @@ class RedisStore(_Base):
         min_messages: int = 0,
     ) -> WindowFetch:
         reply = self._run(self.protocol.window_call(session_id, budget, options, new, min_messages))
+        return _as_fetch(self.protocol.parse_window(session_id, new, reply))
+
+    def commit_if_unchanged(
+        self,
+        session_id: str,
+        token: str,
+        budget: int,
+        options: WriteOptions,
+        new: Sequence[NewMessage],
+        min_messages: int,
+        write: RecordWrite | None,
+    ) -> WindowHit | WindowFetch:
+        call = self.protocol.window_call(
+            session_id, budget, options, new, min_messages, token, write
+        )
+        # not repeatable: a lost reply may hide a written audit record
+        reply = self._run(call, idempotent=write is None or write.audit is None)
         return self.protocol.parse_window(session_id, new, reply)
 
     def set_token_counts(
@@ -382,6 +407,22 @@ class AsyncRedisStore(_Base):
         reply = await self._run(
             self.protocol.window_call(session_id, budget, options, new, min_messages)
         )
+        return _as_fetch(self.protocol.parse_window(session_id, new, reply))
+
+    async def commit_if_unchanged(
+        self,
+        session_id: str,
+        token: str,
+        budget: int,
+        options: WriteOptions,
+        new: Sequence[NewMessage],
+        min_messages: int,
+        write: RecordWrite | None,
+    ) -> WindowHit | WindowFetch:
+        call = self.protocol.window_call(
+            session_id, budget, options, new, min_messages, token, write
+        )
+        reply = await self._run(call, idempotent=write is None or write.audit is None)
         return self.protocol.parse_window(session_id, new, reply)
 
     async def set_token_counts(

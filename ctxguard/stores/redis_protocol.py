@@ -29,6 +29,7 @@ from ctxguard.stores.base import (
     StoredMessage,
     Summary,
     WindowFetch,
+    WindowHit,
     WriteOptions,
     check_window_args,
     decode_audit,
@@ -127,14 +128,21 @@ class RedisProtocol:
         options: WriteOptions,
         new: Sequence[NewMessage],
         min_messages: int = 0,
+        expect: str = "",
+        write: RecordWrite | None = None,
     ) -> Call:
+        """The window script: a fetch, or with ``expect`` a commit if unchanged."""
         check_window_args(budget, min_messages)
+        audit = None if write is None else write.audit
         head: list[str | int] = [
             options.counter or "",
             _ttl_arg(options),
             options.max_messages or 0,
             budget,
             min_messages,
+            expect,
+            "" if audit is None else encode_audit(audit),
+            0 if write is None else max(0, write.retention),
         ]
         return Call("window", self.keys(session_id), head + _message_args(new))
 
@@ -210,7 +218,9 @@ class RedisProtocol:
             raise SessionFullError(session_id, int(flags))
         stored = tuple(m.message.id for m, f in zip(messages, flags, strict=True) if int(f) == 1)
         dups = tuple(m.message.id for m, f in zip(messages, flags, strict=True) if int(f) == 0)
-        return AppendResult(stored, dups, int(count))
+        before = _text(reply[2]) or None if len(reply) > 3 else None
+        after = _text(reply[3]) or None if len(reply) > 3 else None
+        return AppendResult(stored, dups, int(count), before, after)
 
     def parse_info(
         self, session_id: str, meta_flat: Sequence[Any], ttl: Any, audit_count: int = 0
@@ -237,9 +247,12 @@ class RedisProtocol:
 
     def parse_window(
         self, session_id: str, new: Sequence[NewMessage], reply: Sequence[Any]
-    ) -> WindowFetch:
+    ) -> WindowFetch | WindowHit:
         if len(reply) == 1:
             self.parse_append(session_id, new, reply[0])  # raises SessionFullError
+        if reply[0] == b"hit" or reply[0] == "hit":
+            appended_hit = self.parse_append(session_id, new, reply[1])
+            return WindowHit(appended_hit, int(reply[2]), _text(reply[3]))
         appended_raw, meta, summary_raw, first = reply[0], reply[1], reply[2], int(reply[3])
         appended = self.parse_append(session_id, new, appended_raw) if appended_raw else None
         info = self.parse_info(session_id, meta, reply[9])
@@ -253,7 +266,9 @@ class RedisProtocol:
             for i, (s, r) in enumerate(zip(reply[6], reply[7], strict=True))
         )
         summary = decode_summary(session_id, summary_raw or None)
-        return WindowFetch(info, pinned, recent, summary, first == 0, appended)
+        token = _text(reply[10]) or None
+        stop = tokens_or_none(int(reply[11])) if first > 0 else None
+        return WindowFetch(info, pinned, recent, summary, first == 0, appended, token, stop)
 
     def parse_read(self, session_id: str, reply: Sequence[Any]) -> list[StoredMessage]:
         return list(self._stored_run(session_id, int(reply[0]), reply[1], reply[2]))

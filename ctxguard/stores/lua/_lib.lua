@@ -9,6 +9,19 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The session's state token: its creation stamp and a version that moves on with
+-- every change a window could see (messages, counts, counter, summary). A guard
+-- that cached a window sends it back; window.lua commits only if it still holds.
+local function state_token()
+  local v = redis.call('HMGET', KEYS[K_META], 'epoch', 'ver')
+  if not v[1] then return '' end
+  return v[1] .. ':' .. (v[2] or '0')
+end
+
+local function changed()
+  redis.call('HINCRBY', KEYS[K_META], 'ver', 1)
+end
+
 -- Re-apply the sliding TTL to every key of the session that exists.
 local function touch(ttl)
   ttl = tonumber(ttl)
@@ -33,6 +46,7 @@ local function switch_counter(counter)
     end
   end
   redis.call('HSET', KEYS[K_META], 'counter', counter, 'tokens', 0)
+  changed()
 end
 
 -- With a cap: would the messages at ARGV[first ..] (4 args each) pass it? Ids already
@@ -57,10 +71,14 @@ end
 local function append_many(first, n, counter)
   local flags = {}
   local count = redis.call('LLEN', KEYS[K_MSGS])
+  local start_count = count
   local added_tokens = 0
   if n > 0 and redis.call('EXISTS', KEYS[K_META]) == 0 then
-    local now = now_ms()
-    redis.call('HSET', KEYS[K_META], 'created', now, 'updated', now, 'sumver', 0, 'tokens', 0)
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    -- the epoch (creation time in microseconds) tells a re-created session from the old one
+    redis.call('HSET', KEYS[K_META], 'created', now, 'updated', now, 'sumver', 0, 'tokens', 0,
+      'epoch', t[1] .. '.' .. t[2])
   end
   switch_counter(counter)
   for i = 0, n - 1 do
@@ -82,6 +100,7 @@ local function append_many(first, n, counter)
     redis.call('HSET', KEYS[K_META], 'updated', now_ms(), 'count', count)
     if added_tokens > 0 then redis.call('HINCRBY', KEYS[K_META], 'tokens', added_tokens) end
   end
+  if count > start_count then changed() end
   return {count, flags}
 end
 
@@ -99,6 +118,17 @@ local function add_audit(record, keep)
   keep = tonumber(keep)
   if keep > 0 then redis.call('LTRIM', KEYS[K_AUDIT], -keep, -1) end
   return turn
+end
+
+-- True when no id of the messages at ARGV[first ..] is stored or repeated in the batch.
+local function all_fresh(first, n)
+  local seen = {}
+  for i = 0, n - 1 do
+    local id = ARGV[first + 4 * i]
+    if seen[id] or redis.call('HEXISTS', KEYS[K_IDS], id) == 1 then return false end
+    seen[id] = true
+  end
+  return true
 end
 
 local function meta_flat()

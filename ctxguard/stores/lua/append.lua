@@ -3,12 +3,14 @@
 -- ARGV: 1 counter fingerprint ('' = none), 2 ttl seconds (0 = none),
 --       3 max messages (0 = no cap), 4 audit record JSON ('' = none),
 --       5 audit retention, 6 n, then n x (id, record, tokens, pinned '1'/'0')
--- Returns: {count_after, {flag per message: 1 stored, 0 duplicate}}
+-- Returns: {count_after, {flag per message: 1 stored, 0 duplicate}, state token before,
+--          state token after}
 --          or {-1, count_now} when the cap would be exceeded (nothing stored).
 local n = tonumber(ARGV[6])
 local full = over_cap(7, n, ARGV[3])
 if full then return {-1, full} end
+local before = state_token()
 local result = append_many(7, n, ARGV[1])
 if ARGV[4] ~= '' and redis.call('EXISTS', KEYS[K_META]) == 1 then add_audit(ARGV[4], ARGV[5]) end
 touch(ARGV[2])
-return result
+return {result[1], result[2], before, state_token()}

@@ -7,5 +7,6 @@ if current ~= tonumber(ARGV[1]) or tonumber(ARGV[3]) ~= current + 1 then return 
 if tonumber(ARGV[4]) > redis.call('LLEN', KEYS[K_MSGS]) then return 0 end
 redis.call('SET', KEYS[K_SUM], ARGV[2])
 redis.call('HSET', KEYS[K_META], 'sumver', ARGV[3])
+changed()
 touch(ARGV[5])
 return 1

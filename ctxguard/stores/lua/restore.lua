@@ -14,6 +14,7 @@ if ARGV[2] ~= '' and version == 0 then
   redis.call('SET', KEYS[K_SUM], ARGV[2])
   version = tonumber(ARGV[3])
   redis.call('HSET', KEYS[K_META], 'sumver', version)
+  changed()
 end
 touch(ARGV[4])
 return {turns, version}

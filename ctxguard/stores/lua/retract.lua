@@ -43,6 +43,7 @@ for _, seq in ipairs(pins) do
   if tonumber(seq) < keep then redis.call('RPUSH', KEYS[K_PINS], seq) end
 end
 redis.call('HSET', KEYS[K_META], 'count', keep, 'updated', now_ms())
+changed()
 if known > 0 then redis.call('HINCRBY', KEYS[K_META], 'tokens', -known) end
 local summary = redis.call('GET', KEYS[K_SUM])
 if summary then

@@ -17,5 +17,6 @@ for i = 3, #ARGV, 2 do
   end
 end
 if delta ~= 0 then redis.call('HINCRBY', KEYS[K_META], 'tokens', delta) end
+if written > 0 then changed() end
 touch(ARGV[2])
 return written

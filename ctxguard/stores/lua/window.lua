@@ -1,21 +1,36 @@
--- window: optionally append new messages, then fetch what one prepare needs.
+-- window: optionally append new messages, then fetch what one prepare needs; or,
+-- when the caller's cached copy of the session is still current, commit the
+-- request it planned on that copy instead.
 -- ARGV: 1 counter fingerprint ('' = none), 2 ttl seconds, 3 max messages (0 = no cap),
 --       4 token budget, 5 min messages (always fetched, whatever the budget),
---       6 n new, then n x (id, record, tokens, pinned)
--- Returns: {append_result or false, meta (flat HGETALL), summary JSON or false,
+--       6 expected state token ('' = fetch), 7 audit record JSON ('' = none),
+--       8 audit retention, 9 n new, then n x (id, record, tokens, pinned)
+-- Returns, when the state token is ARGV[6] and no new id is stored yet (a hit):
+--           {'hit', append_result, turn of the audit record (0 = none), state token}
+--          else: {append_result or false, meta (flat HGETALL), summary JSON or false,
 --           first seq of recent, recent records, recent counts,
---           pinned seqs, pinned records, pinned counts, ttl seconds}
+--           pinned seqs, pinned records, pinned counts, ttl seconds,
+--           state token, stored count of the message before recent (-1 = none/unknown)}
 -- The walk goes from the newest message back and stops before the first one
 -- that would push the running total of stored counts over the budget; an
 -- unknown count (-1, or another counter's) is under-estimated as
 -- (record bytes - 120) / 8, at least 1 (base.estimate_unknown_tokens).
-local n = tonumber(ARGV[6])
+local n = tonumber(ARGV[9])
 local min_messages = tonumber(ARGV[5])
 local appended = false
 if n > 0 then
-  local full = over_cap(7, n, ARGV[3])
+  local full = over_cap(10, n, ARGV[3])
   if full then return {{-1, full}} end
-  appended = append_many(7, n, ARGV[1])
+end
+if ARGV[6] ~= '' and ARGV[6] == state_token() and all_fresh(10, n) then
+  appended = append_many(10, n, ARGV[1])
+  local turn = 0
+  if ARGV[7] ~= '' then turn = add_audit(ARGV[7], ARGV[8]) end
+  touch(ARGV[2])
+  return {'hit', appended, turn, state_token()}
+end
+if n > 0 then
+  appended = append_many(10, n, ARGV[1])
   touch(ARGV[2])
 end
 
@@ -25,6 +40,7 @@ local same_counter = counter == '' or redis.call('HGET', KEYS[K_META], 'counter'
 local len = redis.call('LLEN', KEYS[K_MSGS])
 local total, first = 0, len
 local counts = {}
+local stop_count = -1
 local step = 32
 local hi = len - 1
 -- Walk the counts only; a record is read here just when its count is unknown
@@ -42,7 +58,10 @@ while hi >= 0 do
       if recs == nil then recs = redis.call('LRANGE', KEYS[K_MSGS], lo, hi) end
       cost = math.max(1, math.floor((#recs[i] - 120) / 8))
     end
-    if total + cost > budget and len - (lo + i - 1) > min_messages then stop = true; break end
+    if total + cost > budget and len - (lo + i - 1) > min_messages then
+      stop, stop_count = true, c
+      break
+    end
     total = total + cost
     first = lo + i - 1
     counts[#counts + 1] = c
@@ -72,4 +91,4 @@ for _, s in ipairs(pins) do
 end
 local summary = redis.call('GET', KEYS[K_SUM])
 return {appended, meta_flat(), summary, first, r_out, c_out, p_seqs, p_recs, p_counts,
-        redis.call('TTL', KEYS[K_META])}
+        redis.call('TTL', KEYS[K_META]), state_token(), stop_count}

@@ -1,0 +1,153 @@
+"""The guard's copy of each session's last window, so a turn need not fetch it again.
+
+A chat session's consecutive turns see almost the same window: the previous
+one, plus the reply and the new user message, minus a few of the oldest. The
+guard keeps the last :class:`~ctxguard.stores.base.WindowFetch` of each session
+(with the store's state token), extends it with what it appends itself, and
+re-runs the store's window walk on it (:func:`speculate`). The request planned
+on that copy is then committed by the store only if the session's state token
+is still the cached one (``commit_if_unchanged``): one round trip that appends
+the new messages and writes the audit record, with no window to send back or
+decode. Any other writer, a summary, a recount or a retraction moves the token
+on, and the store answers with a fresh fetch instead: a stale copy costs a
+re-plan, never a wrong request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+
+from ctxguard.stores.base import (
+    AppendResult,
+    NewMessage,
+    StoredMessage,
+    WindowFetch,
+    walk_back,
+)
+
+# A copy that grows past this many messages without a prepare (bulk appends) is dropped.
+MAX_CACHED_MESSAGES = 4096
+
+
+class WindowCache:
+    """A bounded, thread-safe LRU of the newest window per session (0 = off)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[str, WindowFetch] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, session_id: str) -> WindowFetch | None:
+        with self._lock:
+            entry = self._entries.get(session_id)
+            if entry is not None:
+                self._entries.move_to_end(session_id)
+            return entry
+
+    def put(self, session_id: str, fetch: WindowFetch) -> None:
+        """Keep ``fetch`` as the session's copy (only a fetch with a state token is usable)."""
+        if self.capacity <= 0 or fetch.token is None or len(fetch.recent) > MAX_CACHED_MESSAGES:
+            self.evict(session_id)
+            return
+        with self._lock:
+            self._entries[session_id] = fetch
+            self._entries.move_to_end(session_id)
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
+
+    def evict(self, session_id: str | None = None) -> None:
+        with self._lock:
+            if session_id is None:
+                self._entries.clear()
+            else:
+                self._entries.pop(session_id, None)
+
+    def appended(self, session_id: str, new: Sequence[NewMessage], result: AppendResult) -> None:
+        """Extend the copy with messages this guard appended, if nothing else changed."""
+        entry = self.get(session_id)
+        if entry is None:
+            return
+        extended = extend(entry, new, result)
+        if extended is None:
+            self.evict(session_id)
+        else:
+            self.put(session_id, extended)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def extend(
+    entry: WindowFetch, new: Sequence[NewMessage], result: AppendResult
+) -> WindowFetch | None:
+    """``entry`` after an append whose result is ``result``; None if it cannot be known.
+
+    It can be known when the append started from the entry's state (its token
+    before is the entry's) and stored exactly the messages that were new.
+    """
+    if result.token_before != entry.token or result.token_after is None:
+        return None
+    count = entry.info.message_count
+    stored = set(result.stored)
+    fresh = [n for n in new if n.message.id in stored]
+    if len(fresh) != len(stored) or count + len(fresh) != result.message_count:
+        return None
+    run = entry.recent + tuple(
+        StoredMessage(count + i, n.message, n.tokens) for i, n in enumerate(fresh)
+    )
+    info = dataclasses.replace(
+        entry.info,
+        message_count=result.message_count,
+        token_total=entry.info.token_total + sum(n.tokens or 0 for n in fresh),
+    )
+    return dataclasses.replace(
+        entry, info=info, recent=run, appended=None, token=result.token_after
+    )
+
+
+def speculate(
+    entry: WindowFetch, new: Sequence[NewMessage], budget: int, min_messages: int
+) -> WindowFetch | None:
+    """What ``fetch_window(budget, new, min_messages)`` would return if the session is as cached.
+
+    None when the copy cannot tell: a count is unknown, a new id repeats, or
+    the walk would reach back past the cached messages.
+    """
+    ids = [n.message.id for n in new]
+    if len(set(ids)) != len(ids) or any(n.tokens is None for n in new):
+        return None
+    count = entry.info.message_count
+    length = count + len(new)
+    tail = tuple(StoredMessage(count + i, n.message, n.tokens) for i, n in enumerate(new))
+    run = entry.recent + tail
+    start = run[0].seq if run else length
+    if any(s.tokens is None for s in run) or (start > 0 and entry.stop_tokens is None):
+        return None
+    first, stopped = walk_back(_costs(run, start, entry.stop_tokens), length, budget, min_messages)
+    if first < start or (not stopped and first > 0):
+        return None  # the walk needs messages older than the copy holds
+    cut = first - start
+    pinned = entry.pinned + tuple(s for s in run[:cut] if s.message.is_pinned_role)
+    stop = run[cut - 1].tokens if cut > 0 else entry.stop_tokens
+    info = dataclasses.replace(
+        entry.info,
+        message_count=length,
+        token_total=entry.info.token_total + sum(n.tokens or 0 for n in new),
+    )
+    appended = AppendResult(tuple(ids), (), length)
+    return WindowFetch(
+        info, pinned, run[cut:], entry.summary, first == 0, appended, entry.token, stop
+    )
+
+
+def _costs(
+    run: Sequence[StoredMessage], start: int, stop_tokens: int | None
+) -> Iterator[tuple[int, int]]:
+    """(seq, tokens) newest first, then the message before the copy (if any) by its count."""
+    for stored in reversed(run):
+        yield stored.seq, stored.tokens or 0
+    if start > 0 and stop_tokens is not None:
+        yield start - 1, stop_tokens

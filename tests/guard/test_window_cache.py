@@ -1,0 +1,289 @@
+"""The window cache: a cached turn is one round trip, and never a stale request.
+
+The oracle throughout is a guard with ``window_cache_size=0``: it fetches the
+window every time. Preparing the same messages again (same ids: the append is
+a no-op) on the same session must give the very request the cached guard sent.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from ctxguard import Guard
+from ctxguard.errors import BudgetError
+from ctxguard.guard.prepared import PreparedRequest
+from ctxguard.guard.window_cache import WindowCache, extend, speculate
+from ctxguard.messages import Message
+from ctxguard.stores import NewMessage, Summary, WriteOptions, open_store
+from ctxguard.stores.base import SessionStore
+from ctxguard.stores.memory import MemoryStore
+
+COUNTER = WriteOptions(counter="c")
+SYSTEM = {"role": "system", "content": "You answer briefly."}
+
+
+def said(text: str, role: str = "user") -> Message:
+    return Message(role=role, content=text)
+
+
+def make_guard(store: SessionStore, **settings: Any) -> Guard:
+    settings.setdefault("max_tokens", 60)
+    return Guard(store, counter="approx", limit=settings.pop("limit", 400), **settings)
+
+
+def same_request(got: PreparedRequest, want: PreparedRequest) -> None:
+    assert [m.id for m in got.messages] == [m.id for m in want.messages]
+    assert (got.tokens, got.limit, got.reserved_output) == (
+        want.tokens,
+        want.limit,
+        want.reserved_output,
+    )
+    assert got.dropped == want.dropped
+    assert got.sent_seqs == want.sent_seqs
+    assert got.decisions == want.decisions
+
+
+class CallLog:
+    """Wraps a store and records the name of every method the guard calls."""
+
+    def __init__(self, inner: SessionStore) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return attr(*args, **kwargs)
+
+        return call
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def open_one(
+    request: pytest.FixtureRequest, namespace: str
+) -> Iterator[Callable[[], SessionStore]]:
+    """Opens stores on one backend that all see the same sessions."""
+    opened: list[SessionStore] = []
+    if request.param == "memory":
+        shared = MemoryStore(namespace)
+
+        def make() -> SessionStore:
+            return shared
+
+    else:
+        url = request.getfixturevalue("redis_url")
+
+        def make() -> SessionStore:
+            store = open_store(url, namespace=namespace)
+            opened.append(store)
+            return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+# -- the pure parts: the walk re-run on a copy ----------------------------------
+
+
+counts_st = st.lists(st.integers(1, 40), min_size=0, max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    history=counts_st,
+    roles=st.lists(st.sampled_from(["user", "assistant", "system"]), min_size=40, max_size=40),
+    later=counts_st,
+    new_counts=st.lists(st.integers(1, 40), min_size=0, max_size=3),
+    budget0=st.integers(0, 300),
+    budget1=st.integers(0, 300),
+)
+def test_speculation_is_the_fetch_the_store_would_make(
+    history: list[int],
+    roles: list[str],
+    later: list[int],
+    new_counts: list[int],
+    budget0: int,
+    budget1: int,
+) -> None:
+    store = MemoryStore()
+
+    def batch(counts: list[int], offset: int) -> list[NewMessage]:
+        return [
+            NewMessage(said(f"m{offset + i}", roles[(offset + i) % 40]), c)
+            for i, c in enumerate(counts)
+        ]
+
+    store.append("s", batch(history, 0), COUNTER)
+    entry = store.fetch_window("s", budget0, COUNTER)
+    assert (entry.token is None) == (not history)  # a session that does not exist has none
+    assume(entry.token is not None)
+    later_batch = batch(later, len(history))
+    appended = store.append("s", later_batch, COUNTER) if later else None
+    if appended is not None:
+        extended = extend(entry, later_batch, appended)
+        assert extended is not None  # nothing else wrote: the copy follows exactly
+        entry = extended
+    new = batch(new_counts, 1000)
+
+    guess = speculate(entry, new, budget1, len(new))
+    actual = store.fetch_window("s", budget1, COUNTER, new, len(new))
+
+    if budget1 <= budget0:
+        assert guess is not None, "a walk that ends inside the copy must be re-run on it"
+    if guess is not None:
+        assert [(m.seq, m.message.id, m.tokens) for m in guess.recent] == [
+            (m.seq, m.message.id, m.tokens) for m in actual.recent
+        ]
+        assert [p.seq for p in guess.pinned] == [p.seq for p in actual.pinned]
+        assert guess.reached_start == actual.reached_start
+        assert guess.stop_tokens == actual.stop_tokens
+        assert guess.info.message_count == actual.info.message_count
+        assert guess.info.token_total == actual.info.token_total
+
+
+def test_a_copy_with_an_unknown_count_is_not_used() -> None:
+    store = MemoryStore()
+    store.append("s", [NewMessage(said("a"), None), NewMessage(said("b"), 5)], COUNTER)
+    entry = store.fetch_window("s", 100, COUNTER)
+    assert speculate(entry, [NewMessage(said("c"), 3)], 100, 1) is None
+
+
+def test_the_lru_keeps_the_newest_sessions() -> None:
+    store = MemoryStore()
+    cache = WindowCache(2)
+    for sid in ("a", "b", "c"):
+        store.append(sid, [NewMessage(said("x"), 1)], COUNTER)
+        cache.put(sid, store.fetch_window(sid, 10, COUNTER))
+    assert (cache.get("a"), len(cache)) == (None, 2)
+    assert cache.get("b") is not None and cache.get("c") is not None
+    off = WindowCache(0)
+    off.put("a", store.fetch_window("a", 10, COUNTER))
+    assert off.get("a") is None
+
+
+# -- the guard: one round trip, and the same request as without a cache ----------
+
+
+def test_a_cached_turn_is_one_store_call_that_also_writes_the_audit(
+    open_one: Callable[[], SessionStore],
+) -> None:
+    log = CallLog(open_one())
+    guard = make_guard(log)  # type: ignore[arg-type]
+    guard.append("s", [SYSTEM])
+    first = guard.prepare("s", [said("hello")])
+    guard.complete("s", said("hi there", "assistant"))
+    log.calls.clear()
+
+    second = guard.prepare("s", [said("and now?")])
+
+    assert log.calls == ["commit_if_unchanged"]
+    assert (first.turn, second.turn) == (1, 2)
+    records = [r for r in log.inner.read_audit("s") if r["kind"] == "request"]
+    assert [r["turn"] for r in records] == [1, 2]
+    assert records[-1]["sent_ids"] == [m.id for m in second.messages]
+    assert records[-1]["tokens"] == second.tokens
+
+
+def test_without_a_cache_every_turn_fetches(open_one: Callable[[], SessionStore]) -> None:
+    log = CallLog(open_one())
+    guard = make_guard(log, window_cache_size=0)  # type: ignore[arg-type]
+    for i in range(3):
+        guard.prepare("s", [said(f"q{i}")])
+        guard.complete("s", said(f"a{i}", "assistant"))
+    assert "commit_if_unchanged" not in log.calls
+    assert log.calls.count("fetch_window") == 3
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["turn", "turn", "turn", "other", "retract", "summary", "budget"]),
+            st.integers(1, 30),
+        ),
+        min_size=1,
+        max_size=25,
+    )
+)
+def test_cached_requests_equal_fetched_ones_whatever_else_writes(
+    open_one: Callable[[], SessionStore], steps: list[tuple[str, int]]
+) -> None:
+    """Other writers, retractions, summaries and budget changes between turns."""
+    sid = "s" + uuid.uuid4().hex[:8]
+    guard = make_guard(open_one())
+    other = make_guard(open_one())
+    oracle = make_guard(open_one(), window_cache_size=0)
+    guard.append(sid, [SYSTEM])
+    summaries = 0
+    for kind, size in steps:
+        words = " ".join(["word"] * size)
+        if kind == "other":
+            other.prepare(sid, [said(words)])
+            other.complete(sid, said("other " + words, "assistant"))
+            continue
+        if kind == "retract":
+            guard.store.retract(sid, 1)
+            continue
+        if kind == "summary":
+            count = guard.store.info(sid).message_count  # type: ignore[union-attr]
+            summary = Summary(version=summaries + 1, text="earlier: " + words, covers_to=count // 2)
+            summaries += guard.store.commit_summary(sid, summary, summaries)
+            continue
+        max_tokens = 60 + size if kind == "budget" else 60
+        new = [said("q " + words)]
+        try:
+            got = guard.prepare(sid, new, max_tokens=max_tokens)
+        except BudgetError:
+            with pytest.raises(BudgetError):
+                oracle.prepare(sid, new, max_tokens=max_tokens)
+            continue
+        same_request(got, oracle.prepare(sid, new, max_tokens=max_tokens))
+        guard.complete(sid, said("a " + words, "assistant"))
+
+
+def test_a_recreated_session_is_not_served_from_the_copy(
+    open_one: Callable[[], SessionStore],
+) -> None:
+    guard = make_guard(open_one())
+    other = make_guard(open_one())
+    for _ in range(2):
+        guard.prepare("s", [said("same words")])
+        guard.complete("s", said("same answer", "assistant"))
+    other.store.delete("s")
+    # the same number of the same operations: only the token's creation stamp differs
+    other.prepare("s", [said("same words")])
+    other.complete("s", said("same answer", "assistant"))
+    other.prepare("s", [said("same words")])
+    other.complete("s", said("same answer", "assistant"))
+
+    req = guard.prepare("s", [said("next")])
+    stored = [m.message.id for m in guard.store.read("s")]
+    assert [m.id for m in req.messages] == stored
+
+
+def test_a_refused_request_on_a_cached_session_still_stores_the_message(
+    open_one: Callable[[], SessionStore],
+) -> None:
+    guard = make_guard(open_one(), limit=200)
+    guard.append("s", [SYSTEM])
+    guard.prepare("s", [said("hi")])
+    guard.complete("s", said("hello", "assistant"))
+    huge = said("word " * 400)
+    with pytest.raises(BudgetError):
+        guard.prepare("s", [huge])
+    assert guard.store.read("s")[-1].message.id == huge.id
