@@ -163,12 +163,25 @@ class MemoryStore:
         if held + len(fresh) > cap:
             raise SessionFullError(session_id, held)
 
+    def _append_checked(
+        self, session_id: str, messages: Sequence[NewMessage], options: WriteOptions
+    ) -> tuple[_Session, AppendResult]:
+        """Cap check, create or switch counter, append (the lock is held)."""
+        self._check_cap(session_id, messages, options)
+        found = self._live(session_id)
+        before = None if found is None else found.state_token
+        session = self._for_write(session_id, options)
+        return session, self._append_locked(session, messages, options, before)
+
     def _append_locked(
-        self, session: _Session, messages: Sequence[NewMessage], options: WriteOptions
+        self,
+        session: _Session,
+        messages: Sequence[NewMessage],
+        options: WriteOptions,
+        before: str | None,
     ) -> AppendResult:
         stored: list[str] = []
         duplicates: list[str] = []
-        before = session.state_token
         for new in messages:
             msg_id = new.message.id
             if msg_id in session.ids:
@@ -223,9 +236,7 @@ class MemoryStore:
             if not messages:
                 found = self._live(session_id)
                 return AppendResult((), (), 0 if found is None else len(found.records))
-            self._check_cap(session_id, messages, options)
-            session = self._for_write(session_id, options)
-            return self._append_locked(session, messages, options)
+            return self._append_checked(session_id, messages, options)[1]
 
     def read(self, session_id: str, start: int = 0, stop: int | None = None) -> list[StoredMessage]:
         with self._lock:
@@ -276,9 +287,7 @@ class MemoryStore:
         with self._lock:
             appended = None
             if new:
-                self._check_cap(session_id, new, options)
-                session = self._for_write(session_id, options)
-                appended = self._append_locked(session, new, options)
+                session, appended = self._append_checked(session_id, new, options)
             else:
                 found = self._live(session_id)
                 if found is None:
@@ -333,8 +342,7 @@ class MemoryStore:
             )
             if session is None or not unchanged:
                 return self.fetch_window(session_id, budget, options, new, min_messages)
-            self._check_cap(session_id, new, options)
-            appended = self._append_locked(session, new, options)
+            session, appended = self._append_checked(session_id, new, options)
             turn = 0
             if write is not None and write.audit is not None:
                 turn = self.add_audit(session_id, write.audit, write.retention, write.ttl)
@@ -348,10 +356,14 @@ class MemoryStore:
             if session.counter != counter:
                 session.counter = counter
                 session.tokens.forget()
-            session.changed()
+                session.changed()
+            written = 0
             for seq, value in counts.items():
                 if 0 <= seq < len(session.tokens):
                     session.tokens.set(seq, int(value))
+                    written += 1
+            if written:
+                session.changed()
 
     def get_summary(self, session_id: str) -> Summary | None:
         with self._lock:
