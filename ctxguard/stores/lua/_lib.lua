@@ -67,20 +67,31 @@ local function over_cap(first, n, cap)
 end
 
 -- Append messages given as ARGV[first .. first + 4*n - 1]: id, record, tokens, pinned.
--- Returns {count_after, flags} where flags[i] = 1 if stored, 0 if the id was already there.
+-- Returns {count_after, flags, state token before ('' = no session), state token after},
+-- flags[i] = 1 if stored, 0 if the id was already there. The meta hash is read once
+-- and written once: this runs on every turn.
 local function append_many(first, n, counter)
+  local meta = redis.call('HMGET', KEYS[K_META], 'created', 'counter', 'epoch', 'ver', 'tokens')
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local epoch, ver, total = meta[3], tonumber(meta[4] or '0'), tonumber(meta[5] or '0')
+  local before = ''
+  if epoch then before = epoch .. ':' .. ver end
+  local fields = {'updated', now}
+  if not meta[1] then
+    -- the epoch (creation time in microseconds) tells a re-created session from the old one
+    epoch = t[1] .. '.' .. t[2]
+    local f = {'created', now, 'sumver', 0, 'epoch', epoch}
+    for i = 1, #f do fields[#fields + 1] = f[i] end
+    before = ''
+  end
+  if counter ~= '' and meta[2] ~= counter then
+    switch_counter(counter)  -- counts become unknown; moves ver on by one
+    ver, total = ver + 1, 0
+  end
   local flags = {}
   local count = redis.call('LLEN', KEYS[K_MSGS])
   local start_count = count
-  local added_tokens = 0
-  if n > 0 and redis.call('EXISTS', KEYS[K_META]) == 0 then
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    -- the epoch (creation time in microseconds) tells a re-created session from the old one
-    redis.call('HSET', KEYS[K_META], 'created', now, 'updated', now, 'sumver', 0, 'tokens', 0,
-      'epoch', t[1] .. '.' .. t[2])
-  end
-  switch_counter(counter)
   for i = 0, n - 1 do
     local at = first + 4 * i
     local id, record, tokens, pinned = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2]), ARGV[at + 3]
@@ -88,7 +99,7 @@ local function append_many(first, n, counter)
       if counter == '' then tokens = -1 end
       redis.call('RPUSH', KEYS[K_MSGS], record)
       redis.call('RPUSH', KEYS[K_TOKS], tokens)
-      if tokens >= 0 then added_tokens = added_tokens + tokens end
+      if tokens >= 0 then total = total + tokens end
       if pinned == '1' then redis.call('RPUSH', KEYS[K_PINS], count) end
       count = count + 1
       flags[#flags + 1] = 1
@@ -96,12 +107,19 @@ local function append_many(first, n, counter)
       flags[#flags + 1] = 0
     end
   end
-  if n > 0 then
-    redis.call('HSET', KEYS[K_META], 'updated', now_ms(), 'count', count)
-    if added_tokens > 0 then redis.call('HINCRBY', KEYS[K_META], 'tokens', added_tokens) end
+  if count > start_count then ver = ver + 1 end
+  local f = {'count', count, 'tokens', total, 'ver', ver}
+  for i = 1, #f do fields[#fields + 1] = f[i] end
+  redis.call('HSET', KEYS[K_META], unpack(fields))
+  return {count, flags, before, epoch .. ':' .. ver}
+end
+
+-- True when an append result stored every message it was given.
+local function all_stored(appended)
+  for _, flag in ipairs(appended[2]) do
+    if flag ~= 1 then return false end
   end
-  if count > start_count then changed() end
-  return {count, flags}
+  return true
 end
 
 -- Append one audit record, keeping the newest `keep` (0 = all). A record that
@@ -114,21 +132,10 @@ local function add_audit(record, keep)
     turn = redis.call('HINCRBY', KEYS[K_META], 'turns', 1)
     record = '{"turn":' .. turn .. ',' .. string.sub(record, 11)
   end
-  redis.call('RPUSH', KEYS[K_AUDIT], record)
+  local len = redis.call('RPUSH', KEYS[K_AUDIT], record)
   keep = tonumber(keep)
-  if keep > 0 then redis.call('LTRIM', KEYS[K_AUDIT], -keep, -1) end
+  if keep > 0 and len > keep then redis.call('LTRIM', KEYS[K_AUDIT], -keep, -1) end
   return turn
-end
-
--- True when no id of the messages at ARGV[first ..] is stored or repeated in the batch.
-local function all_fresh(first, n)
-  local seen = {}
-  for i = 0, n - 1 do
-    local id = ARGV[first + 4 * i]
-    if seen[id] or redis.call('HEXISTS', KEYS[K_IDS], id) == 1 then return false end
-    seen[id] = true
-  end
-  return true
 end
 
 local function meta_flat()

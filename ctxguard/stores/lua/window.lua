@@ -5,7 +5,7 @@
 --       4 token budget, 5 min messages (always fetched, whatever the budget),
 --       6 expected state token ('' = fetch), 7 audit record JSON ('' = none),
 --       8 audit retention, 9 n new, then n x (id, record, tokens, pinned)
--- Returns, when the state token is ARGV[6] and no new id is stored yet (a hit):
+-- Returns, when the state token was ARGV[6] and every new message was stored (a hit):
 --           {'hit', append_result, turn of the audit record (0 = none), state token}
 --          else: {append_result or false, meta (flat HGETALL), summary JSON or false,
 --           first seq of recent, recent records, recent counts,
@@ -18,21 +18,27 @@
 local n = tonumber(ARGV[9])
 local min_messages = tonumber(ARGV[5])
 local appended = false
+local before
 if n > 0 then
   local full = over_cap(10, n, ARGV[3])
   if full then return {{-1, full}} end
-end
-if ARGV[6] ~= '' and ARGV[6] == state_token() and all_fresh(10, n) then
   appended = append_many(10, n, ARGV[1])
+  before = appended[3]
+  touch(ARGV[2])
+else
+  before = state_token()
+end
+-- A hit: the caller planned on the state `before`, and every new message is now stored.
+if ARGV[6] ~= '' and ARGV[6] == before and (n == 0 or all_stored(appended)) then
   local turn = 0
   if ARGV[7] ~= '' then turn = add_audit(ARGV[7], ARGV[8]) end
-  touch(ARGV[2])
-  return {'hit', appended, turn, state_token()}
+  if n == 0 then
+    touch(ARGV[2])
+    appended = {redis.call('LLEN', KEYS[K_MSGS]), {}, before, before}
+  end
+  return {'hit', appended, turn, appended[4]}
 end
-if n > 0 then
-  appended = append_many(10, n, ARGV[1])
-  touch(ARGV[2])
-end
+if appended then appended = {appended[1], appended[2]} end
 
 local budget = tonumber(ARGV[4])
 local counter = ARGV[1]
