@@ -15,7 +15,7 @@ from typing import Any
 
 from ctxguard.errors import BudgetError, CtxGuardError, MessageTooLongError, SummarizerError
 from ctxguard.guard.config import GuardConfig
-from ctxguard.guard.plan import Budget, Item, Plan, SummaryRequest
+from ctxguard.guard.plan import Budget, Item, Plan, Sent, SummaryRequest
 from ctxguard.guard.policies import WindowPolicy, check_plan, group, plan_request, tail_start
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.truncate import shrink_message
@@ -48,6 +48,7 @@ class Speculation:
 
     fetch: WindowFetch
     plan: Plan
+    sent: Sent
     total: int
     record: dict[str, Any]
     write: RecordWrite | None
@@ -197,12 +198,12 @@ class GuardCore:
             plan, recounts = self.plan(fetch, budget)
             if recounts or plan.summarize is not None or self.refetch(fetch, plan, budget):
                 return None
-            total = self.finalize(plan, budget, tools)
+            total, sent = self.finalize(plan, budget, tools)
         except CtxGuardError:
             return None  # the fetch path appends the messages, then raises the same error
-        record = self.audit_record(plan, total, budget, fetch, tools)
+        record = self.audit_record(plan, sent, total, budget, fetch, tools)
         write = None if self.config.audit_mode == "with_reply" else self.write({}, record)
-        return Speculation(fetch, plan, total, record, write)
+        return Speculation(fetch, plan, sent, total, record, write)
 
     def committed(self, session_id: str, speculation: Speculation, hit: WindowHit) -> None:
         """The store took the speculative request: the cache moves to the new state."""
@@ -221,8 +222,7 @@ class GuardCore:
         """
         if fetch.reached_start:
             return None
-        others = [s for s in fetch.recent if not s.message.is_pinned_role]
-        if not any(s.message.role == "user" for s in others):
+        if not any(s.message.role == "user" for s in reversed(fetch.recent)):
             return budget.prompt, 2 * len(fetch.recent) + 8
         used = plan.item_tokens() + budget.overhead
         if fetch.recent and plan.window_start <= fetch.recent[0].seq and used < budget.prompt // 2:
@@ -235,16 +235,18 @@ class GuardCore:
 
     # -- the exact count -------------------------------------------------------
 
-    def finalize(self, plan: Plan, budget: Budget, tools: Tools | None) -> int:
-        """The exact prompt count; for non-additive templates render, trimming if over."""
+    def finalize(self, plan: Plan, budget: Budget, tools: Tools | None) -> tuple[int, Sent]:
+        """The exact prompt count and what is sent; non-additive templates are rendered
+        (and trimmed if over)."""
         if self.counter.additive:
             total = budget.overhead + plan.item_tokens()
         else:
             total = self._render_to_fit(plan, budget, tools)
-        problems = check_plan(plan, budget, total)
+        sent = plan.sent()
+        problems = check_plan(sent.messages, budget, total)
         if problems:
             raise CtxGuardError("internal error, request failed its checks: " + "; ".join(problems))
-        return total
+        return total, sent
 
     def _render_to_fit(self, plan: Plan, budget: Budget, tools: Tools | None) -> int:
         while True:
@@ -282,18 +284,23 @@ class GuardCore:
     # -- records ---------------------------------------------------------------
 
     def audit_record(
-        self, plan: Plan, total: int, budget: Budget, fetch: WindowFetch, tools: Tools | None
+        self,
+        plan: Plan,
+        sent: Sent,
+        total: int,
+        budget: Budget,
+        fetch: WindowFetch,
+        tools: Tools | None,
     ) -> dict[str, Any]:
         """The request record (``turn`` first and 0: the store numbers it)."""
         session_id = fetch.info.session_id
-        sent = plan.ordered()
         return {
             "turn": 0,
             "kind": "request",
             "session": session_id,
             "at": datetime.now(UTC).isoformat(),
-            "sent_ids": [m.id for m in plan.messages()],
-            "sent_seqs": [i.seq for i in sent],
+            "sent_ids": [m.id for m in sent.messages],
+            "sent_seqs": [i.seq for i in sent.items],
             "summary_version": plan.summary_version if plan.summary_message else 0,
             "summary_covers_to": plan.summary_covers_to if plan.summary_message else 0,
             "summary_tokens": plan.summary_tokens,
@@ -329,6 +336,7 @@ class GuardCore:
         session_id: str,
         turn: int,
         plan: Plan,
+        sent: Sent,
         total: int,
         budget: Budget,
         tools: Tools | None,
@@ -338,7 +346,7 @@ class GuardCore:
             pending_audit=pending,
             session_id=session_id,
             turn=turn,
-            messages=tuple(plan.messages()),
+            messages=sent.messages,
             tokens=total,
             exact=self.counter.exact,
             limit=budget.limit,
@@ -350,7 +358,7 @@ class GuardCore:
             decisions=tuple(plan.decisions),
             tools=tuple(tools) if tools else None,
             counter=self.counter.fingerprint,
-            sent_seqs=tuple(i.seq for i in plan.ordered()),
+            sent_seqs=tuple([i.seq for i in sent.items]),
         )
 
     def hold(self, session_id: str, record: dict[str, Any]) -> None:

@@ -100,8 +100,8 @@ def prepare(
         plan, recounts = core.plan(fetch, budget)
     if plan.summarize is not None:
         plan, fetch = yield from _fold(core, session_id, plan, fetch, budget)
-    total = core.finalize(plan, budget, tools)
-    record = core.audit_record(plan, total, budget, fetch, tools)
+    total, sent = core.finalize(plan, budget, tools)
+    record = core.audit_record(plan, sent, total, budget, fetch, tools)
     if recounts or plan.summarize is not None:
         core.cache.evict(session_id)  # the writes below move the session's state on
     else:
@@ -110,9 +110,9 @@ def prepare(
         if recounts:
             yield StoreCall("record", (session_id, core.write(recounts, None)))
         core.hold(session_id, record)
-        return core.prepared(session_id, 0, plan, total, budget, tools, pending=record)
+        return core.prepared(session_id, 0, plan, sent, total, budget, tools, pending=record)
     turn: int = yield StoreCall("record", (session_id, core.write(recounts, record)))
-    return core.prepared(session_id, turn, plan, total, budget, tools)
+    return core.prepared(session_id, turn, plan, sent, total, budget, tools)
 
 
 def _committed(
@@ -127,8 +127,10 @@ def _committed(
     core.committed(session_id, fast, hit)
     if core.config.audit_mode == "with_reply":
         core.hold(session_id, fast.record)
-        return core.prepared(session_id, 0, fast.plan, fast.total, budget, tools, fast.record)
-    return core.prepared(session_id, hit.turn, fast.plan, fast.total, budget, tools)
+        return core.prepared(
+            session_id, 0, fast.plan, fast.sent, fast.total, budget, tools, fast.record
+        )
+    return core.prepared(session_id, hit.turn, fast.plan, fast.sent, fast.total, budget, tools)
 
 
 def flush(core: GuardCore, session_id: str | None = None) -> Flow[None]:

@@ -54,6 +54,14 @@ class SummaryRequest:
     covers_to: int
 
 
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A finished plan's output: the items sent (pinned first) and the messages in order."""
+
+    items: tuple[Item, ...]
+    messages: tuple[Message, ...]
+
+
 @dataclass(slots=True)
 class Plan:
     """What to send, and why: the output of the policies for one request."""
@@ -94,6 +102,16 @@ class Plan:
             out.append(self.summary_message)
         out += [i.message for i in body]
         return out
+
+    def sent(self) -> Sent:
+        """What goes out, in order, made once for the count check, the record and the result."""
+        head, body = self._split()
+        items = head + body
+        messages = [i.message for i in head]
+        if self.summary_message is not None:
+            messages.append(self.summary_message)
+        messages += [i.message for i in body]
+        return Sent(tuple(items), tuple(messages))
 
     def item_tokens(self) -> int:
         return (

@@ -284,9 +284,9 @@ def _with_summary(
     return chosen
 
 
-def check_plan(plan: Plan, budget: Budget, total: int) -> list[str]:
+def check_plan(messages: Sequence[Message], budget: Budget, total: int) -> list[str]:
     """Post-conditions every returned request must meet (raised on as a bug if broken)."""
-    problems = tool_problems(plan.messages())
+    problems = tool_problems(messages)
     if total > budget.prompt:
         problems.append(f"request is {total} tokens, over the prompt budget {budget.prompt}")
     return problems

@@ -107,7 +107,7 @@ def replay_turn(
     )
     try:
         plan, _ = core.plan(fetch, budget)
-        total = core.finalize(plan, budget, None)
+        total, _ = core.finalize(plan, budget, None)
     except BudgetError as exc:
         return replace(base, error=str(exc))
     return replace(base, replayed_ids=tuple(m.id for m in plan.messages()), replayed_tokens=total)

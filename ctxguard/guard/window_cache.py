@@ -18,14 +18,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
     StoredMessage,
     WindowFetch,
-    walk_back,
 )
 
 # A copy that grows past this many messages without a prepare (bulk appends) is dropped.
@@ -113,23 +112,21 @@ def speculate(
 ) -> WindowFetch | None:
     """What ``fetch_window(budget, new, min_messages)`` would return if the session is as cached.
 
-    None when the copy cannot tell: a count is unknown, a new id repeats, or
-    the walk would reach back past the cached messages.
+    None when the copy cannot tell: a count the walk needs is unknown, a new id
+    repeats, or the walk would reach back past the cached messages. The walk is
+    :func:`~ctxguard.stores.base.walk_back`, written out here: it runs every turn.
     """
     ids = [n.message.id for n in new]
-    if len(set(ids)) != len(ids) or any(n.tokens is None for n in new):
+    if len(set(ids)) != len(ids):
         return None
     count = entry.info.message_count
     length = count + len(new)
     tail = tuple(StoredMessage(count + i, n.message, n.tokens) for i, n in enumerate(new))
     run = entry.recent + tail
-    start = run[0].seq if run else length
-    if any(s.tokens is None for s in run) or (start > 0 and entry.stop_tokens is None):
+    cut = _walk_run(run, length, budget, min_messages, entry.stop_tokens)
+    if cut is None:
         return None
-    first, stopped = walk_back(_costs(run, start, entry.stop_tokens), length, budget, min_messages)
-    if first < start or (not stopped and first > 0):
-        return None  # the walk needs messages older than the copy holds
-    cut = first - start
+    first = run[cut].seq if cut < len(run) else length
     pinned = entry.pinned + tuple(s for s in run[:cut] if s.message.is_pinned_role)
     stop = run[cut - 1].tokens if cut > 0 else entry.stop_tokens
     info = dataclasses.replace(
@@ -143,11 +140,32 @@ def speculate(
     )
 
 
-def _costs(
-    run: Sequence[StoredMessage], start: int, stop_tokens: int | None
-) -> Iterator[tuple[int, int]]:
-    """(seq, tokens) newest first, then the message before the copy (if any) by its count."""
-    for stored in reversed(run):
-        yield stored.seq, stored.tokens or 0
-    if start > 0 and stop_tokens is not None:
-        yield start - 1, stop_tokens
+def _walk_run(
+    run: Sequence[StoredMessage],
+    length: int,
+    budget: int,
+    min_messages: int,
+    stop_tokens: int | None,
+) -> int | None:
+    """Index in ``run`` where the window walk starts, or None if the copy cannot tell."""
+    total = 0
+    index = len(run)
+    while index > 0:
+        stored = run[index - 1]
+        cost = stored.tokens
+        if cost is None:
+            return None  # the store would estimate it: leave that to a fetch
+        if total + cost > budget and length - stored.seq > min_messages:
+            return index
+        total += cost
+        index -= 1
+    start = run[0].seq if run else length
+    if start == 0:
+        return 0  # reached the first message
+    if (
+        stop_tokens is not None
+        and total + stop_tokens > budget
+        and length - start + 1 > min_messages
+    ):
+        return 0  # the message before the copy stops the walk, as it did before
+    return None

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
 import pydantic
+import pydantic_core
 
 from ctxguard.errors import CorruptRecordError, InvalidInputError
 from ctxguard.messages import Message
@@ -329,8 +330,13 @@ REQUEST_RECORD_HEAD = '{"turn":0,'
 
 
 def encode_audit(record: Mapping[str, Any]) -> str:
-    """JSON for an audit record; request records (``turn`` first, 0) get numbered by the store."""
-    return json.dumps(record, default=str, ensure_ascii=False, separators=(",", ":"))
+    """Compact JSON for an audit record (one per turn: pydantic-core's encoder is ~4x
+    json's); request records (``turn`` first, 0) get numbered by the store."""
+    try:
+        return pydantic_core.to_json(record, fallback=str).decode()
+    except (pydantic_core.PydanticSerializationError, ValueError, UnicodeError):
+        # e.g. a lone surrogate in a summarizer's error text: escaped JSON still round-trips
+        return json.dumps(record, default=str, ensure_ascii=True, separators=(",", ":"))
 
 
 def decode_audit(session_id: str, index: int, raw: str | bytes) -> dict[str, Any]:
