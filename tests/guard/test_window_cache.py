@@ -294,3 +294,33 @@ def test_a_refused_request_on_a_cached_session_still_stores_the_message(
     with pytest.raises(BudgetError):
         guard.prepare("s", [huge])
     assert guard.store.read("s")[-1].message.id == huge.id
+
+
+async def test_the_async_guard_takes_the_same_cached_path(namespace: str, redis_url: str) -> None:
+    from ctxguard import AsyncGuard
+    from ctxguard.stores import open_async_store
+
+    store = open_async_store(redis_url, namespace=namespace)
+    calls: list[str] = []
+    for name in ("fetch_window", "commit_if_unchanged", "record", "append_with_audit"):
+        setattr(store, name, _spied(getattr(store, name), name, calls))
+    guard = AsyncGuard(store, counter="approx", limit=400, max_tokens=60)
+    oracle = make_guard(open_store(redis_url, namespace=namespace), window_cache_size=0)
+    await guard.append("s", [SYSTEM])
+    for i in range(4):
+        calls.clear()
+        new = [said(f"question {i} " + "word " * 20)]
+        got = await guard.prepare("s", new)
+        assert calls == (["fetch_window", "record"] if i == 0 else ["commit_if_unchanged"])
+        same_request(got, oracle.prepare("s", new))
+        await guard.complete("s", said(f"answer {i} " + "word " * 20, "assistant"))
+    await guard.aclose()
+    oracle.close()
+
+
+def _spied(method: Any, name: str, calls: list[str]) -> Any:
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        calls.append(name)
+        return await method(*args, **kwargs)
+
+    return call

@@ -531,3 +531,17 @@ async def test_two_stores_on_the_same_sessions_share_the_token(
     hit = await two.commit_if_unchanged("s", token, BIG, COUNTED, [new("b", tokens=1)], 0, None)
     assert isinstance(hit, WindowHit)
     assert await token_of(one) == hit.token
+
+
+def test_an_audit_record_that_json_cannot_encode_as_utf8_is_escaped() -> None:
+    from ctxguard.stores.base import REQUEST_RECORD_HEAD, decode_audit, encode_audit
+
+    record = {"turn": 0, "kind": "request", "error": "bad \ud800 text", "n": [1, 2]}
+    raw = encode_audit(record)
+    assert raw.startswith(REQUEST_RECORD_HEAD)
+    raw.encode("utf-8")  # storable: no lone surrogate left in the text
+    assert decode_audit("s", 0, raw) == record
+    plain = {"turn": 0, "kind": "request", "text": "日本 🙂", "ok": True, "none": None}
+    assert (
+        encode_audit(plain) == '{"turn":0,"kind":"request","text":"日本 🙂","ok":true,"none":null}'
+    )
