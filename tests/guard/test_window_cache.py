@@ -324,3 +324,36 @@ def _spied(method: Any, name: str, calls: list[str]) -> Any:
         return await method(*args, **kwargs)
 
     return call
+
+
+@pytest.mark.redis
+def test_a_history_that_diverged_after_a_lost_write_is_not_served_from_the_copy(
+    redis_url: str, namespace: str
+) -> None:
+    """A failover to a replica that missed our last write, then another writer's append:
+    the version counter is back where ours was, but the token is not."""
+    from ctxguard.stores.keys import KeySpace
+    from tests.conftest import raw_client
+
+    guard = make_guard(open_store(redis_url, namespace=namespace))
+    other = make_guard(open_store(redis_url, namespace=namespace), window_cache_size=0)
+    guard.append("s", [SYSTEM])
+    guard.prepare("s", [said("first question")])
+    keys = KeySpace(namespace, "default").session_keys("s")
+    client = raw_client(redis_url)
+    try:
+        snapshot = {k: client.dump(k) for k in keys if client.exists(k)}
+        lost = said("an answer the failover loses", "assistant")
+        guard.complete("s", lost)  # the copy now holds it, with the token after it
+        for key in keys:  # the replica that takes over never saw the answer
+            client.delete(key)
+        for key, value in snapshot.items():
+            client.restore(key, 0, value)
+        other.complete("s", said("another writer's answer", "assistant"))
+    finally:
+        client.close()
+
+    req = guard.prepare("s", [said("next question")])
+    sent = [m.id for m in req.messages]
+    assert lost.id not in sent
+    assert sent == [m.message.id for m in guard.store.read("s")]

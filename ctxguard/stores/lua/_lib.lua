@@ -9,16 +9,20 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The session's state token: its creation stamp and a version that moves on with
--- every change a window could see (messages, counts, counter, summary). A guard
--- that cached a window sends it back; window.lua commits only if it still holds.
+-- The session's state token: its creation stamp, a version that moves on with
+-- every change a window could see (messages, counts, counter, summary), and the
+-- server time of that change in microseconds (so that two histories that diverged,
+-- e.g. across a failover that lost a write, never share a token). A guard that
+-- cached a window sends it back; window.lua commits only if it still holds.
 local function state_token()
-  local v = redis.call('HMGET', KEYS[K_META], 'epoch', 'ver')
+  local v = redis.call('HMGET', KEYS[K_META], 'epoch', 'ver', 'stamp')
   if not v[1] then return '' end
-  return v[1] .. ':' .. (v[2] or '0')
+  return v[1] .. ':' .. (v[2] or '0') .. ':' .. (v[3] or '')
 end
 
 local function changed()
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[K_META], 'stamp', t[1] .. '.' .. t[2])
   redis.call('HINCRBY', KEYS[K_META], 'ver', 1)
 end
 
@@ -71,12 +75,13 @@ end
 -- flags[i] = 1 if stored, 0 if the id was already there. The meta hash is read once
 -- and written once: this runs on every turn.
 local function append_many(first, n, counter)
-  local meta = redis.call('HMGET', KEYS[K_META], 'created', 'counter', 'epoch', 'ver', 'tokens')
+  local meta = redis.call('HMGET', KEYS[K_META], 'created', 'counter', 'epoch', 'ver', 'tokens',
+    'stamp')
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local epoch, ver, total = meta[3], tonumber(meta[4] or '0'), tonumber(meta[5] or '0')
-  local before = ''
-  if epoch then before = epoch .. ':' .. ver end
+  local before, stamp = '', meta[6] or ''
+  if epoch then before = epoch .. ':' .. ver .. ':' .. stamp end
   local fields = {'updated', now}
   if not meta[1] then
     -- the epoch (creation time in microseconds) tells a re-created session from the old one
@@ -88,6 +93,7 @@ local function append_many(first, n, counter)
   if counter ~= '' and meta[2] ~= counter then
     switch_counter(counter)  -- counts become unknown; moves ver on by one
     ver, total = ver + 1, 0
+    stamp = redis.call('HGET', KEYS[K_META], 'stamp')
   end
   local flags = {}
   local count = redis.call('LLEN', KEYS[K_MSGS])
@@ -107,11 +113,11 @@ local function append_many(first, n, counter)
       flags[#flags + 1] = 0
     end
   end
-  if count > start_count then ver = ver + 1 end
-  local f = {'count', count, 'tokens', total, 'ver', ver}
+  if count > start_count then ver, stamp = ver + 1, t[1] .. '.' .. t[2] end
+  local f = {'count', count, 'tokens', total, 'ver', ver, 'stamp', stamp}
   for i = 1, #f do fields[#fields + 1] = f[i] end
   redis.call('HSET', KEYS[K_META], unpack(fields))
-  return {count, flags, before, epoch .. ':' .. ver}
+  return {count, flags, before, epoch .. ':' .. ver .. ':' .. stamp}
 end
 
 -- True when an append result stored every message it was given.
