@@ -17,18 +17,21 @@ class GuardConfig:
     """How the guard budgets requests. Every field has a safe default.
 
     ``audit_mode="sync"`` writes each request's audit record before
-    :meth:`prepare` returns (durable; one extra round trip). ``"with_reply"``
-    writes it together with the reply in :meth:`complete` (with the server's
-    usage in the same record), so a turn costs the same two round trips as a
-    bare Redis client; a request whose ``complete`` never comes is recorded at
-    the session's next prepare/complete or at ``close()``, and lost only if the
-    process dies first.
+    :meth:`prepare` returns (durable): in the same round trip as the new
+    messages when the session's window is cached, in one more after a fetch.
+    ``"with_reply"`` writes it together with the reply in :meth:`complete`
+    (with the server's usage in the same record), so even an uncached turn
+    costs two round trips; a request whose ``complete`` never comes is recorded
+    at the session's next prepare/complete or at ``close()``, and lost only if
+    the process dies first.
 
     ``window_cache_size`` is how many sessions' last windows the guard keeps
-    in memory (0 turns it off). With a cached window a prepare plans first and
-    sends one atomic "commit if the session is unchanged" (which also writes
-    the audit record); if anything else changed the session, the store answers
-    with a fresh window and the guard plans again. It costs memory, not safety.
+    in memory (0 turns it off), and ``window_cache_bytes`` about how much memory
+    those copies may take together (64 MiB by default). With a
+    cached window a prepare plans first and sends one atomic "commit if the
+    session is unchanged" (which also writes the audit record); if anything
+    else changed the session, the store answers with a fresh window and the
+    guard plans again. It costs memory, not safety.
 
     ``max_tokens`` is the output reserved when a request does not say;
     ``summarize_after`` is how many dropped, not-yet-summarized messages
@@ -53,6 +56,7 @@ class GuardConfig:
     audit_retention: int = 1000
     audit_mode: Literal["sync", "with_reply"] = "sync"
     window_cache_size: int = 1024
+    window_cache_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
         for name in (
@@ -61,6 +65,7 @@ class GuardConfig:
             "summarize_after",
             "audit_retention",
             "window_cache_size",
+            "window_cache_bytes",
         ):
             _non_negative(name, getattr(self, name))
         for name in (

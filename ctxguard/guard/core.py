@@ -75,7 +75,7 @@ class GuardCore:
             ttl_seconds=config.ttl_seconds,
             max_messages=config.max_stored_messages,
         )
-        self.cache = WindowCache(config.window_cache_size)
+        self.cache = WindowCache(config.window_cache_size, config.window_cache_bytes)
 
     # -- new messages: validated, capped and counted exactly once ------------
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ctxguard import Guard
 from ctxguard.errors import BudgetError
 from ctxguard.guard.prepared import PreparedRequest
-from ctxguard.guard.window_cache import WindowCache, extend, speculate
+from ctxguard.guard.window_cache import WindowCache, estimated_bytes, extend, speculate
 from ctxguard.messages import Message
 from ctxguard.stores import NewMessage, Summary, WriteOptions, open_store
 from ctxguard.stores.base import SessionStore
@@ -177,6 +177,25 @@ def test_the_lru_keeps_the_newest_sessions() -> None:
     off = WindowCache(0)
     off.put("a", store.fetch_window("a", 10, COUNTER))
     assert off.get("a") is None
+
+
+def test_the_cache_holds_no_more_than_its_memory_bound() -> None:
+    store = MemoryStore()
+    for sid, size in (("small", 1), ("big", 40), ("huge", 400)):
+        store.append(sid, [NewMessage(said(f"m{i}"), 10) for i in range(size)], COUNTER)
+    windows = {sid: store.fetch_window(sid, 10_000, COUNTER) for sid in ("small", "big", "huge")}
+    bound = estimated_bytes(windows["small"]) + estimated_bytes(windows["big"])
+    cache = WindowCache(100, max_bytes=bound)
+    cache.put("small", windows["small"])
+    cache.put("big", windows["big"])
+    assert cache.bytes == bound and len(cache) == 2
+    cache.put("huge", windows["huge"])  # alone over the bound: never kept, evicts nothing
+    assert cache.get("huge") is None and len(cache) == 2
+    cache.put("small", windows["big"])  # replacing an entry re-weighs it: the oldest goes
+    assert cache.get("big") is None and cache.get("small") is not None
+    assert cache.bytes == estimated_bytes(windows["big"]) <= bound
+    cache.evict()
+    assert (len(cache), cache.bytes) == (0, 0)
 
 
 # -- the guard: one round trip, and the same request as without a cache ----------
