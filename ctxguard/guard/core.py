@@ -207,7 +207,17 @@ class GuardCore:
 
     def committed(self, session_id: str, speculation: Speculation, hit: WindowHit) -> None:
         """The store took the speculative request: the cache moves to the new state."""
-        fetch = dataclasses.replace(speculation.fetch, appended=hit.appended, token=hit.token)
+        spec = speculation.fetch
+        fetch = WindowFetch(
+            spec.info,
+            spec.pinned,
+            spec.recent,
+            spec.summary,
+            spec.reached_start,
+            hit.appended,
+            hit.token,
+            spec.stop_tokens,
+        )
         if hit.appended.message_count != fetch.info.message_count or hit.appended.duplicates:
             self.cache.evict(session_id)  # cannot happen when the token held; never trust it
         else:

@@ -15,7 +15,6 @@ re-plan, never a wrong request.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from collections.abc import Sequence
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
+    SessionInfo,
     StoredMessage,
     WindowFetch,
 )
@@ -129,13 +129,16 @@ def extend(
     run = entry.recent + tuple(
         StoredMessage(count + i, n.message, n.tokens) for i, n in enumerate(fresh)
     )
-    info = dataclasses.replace(
-        entry.info,
-        message_count=result.message_count,
-        token_total=entry.info.token_total + sum(n.tokens or 0 for n in fresh),
-    )
-    return dataclasses.replace(
-        entry, info=info, recent=run, appended=None, token=result.token_after
+    info = _grown(entry.info, result.message_count, fresh)
+    return WindowFetch(
+        info,
+        entry.pinned,
+        run,
+        entry.summary,
+        entry.reached_start,
+        None,
+        result.token_after,
+        entry.stop_tokens,
     )
 
 
@@ -161,14 +164,25 @@ def speculate(
     first = run[cut].seq if cut < len(run) else length
     pinned = entry.pinned + tuple(s for s in run[:cut] if s.message.is_pinned_role)
     stop = run[cut - 1].tokens if cut > 0 else entry.stop_tokens
-    info = dataclasses.replace(
-        entry.info,
-        message_count=length,
-        token_total=entry.info.token_total + sum(n.tokens or 0 for n in new),
-    )
+    info = _grown(entry.info, length, new)
     appended = AppendResult(tuple(ids), (), length)
     return WindowFetch(
         info, pinned, run[cut:], entry.summary, first == 0, appended, entry.token, stop
+    )
+
+
+def _grown(info: SessionInfo, count: int, added: Sequence[NewMessage]) -> SessionInfo:
+    """``info`` after appending ``added`` (built directly: this runs twice a turn)."""
+    return SessionInfo(
+        info.session_id,
+        count,
+        info.token_total + sum([n.tokens or 0 for n in added]),
+        info.counter,
+        info.created_at,
+        info.updated_at,
+        info.ttl_seconds,
+        info.summary_version,
+        info.audit_count,
     )
 
 

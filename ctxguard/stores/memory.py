@@ -389,9 +389,10 @@ class MemoryStore:
             removed = [
                 self._stored(session_id, session, s) for s in range(keep, len(session.records))
             ]
+            if not removed:  # as retract.lua: nothing removed, nothing recorded
+                return []
             _drop_tail(session, keep)
-            if removed:
-                session.changed()
+            session.changed()
             record = {
                 "kind": "retract",
                 "at": datetime.now(UTC).isoformat(),

@@ -376,3 +376,28 @@ def test_a_history_that_diverged_after_a_lost_write_is_not_served_from_the_copy(
     sent = [m.id for m in req.messages]
     assert lost.id not in sent
     assert sent == [m.message.id for m in guard.store.read("s")]
+
+
+def test_the_copies_built_field_by_field_keep_every_field() -> None:
+    """extend/speculate build WindowFetch and SessionInfo positionally (speed): a field
+    added later must not be dropped silently."""
+    import dataclasses
+
+    from ctxguard.guard.window_cache import _grown
+
+    store = MemoryStore()
+    store.append("s", [NewMessage(said("a"), 3), NewMessage(said("b"), 4)], COUNTER)
+    entry = store.fetch_window("s", 100, COUNTER)
+    new = [NewMessage(said("c"), 5)]
+    grown = _grown(entry.info, 3, new)
+    want = dataclasses.replace(entry.info, message_count=3, token_total=12)
+    assert [getattr(grown, f.name) for f in dataclasses.fields(grown)] == [
+        getattr(want, f.name) for f in dataclasses.fields(want)
+    ]
+    appended = store.append("s", new, COUNTER)
+    extended = extend(entry, new, appended)
+    assert extended is not None
+    fresh = store.fetch_window("s", 100, COUNTER)
+    for f in dataclasses.fields(fresh):
+        if f.name not in ("info", "appended"):
+            assert getattr(extended, f.name) == getattr(fresh, f.name), f.name

@@ -70,3 +70,12 @@ async def test_retract_of_everything_empties_the_session(store: StoreFacade) -> 
 
 async def test_retract_on_a_missing_session_removes_nothing(store: StoreFacade) -> None:
     assert await store.retract("nobody", 3) == []
+
+
+async def test_retracting_nothing_records_nothing(store: StoreFacade) -> None:
+    await store.append("s", batch(2), OPTIONS)
+    assert await store.retract("s", 0) == []
+    assert await store.read_audit("s") == []
+    assert len(await store.read("s")) == 2
+    await store.retract("s", 1)
+    assert [r["kind"] for r in await store.read_audit("s")] == ["retract"]
