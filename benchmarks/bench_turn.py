@@ -832,45 +832,34 @@ def evaluate(report: dict[str, Any]) -> dict[str, Any]:
     targets: list[dict[str, Any]] = []
     info: list[dict[str, Any]] = []
 
-    def ratio_to(name: str, size: int, floor: str) -> None:
-        ratio = p50[(name, size)] / p50[(floor, size)]
-        if name in TARGETED_SYSTEMS:
-            targets.append(
-                {
-                    "target": f"{name} p50 / {floor} p50 at {size:,} <= {TARGET_FLOOR_RATIO}",
-                    "value": ratio,
-                    "pass": ratio <= TARGET_FLOOR_RATIO,
-                }
-            )
+    def judge(name: str, what: str, ratio: float, bound: float | None) -> None:
+        """A target line for a targeted system (when there is a bound), else information."""
+        if name in TARGETED_SYSTEMS and bound is not None:
+            targets.append({"target": f"{what} <= {bound}", "value": ratio, "pass": ratio <= bound})
         else:
-            info.append({"what": f"{name} p50 / {floor} p50 at {size:,}", "value": ratio})
+            info.append({"what": what, "value": ratio})
+
+    def divide(a: tuple[str, int], b: tuple[str, int]) -> float | None:
+        return p50[a] / p50[b] if a in p50 and b in p50 else None
 
     for name in CTXGUARD_SYSTEMS:
         for size in sizes:
             floor = baseline(name, size, p50)
-            if (name, size) not in p50 or floor is None:
+            ratio = divide((name, size), (floor, size)) if floor else None
+            if floor is None or ratio is None:
                 continue
-            ratio_to(name, size, floor)
-            if floor != "floor" and ("floor", size) in p50:  # async against the sync floor
-                ratio = p50[(name, size)] / p50[("floor", size)]
-                info.append({"what": f"{name} p50 / floor p50 at {size:,}", "value": ratio})
+            judge(name, f"{name} p50 / {floor} p50 at {size:,}", ratio, TARGET_FLOOR_RATIO)
+            sync_ratio = divide((name, size), ("floor", size))
+            if floor != "floor" and sync_ratio is not None:  # async against the sync floor
+                judge(name, f"{name} p50 / floor p50 at {size:,}", sync_ratio, None)
         lo, hi = min(sizes), max(sizes)
-        if lo != hi and (name, lo) in p50 and (name, hi) in p50:
-            ratio = p50[(name, hi)] / p50[(name, lo)]
-            if name in TARGETED_SYSTEMS:
-                targets.append(
-                    {
-                        "target": f"{name} p50 {hi:,} / p50 {lo:,} <= {TARGET_SCALING}",
-                        "value": ratio,
-                        "pass": ratio <= TARGET_SCALING,
-                    }
-                )
-            else:
-                info.append({"what": f"{name} p50 {hi:,} / p50 {lo:,}", "value": ratio})
+        scaling = divide((name, hi), (name, lo))
+        if lo != hi and scaling is not None:
+            judge(name, f"{name} p50 {hi:,} / p50 {lo:,}", scaling, TARGET_SCALING)
     for size in sizes:  # what the asyncio client itself costs
-        if ("floor-async", size) in p50 and ("floor", size) in p50:
-            ratio = p50[("floor-async", size)] / p50[("floor", size)]
-            info.append({"what": f"floor-async p50 / floor p50 at {size:,}", "value": ratio})
+        client = divide(("floor-async", size), ("floor", size))
+        if client is not None:
+            judge("floor-async", f"floor-async p50 / floor p50 at {size:,}", client, None)
     report["targets"] = targets
     report["info"] = info
     return report
