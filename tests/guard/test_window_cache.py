@@ -401,3 +401,41 @@ def test_the_copies_built_field_by_field_keep_every_field() -> None:
     for f in dataclasses.fields(fresh):
         if f.name not in ("info", "appended"):
             assert getattr(extended, f.name) == getattr(fresh, f.name), f.name
+
+
+def test_threads_sharing_a_guard_and_a_session_each_send_the_newest_window(
+    open_one: Callable[[], SessionStore],
+) -> None:
+    """Every request is a contiguous run of the history ending at its own user message,
+    as the history stood when it was committed: no thread is served a stale copy."""
+    import threading
+
+    guard = make_guard(open_one(), limit=300, max_tokens=40)
+    guard.append("s", [SYSTEM])
+    sent: list[PreparedRequest] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def writer(name: str) -> None:
+        try:
+            for i in range(25):
+                req = guard.prepare("s", [said(f"{name} asks {i} " + "word " * (i % 7))])
+                guard.complete("s", said(f"{name} answer {i}", "assistant"))
+                with lock:
+                    sent.append(req)
+        except BaseException as exc:  # reported below, with the thread's name
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(f"w{k}",)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    history = [m.message.id for m in guard.store.read("s")]
+    assert len(history) == len(set(history)) == 1 + 4 * 25 * 2
+    for req in sent:
+        body = [m.id for m in req.messages if m.role != "system"]
+        end = history.index(body[-1])
+        assert body == history[end - len(body) + 1 : end + 1]
+        assert req.tokens + req.reserved_output <= req.limit
