@@ -1,8 +1,12 @@
 """Load: N concurrent asyncio clients over M sessions doing full turns.
 
-A turn is ``AsyncGuard.prepare`` (one script: append the user message and
-fetch the window; then one pipelined round trip: token counts + the audit
-record) followed by ``AsyncGuard.complete`` (one script: append the reply).
+A turn is ``AsyncGuard.prepare`` followed by ``AsyncGuard.complete`` (one
+script: append the reply). With the session's window cached, prepare is one
+script (append the user message + the audit record, if the session is
+unchanged); otherwise one script appends and fetches the window, and one more
+writes the audit record. Client c's t-th turn goes to session (c + t * clients)
+mod sessions; clients drift apart, so two of them sometimes meet on one
+session, and the one that commits second re-plans on a fetch.
 Targets: a single Redis and a Redis Cluster (when a URL is given), in the same
 run, each next to ``redis-benchmark``'s figure for the closest stock mix.
 
