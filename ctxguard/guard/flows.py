@@ -98,12 +98,13 @@ def prepare(
         yield StoreCall("set_token_counts", (session_id, core.counter.fingerprint, recounts))
         fetch = yield StoreCall("fetch_window", (session_id, again[0], options, (), again[1]))
         plan, recounts = core.plan(fetch, budget)
-    if plan.summarize is not None:
+    folding = plan.summarize is not None
+    if folding:
         plan, fetch = yield from _fold(core, session_id, plan, fetch, budget)
     total, sent = core.finalize(plan, budget, tools)
     record = core.audit_record(plan, sent, total, budget, fetch, tools)
-    if recounts or plan.summarize is not None:
-        core.cache.evict(session_id)  # the writes below move the session's state on
+    if recounts or folding:
+        core.cache.evict(session_id)  # a summary or the recounts move the session's state on
     else:
         core.cache.put(session_id, fetch)
     if core.config.audit_mode == "with_reply":
