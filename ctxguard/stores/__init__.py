@@ -27,6 +27,7 @@ from ctxguard.stores.base import (
     StoredMessage,
     Summary,
     WindowFetch,
+    WindowHit,
     WriteOptions,
 )
 from ctxguard.stores.memory import AsyncMemoryStore, MemoryStore
@@ -88,6 +89,7 @@ __all__ = [
     "StoredMessage",
     "Summary",
     "WindowFetch",
+    "WindowHit",
     "WriteOptions",
     "open_async_store",
     "open_store",
