@@ -1,0 +1,61 @@
+"""The plain-Redis stores send EVALSHA on a pooled connection themselves (speed):
+they must still survive a flushed script cache and error replies, sync and async."""
+
+from __future__ import annotations
+
+import pytest
+
+from ctxguard.errors import StoreError
+from ctxguard.messages import Message
+from ctxguard.stores import NewMessage, WriteOptions, open_async_store, open_store
+from ctxguard.stores.keys import KeySpace
+from tests.conftest import raw_client
+
+pytestmark = pytest.mark.redis
+OPTIONS = WriteOptions(counter="c")
+
+
+def new(text: str) -> NewMessage:
+    return NewMessage(Message(role="user", content=text), 2)
+
+
+def test_sync_store_reloads_flushed_scripts_and_survives_error_replies(
+    redis_url: str, namespace: str
+) -> None:
+    store = open_store(redis_url, namespace=namespace)
+    assert store._direct  # type: ignore[attr-defined]
+    client = raw_client(redis_url)
+    try:
+        store.append("s", [new("a")], OPTIONS)
+        client.script_flush()
+        assert store.append("s", [new("b")], OPTIONS).message_count == 2
+        assert [m.message.text for m in store.fetch_window("s", 100, OPTIONS).recent] == ["a", "b"]
+
+        meta = KeySpace(namespace, "default").session_keys("broken")[0]
+        client.set(meta, "not a hash")  # every script on this session now gets WRONGTYPE
+        with pytest.raises(StoreError, match="WRONGTYPE"):
+            store.append("broken", [new("x")], OPTIONS)
+        assert store.append("s", [new("c")], OPTIONS).message_count == 3  # still in step
+    finally:
+        client.close()
+        store.close()
+
+
+async def test_async_store_reloads_flushed_scripts_and_survives_error_replies(
+    redis_url: str, namespace: str
+) -> None:
+    store = open_async_store(redis_url, namespace=namespace)
+    assert store._direct  # type: ignore[attr-defined]
+    client = raw_client(redis_url)
+    try:
+        await store.append("s", [new("a")], OPTIONS)
+        client.script_flush()
+        assert (await store.append("s", [new("b")], OPTIONS)).message_count == 2
+        meta = KeySpace(namespace, "default").session_keys("broken")[0]
+        client.set(meta, "not a hash")
+        with pytest.raises(StoreError, match="WRONGTYPE"):
+            await store.append("broken", [new("x")], OPTIONS)
+        assert (await store.append("s", [new("c")], OPTIONS)).message_count == 3
+    finally:
+        client.close()
+        await store.close()
