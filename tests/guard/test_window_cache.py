@@ -68,7 +68,13 @@ class CallLog:
         return call
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("cluster", marks=pytest.mark.cluster),
+    ]
+)
 def open_one(
     request: pytest.FixtureRequest, namespace: str
 ) -> Iterator[Callable[[], SessionStore]]:
@@ -81,7 +87,7 @@ def open_one(
             return shared
 
     else:
-        url = request.getfixturevalue("redis_url")
+        url = request.getfixturevalue(f"{request.param}_url")
 
         def make() -> SessionStore:
             store = open_store(url, namespace=namespace)
