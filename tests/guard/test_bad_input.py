@@ -98,6 +98,8 @@ def test_admission_error_carries_the_numbers() -> None:
         {"summary_mode": "later"},
         {"audit_mode": "never"},
         {"max_window_messages": 0},
+        {"window_cache_size": -1},
+        {"window_cache_bytes": "64MB"},
         {"limit": True},
         {"limit": "8k"},
         {"counter": "gpt-4"},
