@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import click
@@ -13,11 +14,42 @@ from ctxguard.kv.architecture import KVArchitecture
 from ctxguard.kv.calculator import GIB, KV_CACHE_DTYPES, KVPlan, ServingSetup, plan_kv
 from ctxguard.kv.catalogue import catalogue_names, resolve_model
 from ctxguard.kv.memory import DEFAULT_RESERVE_GIB, MemoryBudget, gib_to_bytes, suggest_fixes
+from ctxguard.kv.refusals import served_max_model_len
 
 EXIT_BAD_INPUT = 2
 EXIT_DOES_NOT_FIT = 3
 EXIT_MISSING_DEPENDENCY = 4
 _LENGTHS = (4096, 8192, 32768, 131072)
+_PUBLIC_SOURCE = re.compile(r"^https://huggingface\.co/[\w.-]+/[\w.-]+/blob/main/config\.json$")
+
+# The one place that maps the Python API's parameter names to this command's flags:
+# library errors name parameters, and the CLI shows them as the flags the user typed.
+_FLAGS = {
+    "allow_long_max_model_len": "--allow-long-max-model-len",
+    "available_kv_gib": "--available-kv",
+    "block_size": "--block-size",
+    "concurrency": "--concurrency",
+    "disable_hybrid_kv_cache_manager": "--disable-hybrid-kv-cache-manager",
+    "gpu_memory_gib": "--gpu-memory",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "kv_cache_memory_bytes": "--kv-cache-memory",
+    "max_model_len": "--max-model-len",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "pipeline_parallel": "--pp",
+    "reserve_gib": "--reserve",
+    "tensor_parallel": "--tp",
+    "weights_gib": "--weights",
+}
+_PARAMETER = re.compile(
+    r"(?<![\w-])(" + "|".join(sorted(_FLAGS, key=len, reverse=True)) + r")(?![\w-])"
+)
+
+
+def flag_message(message: str) -> str:
+    """An error message with Python parameter names replaced by the CLI flags."""
+    return _PARAMETER.sub(lambda m: _FLAGS[m.group(1)], message)
+
 
 _EPILOG = """\b
 Examples:
@@ -68,9 +100,21 @@ class _Request:
     help="Activations + CUDA graphs per GPU, GiB.",
 )
 @click.option("--max-model-len", type=int, help="The --max-model-len you plan to serve.")
+@click.option(
+    "--allow-long-max-model-len",
+    is_flag=True,
+    help="Accept --max-model-len past the model's positions, as vLLM does with "
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (output past the trained length is unreliable).",
+)
 @click.option("--concurrency", type=int, help="Requests that must fit at full length at once.")
 @click.option("--block-size", type=int, help="KV block size (default 16; 64 for MLA).")
 @click.option("--max-num-batched-tokens", type=int, default=8192, show_default=True)
+@click.option(
+    "--disable-hybrid-kv-cache-manager",
+    is_flag=True,
+    help="vLLM's flag (forced by some KV connectors): sliding-window and chunked layers "
+    "are sized as full attention.",
+)
 @click.option("--list-models", is_flag=True, help="List the built-in catalogue and exit.")
 @click.pass_context
 def kv_command(ctx: click.Context, /, model: str | None, **options: object) -> None:
@@ -97,7 +141,8 @@ def kv_command(ctx: click.Context, /, model: str | None, **options: object) -> N
 
 
 def _fail(ctx: click.Context, exc: Exception, code: int) -> None:
-    click.echo(f"error: {exc}", err=True)
+    message = " ".join(flag_message(str(exc)).split())  # one line, flags not parameters
+    click.echo(f"error: {message}", err=True)
     ctx.exit(code)
 
 
@@ -110,12 +155,20 @@ def _run(console: Console, model: str | None, options: dict[str, object]) -> int
     request = _Request(_opt_int(options, "max_model_len"), _opt_int(options, "concurrency"))
     if request.concurrency is not None and request.concurrency < 1:
         raise ConfigError(f"--concurrency must be at least 1, got {request.concurrency}")
-    plan = plan_kv(arch, setup)
+    if request.concurrency is not None and budget is None:
+        raise ConfigError(
+            "--concurrency needs the memory: give --gpu-memory, --available-kv or --kv-cache-memory"
+        )
+    plan = plan_kv(arch, setup)  # refuses a TP size vLLM refuses
+    allow_long = bool(options.get("allow_long_max_model_len"))
+    served = served_max_model_len(arch, request.max_model_len, allow_long=allow_long)
+    if budget is not None:
+        budget.check_weights_fit(arch, setup)
     _print_architecture(console, plan)
     if budget is None:
-        _print_without_memory(console, plan, request)
+        _print_without_memory(console, plan, served)
         return 0
-    return _print_capacity(console, plan, budget, request)
+    return _print_capacity(console, plan, budget, request, served)
 
 
 def _opt_int(options: dict[str, object], key: str) -> int | None:
@@ -129,7 +182,7 @@ def _opt_float(options: dict[str, object], key: str) -> float | None:
 
 
 def _setup(options: dict[str, object]) -> ServingSetup:
-    pp = _opt_int(options, "pp") or 1
+    pp = _int_or(options, "pp", 1)
     tp = _opt_int(options, "tp")
     gpus = _opt_int(options, "gpus")
     if tp is None:
@@ -141,8 +194,14 @@ def _setup(options: dict[str, object]) -> ServingSetup:
         pipeline_parallel=pp,
         kv_cache_dtype=str(options["kv_cache_dtype"]),
         block_size=_opt_int(options, "block_size"),
-        max_num_batched_tokens=_opt_int(options, "max_num_batched_tokens") or 8192,
+        max_num_batched_tokens=_int_or(options, "max_num_batched_tokens", 8192),
+        disable_hybrid_kv_cache_manager=bool(options.get("disable_hybrid_kv_cache_manager")),
     )
+
+
+def _int_or(options: dict[str, object], key: str, default: int) -> int:
+    value = _opt_int(options, key)
+    return default if value is None else value
 
 
 def _budget(options: dict[str, object]) -> MemoryBudget | None:
@@ -171,7 +230,6 @@ def _kinds(arch: KVArchitecture) -> str:
 def _print_architecture(console: Console, plan: KVPlan) -> None:
     arch, setup = plan.architecture, plan.setup
     table = Table(title=f"KV cache of {arch.name} (per GPU)", show_header=False)
-    table.add_row("source", arch.source or "-")
     table.add_row("layers", _kinds(arch))
     if arch.is_mla:
         table.add_row("attention", f"MLA latent {arch.kv_head_size} (not split by TP)")
@@ -188,30 +246,45 @@ def _print_architecture(console: Console, plan: KVPlan) -> None:
     if not arch.is_uniform:
         full = plan.full_attention_bytes_per_token
         table.add_row("  of which unbounded", f"{full:,} B (windowed/recurrent layers are capped)")
+    if setup.disable_hybrid_kv_cache_manager and not arch.is_uniform:
+        table.add_row("hybrid KV manager", _hybrid_off(plan))
     table.add_row("block size", str(plan.block_size))
     table.add_row("max positions", _num(arch.max_position_embeddings))
+    if arch.derived_max_model_len not in (None, arch.max_position_embeddings):
+        table.add_row("longest max_model_len", arch.derived_max_model_len_from)
     console.print(table)
+    console.print(f"source: {_public_source(arch)}")  # a whole line: a URL must not wrap
+
+
+def _public_source(arch: KVArchitecture) -> str:
+    """Only a public config.json URL is cited; a local file is the user's own input."""
+    if _PUBLIC_SOURCE.match(arch.source):
+        return arch.source
+    return "the config.json given (local, not a public source)"
+
+
+def _hybrid_off(plan: KVPlan) -> str:
+    if plan.is_uniform:
+        return "off: every layer sized as full attention"
+    return "off: one layer type only, sized as it is"
 
 
 def _num(value: int | None) -> str:
     return "-" if value is None else f"{value:,}"
 
 
-def _print_without_memory(console: Console, plan: KVPlan, request: _Request) -> None:
-    length = request.max_model_len or plan.architecture.max_position_embeddings
-    if length:
-        needed = plan.needed_bytes(length)
-        console.print(
-            f"one request of {length:,} tokens needs {needed / GIB:.2f} GiB of KV per GPU"
-        )
+def _print_without_memory(console: Console, plan: KVPlan, length: int) -> None:
+    needed = plan.needed_bytes(length)
+    console.print(f"one request of {length:,} tokens needs {needed / GIB:.2f} GiB of KV per GPU")
     console.print("give --gpu-memory or --available-kv for capacity and concurrency")
 
 
-def _print_capacity(console: Console, plan: KVPlan, budget: MemoryBudget, request: _Request) -> int:
+def _print_capacity(
+    console: Console, plan: KVPlan, budget: MemoryBudget, request: _Request, served: int
+) -> int:
     arch, setup = plan.architecture, plan.setup
     available = budget.available(arch, setup)
-    max_pos = arch.max_position_embeddings or request.max_model_len or max(_LENGTHS)
-    served = request.max_model_len or max_pos
+    max_pos = max(arch.max_model_len_limit or served, served)
     console.print(f"available KV memory per GPU: {available / GIB:.2f} GiB")
     if available > 0:
         _print_concurrency(console, plan, available, served, max_pos)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ctxguard.errors import ConfigError, MissingDependencyError
+from ctxguard.kv.refusals import derive_max_model_len
 
 LayerKind = Literal["full", "sliding", "chunked", "mamba", "none"]
 """full: KV for every token; sliding/chunked: KV bounded by a window; mamba: a fixed
@@ -95,6 +96,8 @@ class KVArchitecture:
     qk_rope_head_dim: int | None = None
     mamba_state_bytes: int = 0
     max_position_embeddings: int | None = None
+    derived_max_model_len: int | None = None
+    derived_max_model_len_from: str = ""
     num_parameters: int | None = None
     weight_bytes_per_param: float = 2.0
     weights_bytes: int | None = None
@@ -130,6 +133,11 @@ class KVArchitecture:
         return self.head_dim
 
     @property
+    def max_model_len_limit(self) -> int | None:
+        """The longest max_model_len vLLM accepts without VLLM_ALLOW_LONG_MAX_MODEL_LEN."""
+        return self.derived_max_model_len or self.max_position_embeddings
+
+    @property
     def num_layers(self) -> int:
         return len(self.layer_kinds)
 
@@ -163,6 +171,7 @@ def architecture_from_config(
     layers = _positive(cfg, _LAYERS, label, "number of layers")
     heads = _positive(cfg, _HEADS, label, "number of attention heads")
     kinds = _layer_kinds(cfg, layers, label)
+    derived, derived_from = derive_max_model_len(cfg) or (None, "")
     return KVArchitecture(
         name=label,
         layer_kinds=kinds,
@@ -176,6 +185,8 @@ def architecture_from_config(
         qk_rope_head_dim=_optional_int(cfg, "qk_rope_head_dim"),
         mamba_state_bytes=_mamba_state_bytes(cfg, label) if "mamba" in kinds else 0,
         max_position_embeddings=_first_int(cfg, _MAX_POSITIONS),
+        derived_max_model_len=derived,
+        derived_max_model_len_from=derived_from,
         num_parameters=_optional_int(cfg, "num_parameters"),
         weight_bytes_per_param=_weight_bytes_per_param(cfg),
         source=source,

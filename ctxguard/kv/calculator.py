@@ -5,7 +5,8 @@ parallelism every rank holds its share of the KV heads for *every* token, so the
 engine's token capacity is one rank's capacity, never multiplied by TP. Sources:
 ``vllm/v1/kv_cache_interface.py`` (page sizes, per-request worst case),
 ``vllm/v1/core/kv_cache_utils.py`` (grouping, ``get_num_blocks``,
-``_check_enough_kv_cache_memory``, ``estimate_max_model_len``).
+``_check_enough_kv_cache_memory``, ``estimate_max_model_len``, ``unify_hybrid_kv_cache_specs``).
+Setups vLLM refuses outright (TP vs heads, max_model_len vs positions) are in ``refusals``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from types import MappingProxyType
 
 from ctxguard.errors import ConfigError
 from ctxguard.kv.architecture import DTYPE_BYTES, KVArchitecture, LayerKind
+from ctxguard.kv.refusals import check_tensor_parallel
 
 GIB = 1 << 30
 DEFAULT_BLOCK_SIZE = 16
@@ -54,6 +56,9 @@ class ServingSetup:
     block_size: int | None = None  # --block-size; None: 16, or 64 for MLA
     max_num_batched_tokens: int = 8192  # --max-num-batched-tokens (bounds SWA reservations)
     mamba_blocks_per_request: int = 1  # 1 in mamba_cache_mode "none", 2 in "align"
+    # --disable-hybrid-kv-cache-manager (forced by some KV connectors): a model mixing full
+    # attention with sliding-window or chunked layers is then sized as all full attention
+    disable_hybrid_kv_cache_manager: bool = False
 
     def __post_init__(self) -> None:
         for label, value in (
@@ -61,10 +66,15 @@ class ServingSetup:
             ("pipeline_parallel", self.pipeline_parallel),
             ("max_num_batched_tokens", self.max_num_batched_tokens),
             ("mamba_blocks_per_request", self.mamba_blocks_per_request),
-            ("block_size", self.block_size or 1),
+            ("block_size", 1 if self.block_size is None else self.block_size),
         ):
-            if value < 1:
-                raise ConfigError(f"{label} must be at least 1, got {value}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{label} must be an integer of at least 1, got {value!r}")
+        if not isinstance(self.disable_hybrid_kv_cache_manager, bool):
+            raise ConfigError(
+                "disable_hybrid_kv_cache_manager must be True or False, got "
+                f"{self.disable_hybrid_kv_cache_manager!r}"
+            )
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             known = ", ".join(KV_CACHE_DTYPES)
             raise ConfigError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; use one of {known}")
@@ -131,6 +141,11 @@ class KVLayout:
     mamba_blocks_per_request: int
 
     @property
+    def is_uniform(self) -> bool:
+        """Only full-attention layers: one group, capacity is simply blocks x block size."""
+        return set(self.layer_counts) == {"full"}
+
+    @property
     def attention_layers(self) -> int:
         return sum(n for k, n in self.layer_counts.items() if k != "mamba")
 
@@ -195,10 +210,30 @@ def _mamba_page(arch: KVArchitecture, setup: ServingSetup) -> int:
     return cdiv(arch.mamba_state_bytes, setup.tensor_parallel)
 
 
+def _unify(counts: dict[LayerKind, int], setup: ServingSetup) -> dict[LayerKind, int]:
+    """vLLM's unify_hybrid_kv_cache_specs, run per worker when the hybrid manager is off.
+
+    Full attention mixed with sliding-window or chunked layers becomes all full attention
+    (every layer keeps KV for every token). A single layer type is left as it is; recurrent
+    layers mixed with attention cannot be unified and vLLM refuses to start.
+    """
+    if not setup.disable_hybrid_kv_cache_manager or len(counts) < 2:
+        return counts
+    if "mamba" in counts:
+        raise ConfigError(
+            "vLLM refuses to start this model with disable_hybrid_kv_cache_manager: its "
+            "recurrent (Mamba/linear-attention) and attention layers cannot share one KV "
+            "cache type; leave the hybrid KV cache manager on"
+        )
+    if "full" not in counts:
+        return counts
+    return {"full": sum(counts.values())}
+
+
 def _layout(
     arch: KVArchitecture, setup: ServingSetup, kinds: tuple[LayerKind, ...], block: int
 ) -> KVLayout:
-    counts = {k: kinds.count(k) for k in _CACHED_KINDS if kinds.count(k)}
+    counts = _unify({k: kinds.count(k) for k in _CACHED_KINDS if kinds.count(k)}, setup)
     token = layer_token_bytes(arch, setup)
     has_attention = any(kind != "mamba" for kind in counts)
     page = block * token if has_attention else 0
@@ -263,6 +298,12 @@ class KVPlan:
         return self.stages[0].block_size
 
     @property
+    def is_uniform(self) -> bool:
+        """Every GPU holds full-attention layers only (always so with the hybrid manager off
+        on a full + windowed model)."""
+        return all(stage.is_uniform for stage in self.stages)
+
+    @property
     def bytes_per_token(self) -> int:
         """KV bytes per token on the busiest GPU, all attention layers counted."""
         return max(stage.token_bytes for stage in self.stages)
@@ -278,7 +319,7 @@ class KVPlan:
 
     def capacity_tokens(self, available_bytes: int, max_model_len: int | None = None) -> int:
         """blocks x block size; for hybrids vLLM reports int(concurrency x max_model_len)."""
-        if self.architecture.is_uniform:
+        if self.is_uniform:
             return self.num_blocks(available_bytes) * self.block_size
         if max_model_len is None:
             raise ConfigError("a hybrid model's token capacity depends on max_model_len; pass it")
@@ -346,8 +387,9 @@ def _largest(low: int, high: int, fits: Callable[[int], bool]) -> int:
 
 
 def plan_kv(arch: KVArchitecture, setup: ServingSetup | None = None) -> KVPlan:
-    """Lay the model's KV cache out over the GPUs of a serving setup."""
+    """Lay the model's KV cache out over the GPUs of a serving setup vLLM would accept."""
     setup = setup or ServingSetup()
+    check_tensor_parallel(arch, setup.tensor_parallel)
     token = layer_token_bytes(arch, setup)
     block = _block_size(arch, setup, token)
     stages = tuple(

@@ -1,8 +1,10 @@
 """Built-in architecture facts for popular open models, and model-name resolution.
 
-The numbers live in ``catalogue.json`` as config.json excerpts, each with a ``source``
-note, and go through the same parser as a user's config, so the catalogue cannot
-disagree with how a real config would be read.
+The numbers live in ``catalogue.json`` as config.json excerpts, each with its ``source``
+(the public config.json URL on the model's hub page), and go through the same parser as
+a user's config, so the catalogue cannot disagree with how a real config would be read.
+Aliases are short spellings of the same checkpoint: a name that is not in the catalogue
+is refused with the closest spellings suggested, never resolved to a similar model.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from ctxguard.kv.architecture import (
     load_model_directory,
 )
 
+_SUGGESTION_MARGIN = 0.05  # suggest only spellings about as close as the closest one
+
 
 @cache
 def _entries() -> Mapping[str, Mapping[str, Any]]:
@@ -32,14 +36,18 @@ def _entries() -> Mapping[str, Mapping[str, Any]]:
 
 
 @cache
-def _index() -> Mapping[str, str]:
-    """Every accepted spelling (full id, short name, alias), lower-cased, to the entry id."""
-    index: dict[str, str] = {}
+def _spellings() -> Mapping[str, tuple[str, str]]:
+    """Every accepted spelling lower-cased, to (the spelling as written, the entry id)."""
+    index: dict[str, tuple[str, str]] = {}
     for model_id, entry in _entries().items():
         for spelling in (model_id, model_id.split("/")[-1], *entry.get("aliases", ())):
-            index.setdefault(spelling.lower(), model_id)
-            index.setdefault(spelling.split("/")[-1].lower(), model_id)
+            for form in (spelling, spelling.split("/")[-1]):
+                index.setdefault(form.lower(), (form, model_id))
     return index
+
+
+def _index() -> Mapping[str, str]:
+    return {key: model_id for key, (_, model_id) in _spellings().items()}
 
 
 def catalogue_names() -> list[str]:
@@ -49,22 +57,29 @@ def catalogue_names() -> list[str]:
 
 def from_catalogue(name: str) -> KVArchitecture:
     """Look a model up by id, short name or alias; unknown names get close matches."""
-    model_id = _index().get(name.strip().lower())
-    if model_id is None:
+    found = _spellings().get(name.strip().lower())
+    if found is None:
         raise ConfigError(_unknown_message(name))
+    model_id = found[1]
     entry = _entries()[model_id]
     return architecture_from_config(entry["config"], name=model_id, source=entry["source"])
 
 
 def _unknown_message(name: str) -> str:
-    spellings = list(_index())
-    close = difflib.get_close_matches(name.strip().lower(), spellings, n=4, cutoff=0.5)
-    suggestions = sorted({_index()[c] for c in close})
-    hint = f"did you mean {', '.join(suggestions)}? " if suggestions else ""
+    """Suggest the closest spellings (one per model, best first); never pick one silently."""
+    spellings, typed = _spellings(), name.strip().lower()
+    close = difflib.get_close_matches(typed, list(spellings), n=12, cutoff=0.6)
+    best = difflib.SequenceMatcher(None, typed, close[0]).ratio() if close else 0.0
+    suggestions: dict[str, str] = {}  # entry id -> best spelling, only the near-best ones
+    for key in close:
+        if difflib.SequenceMatcher(None, typed, key).ratio() >= best - _SUGGESTION_MARGIN:
+            written, model_id = spellings[key]
+            suggestions.setdefault(model_id, written)
+    picked = [repr(s) for s in list(suggestions.values())[:3]]
+    hint = f"; did you mean {' or '.join(picked)}?" if picked else ""
     return (
-        f"unknown model {name!r}: not in the built-in catalogue and not a file or directory. "
-        f"{hint}Pass a config.json path, a local model directory, or one of "
-        "`ctxguard kv --list-models`."
+        f"unknown model {name!r}{hint} (give a catalogue name from `ctxguard kv "
+        "--list-models`, a config.json path or a local model directory)"
     )
 
 

@@ -20,6 +20,7 @@ from ctxguard.kv.architecture import KVArchitecture
 from ctxguard.kv.calculator import ServingSetup, plan_kv
 from ctxguard.kv.catalogue import resolve_model
 from ctxguard.kv.memory import DEFAULT_RESERVE_GIB, MemoryBudget, gib_to_bytes, suggest_fixes
+from ctxguard.kv.refusals import check_tensor_parallel, served_max_model_len
 from ctxguard.kv.server import ServerInfo, afetch_server_info, fetch_server_info, redact
 
 
@@ -69,9 +70,13 @@ class StaticLimit:
 class ModelLimit:
     """min(max positions, max_model_len, KV fair share), computed from the architecture.
 
-    Without memory figures this is min(max positions, max_model_len). With them, a
-    max_model_len that vLLM would refuse to start with raises ConfigError carrying
-    vLLM's own message and what to change.
+    Without memory figures this is max_model_len (default: the model's derived max
+    positions). A setup vLLM refuses raises ConfigError: a TP size the heads do not
+    divide by, a max_model_len past the positions without ``allow_long_max_model_len``
+    (vLLM's ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``), weights that do not fit the GPU, or a
+    max_model_len whose KV does not fit (with vLLM's own message and what to change).
+    ``disable_hybrid_kv_cache_manager`` sizes sliding-window/chunked layers as full
+    attention, as vLLM does with ``--disable-hybrid-kv-cache-manager``.
     """
 
     def __init__(
@@ -90,9 +95,16 @@ class ModelLimit:
         reserve_gib: float = DEFAULT_RESERVE_GIB,
         block_size: int | None = None,
         max_num_batched_tokens: int = 8192,
+        allow_long_max_model_len: bool = False,
+        disable_hybrid_kv_cache_manager: bool = False,
     ) -> None:
+        if not isinstance(allow_long_max_model_len, bool):
+            raise ConfigError(
+                f"allow_long_max_model_len must be True or False, got {allow_long_max_model_len!r}"
+            )
         self._model = model
         self._max_model_len = max_model_len
+        self._allow_long = allow_long_max_model_len
         self._concurrency = concurrency
         self._setup = ServingSetup(
             tensor_parallel=tensor_parallel,
@@ -100,6 +112,7 @@ class ModelLimit:
             kv_cache_dtype=kv_cache_dtype,
             block_size=block_size,
             max_num_batched_tokens=max_num_batched_tokens,
+            disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager,
         )
         self._budget = _budget(
             gpu_memory_gib, available_kv_gib, gpu_memory_utilization, weights_gib, reserve_gib
@@ -121,13 +134,14 @@ class ModelLimit:
 
     def _compute(self) -> ContextLimit:
         arch = resolve_model(self._model)
-        served = _served_length(arch, self._max_model_len)
+        check_tensor_parallel(arch, self._setup.tensor_parallel)
+        served = served_max_model_len(arch, self._max_model_len, allow_long=self._allow_long)
         details: dict[str, Any] = {
             "model": arch.name,
             "max_position_embeddings": arch.max_position_embeddings,
             "max_model_len": served,
         }
-        candidates = [served, arch.max_position_embeddings or served]
+        candidates = [served]
         if self._budget is not None:
             candidates += self._kv_share(arch, served, details)
         tokens = min(candidates)
@@ -136,6 +150,7 @@ class ModelLimit:
     def _kv_share(self, arch: KVArchitecture, served: int, details: dict[str, Any]) -> list[int]:
         assert self._budget is not None
         plan = plan_kv(arch, self._setup)
+        self._budget.check_weights_fit(arch, self._setup)
         available = self._budget.available(arch, self._setup)
         check = plan.check(available, served)
         details |= {"bytes_per_token": plan.bytes_per_token, "available_kv_bytes": available}
@@ -150,16 +165,6 @@ class ModelLimit:
         if share < 1:
             raise ConfigError(f"{self._concurrency} concurrent requests do not fit at any length")
         return [share]
-
-
-def _served_length(arch: KVArchitecture, max_model_len: int | None) -> int:
-    """vLLM's default max_model_len is the model's max positions."""
-    served = max_model_len or arch.max_position_embeddings
-    if served is None:
-        raise ConfigError(f"{arch.name!r} has no max_position_embeddings; pass max_model_len")
-    if served < 1:
-        raise ConfigError(f"max_model_len must be at least 1, got {served}")
-    return served
 
 
 def _budget(

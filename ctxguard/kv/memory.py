@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from ctxguard.errors import ConfigError
 from ctxguard.kv.architecture import KVArchitecture
 from ctxguard.kv.calculator import GIB, KVPlan, ServingSetup, plan_kv
+from ctxguard.kv.refusals import tensor_parallel_problem, valid_tensor_parallel_sizes
 
 DEFAULT_RESERVE_GIB = 2.0
 _TP_CHOICES = (2, 4, 8, 16)
@@ -67,6 +68,40 @@ class MemoryBudget:
     @property
     def is_exact(self) -> bool:
         return self.kv_cache_memory_bytes is not None
+
+    def check_weights_fit(self, arch: KVArchitecture, setup: ServingSetup) -> None:
+        """Raise ConfigError when the weights (and reserve) leave no KV memory at all.
+
+        vLLM would fail at load time (out of memory) or report no memory for the cache
+        blocks; a negative KV figure is never an answer.
+        """
+        if self.gpu_memory_bytes is None or self.kv_cache_memory_bytes is not None:
+            return
+        requested = int(self.gpu_memory_bytes * self.gpu_memory_utilization)
+        weights = weights_per_gpu(arch, setup, self.weights_bytes)
+        if requested - weights - self.reserve_bytes > 0:
+            return
+        usable = (
+            f"gpu_memory_gib {self.gpu_memory_bytes / GIB:g} x gpu_memory_utilization "
+            f"{self.gpu_memory_utilization:g} = {requested / GIB:.2f} GiB per GPU"
+        )
+        if weights >= requested:
+            what = f"the weights of {arch.name} do not fit: {weights / GIB:.2f} GiB per GPU"
+        else:
+            what = (
+                f"the weights of {arch.name} ({weights / GIB:.2f} GiB per GPU) plus "
+                f"reserve_gib {self.reserve_bytes / GIB:g} leave no KV memory"
+            )
+        raise ConfigError(f"{what}, but {usable}; {self._weights_hint(arch, setup)}")
+
+    def _weights_hint(self, arch: KVArchitecture, setup: ServingSetup) -> str:
+        for tp in valid_tensor_parallel_sizes(arch):
+            if tp <= setup.tensor_parallel or tp > max(_TP_CHOICES):
+                continue
+            wider = replace(setup, tensor_parallel=tp)
+            if self.available(arch, wider) > 0:
+                return f"use tensor_parallel {tp}, a larger GPU, or smaller (quantised) weights"
+        return "use a larger GPU or smaller (quantised) weights (give their size as weights_gib)"
 
     def available(self, arch: KVArchitecture, setup: ServingSetup) -> int:
         """KV bytes per GPU; may be <= 0, which vLLM reports as 'No available memory'."""
@@ -144,7 +179,7 @@ def _more_tp(
     arch: KVArchitecture, setup: ServingSetup, budget: MemoryBudget, max_model_len: int
 ) -> list[str]:
     for tp in _TP_CHOICES:
-        if tp <= setup.tensor_parallel:
+        if tp <= setup.tensor_parallel or tensor_parallel_problem(arch, tp):
             continue
         wider = replace(setup, tensor_parallel=tp)
         if _fits(arch, wider, budget, max_model_len):

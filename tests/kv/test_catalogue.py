@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -72,14 +73,80 @@ def test_names_are_forgiving(spelling: str) -> None:
 def test_unknown_name_suggests_close_matches() -> None:
     with pytest.raises(ConfigError) as info:
         from_catalogue("qwen3-8")
-    message = str(info.value)
-    assert "unknown model 'qwen3-8'" in message
-    assert "did you mean" in message and "Qwen/Qwen3-8B" in message
+    assert str(info.value).startswith("unknown model 'qwen3-8'; did you mean 'Qwen3-8B'?")
 
 
 def test_unknown_name_without_close_matches_still_says_what_to_do() -> None:
     with pytest.raises(ConfigError, match=r"config\.json path"):
         from_catalogue("zzzzzzzz")
+
+
+@pytest.mark.parametrize(
+    ("typed", "suggested"),
+    [
+        # Llama 3 (8,192 positions) is not Llama 3.1 (131,072): suggest, never substitute
+        ("llama-3-8b", "llama-3.1-8b"),
+        ("meta-llama/Meta-Llama-3-8B-Instruct", "meta-llama/Meta-Llama-3.1-8B-Instruct"),
+        ("llama-3.1-70b", "llama-3.3-70b"),
+        ("glm-4.6", "GLM-4.5"),  # GLM-4.6 has 202,752 positions, GLM-4.5 131,072
+    ],
+)
+def test_a_similar_model_is_suggested_not_substituted(typed: str, suggested: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_model(typed)
+    message = str(info.value)
+    assert message.startswith(f"unknown model {typed!r}; did you mean {suggested!r}")
+    assert "\n" not in message
+
+
+# Same checkpoint, other spellings (short names, the repository's former name)
+_SAME_CHECKPOINT = {"meta-llama/Meta-Llama-3.1-8B-Instruct": "meta-llama/Llama-3.1-8B-Instruct"}
+
+
+def _tokens(name: str) -> list[str]:
+    return name.split("/")[-1].lower().split("-")
+
+
+def _is_subsequence(part: list[str], whole: list[str]) -> bool:
+    rest = iter(whole)
+    return all(token in rest for token in part)
+
+
+def test_aliases_name_the_same_checkpoint_only() -> None:
+    """An alias is the entry's own name shortened (its words in order), never another model."""
+    catalogue = json.loads(
+        (Path(__file__).parents[2] / "ctxguard" / "kv" / "catalogue.json").read_text("utf-8")
+    )["models"]
+    for model_id, entry in catalogue.items():
+        for alias in entry["aliases"]:
+            if _SAME_CHECKPOINT.get(alias) == model_id:
+                continue
+            assert _is_subsequence(_tokens(alias), _tokens(model_id)), (model_id, alias)
+
+
+_HUB_CONFIG = re.compile(r"^https://huggingface\.co/([\w.-]+/[\w.-]+)/blob/main/config\.json$")
+
+
+def test_every_source_is_the_public_config_json_of_that_model() -> None:
+    """Sources cite the model's config.json on its hub page: no notes, paths or third parties."""
+    for name in catalogue_names():
+        source = from_catalogue(name).source
+        match = _HUB_CONFIG.match(source)
+        assert match is not None, (name, source)
+        assert match.group(1) == name, (name, source)
+
+
+def test_about_text_cites_no_internal_notes() -> None:
+    text = (Path(__file__).parents[2] / "ctxguard" / "kv" / "catalogue.json").read_text("utf-8")
+    for internal in ("/work/", "facts section", "section 9", ".md", "jethac", "EchoCog"):
+        assert internal not in text, internal
+
+
+def test_derived_max_model_len_matches_the_positions_for_every_entry() -> None:
+    """RoPE factors in the catalogue (yarn, llama3, Gemma 3 linear) derive what vLLM derives."""
+    for name in catalogue_names():
+        arch = from_catalogue(name)
+        assert arch.max_model_len_limit == arch.max_position_embeddings, name
 
 
 def test_resolve_model_paths_and_names(tmp_path: Path) -> None:

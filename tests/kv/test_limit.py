@@ -40,9 +40,44 @@ def test_model_limit_is_max_positions_by_default() -> None:
     assert limit.details["max_position_embeddings"] == 40960
 
 
-def test_model_limit_takes_the_smaller_of_positions_and_max_model_len() -> None:
+def test_model_limit_is_the_max_model_len_served() -> None:
     assert ModelLimit("qwen3-8b", max_model_len=16384).resolve().tokens == 16384
-    assert ModelLimit("qwen3-8b", max_model_len=100_000).resolve().tokens == 40960
+
+
+def test_model_limit_refuses_a_max_model_len_past_the_positions_unless_allowed() -> None:
+    """vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; then it serves that length."""
+    with pytest.raises(ConfigError, match="VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"):
+        ModelLimit("qwen3-8b", max_model_len=100_000).resolve()
+    limit = ModelLimit("qwen3-8b", max_model_len=100_000, allow_long_max_model_len=True)
+    assert limit.resolve().tokens == 100_000
+
+
+def test_model_limit_refuses_a_tp_size_vllm_refuses() -> None:
+    with pytest.raises(ConfigError, match="28 attention heads do not divide by 3"):
+        ModelLimit("qwen2.5-7b", tensor_parallel=3).resolve()
+
+
+def test_model_limit_refuses_weights_that_do_not_fit() -> None:
+    with pytest.raises(ConfigError, match=r"do not fit: 14\.19 GiB per GPU.*= 7\.20 GiB"):
+        ModelLimit("qwen2.5-7b", gpu_memory_gib=8).resolve()
+
+
+def test_model_limit_with_the_hybrid_manager_off() -> None:
+    """Gemma-3-27B, 20 GiB of KV: on, 10 full layers grow with length; off, all 62 do."""
+    kwargs = {"max_model_len": 131_072, "available_kv_gib": 20.0, "concurrency": 1}
+    on = ModelLimit("gemma-3-27b", **kwargs).resolve()  # type: ignore[arg-type]
+    assert on.tokens == 131_072  # 10 x 80 KiB/token x 131,072 = 10 GiB + windows: fits
+    with pytest.raises(ConfigError, match="vLLM would not start"):
+        ModelLimit("gemma-3-27b", disable_hybrid_kv_cache_manager=True, **kwargs).resolve()  # type: ignore[arg-type]
+    off = ModelLimit(
+        "gemma-3-27b",
+        max_model_len=32_768,
+        available_kv_gib=20.0,
+        disable_hybrid_kv_cache_manager=True,
+    ).resolve()
+    # all 62 layers: 62 x 2 x 16 x 128 x 2 = 507,904 B/token; 20 GiB / (16 x 507,904) blocks
+    assert off.details["bytes_per_token"] == 507_904
+    assert off.details["capacity_tokens"] == 20 * 2**30 // (16 * 507_904) * 16
 
 
 def test_model_limit_kv_fair_share() -> None:
@@ -86,6 +121,11 @@ async def test_model_limit_async_matches_sync() -> None:
         ({"available_kv_gib": -1}, "non-negative"),
         ({"gpu_memory_gib": 80, "gpu_memory_utilization": 1.5}, r"\(0, 1\]"),
         ({"tensor_parallel": 0}, "tensor_parallel"),
+        ({"tensor_parallel": 3}, "tensor_parallel 3 does not fit"),
+        ({"max_model_len": 0}, "max_model_len must be a positive integer"),
+        ({"allow_long_max_model_len": "yes"}, "allow_long_max_model_len must be True or False"),
+        ({"disable_hybrid_kv_cache_manager": 1}, "must be True or False"),
+        ({"block_size": 0}, "block_size must be"),
     ],
 )
 def test_model_limit_bad_input(kwargs: dict[str, float], message: str) -> None:
