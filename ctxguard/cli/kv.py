@@ -61,8 +61,10 @@ Examples:
   ctxguard kv --list-models
 
 \b
-Exit codes: 0 fits; 2 bad input; 3 the requested --max-model-len would not start;
-4 an optional dependency is missing.
+Exit codes: 0 fits; 2 bad input, or a setup vLLM refuses (--tp the heads do not
+divide by, --max-model-len past the model's positions without
+--allow-long-max-model-len, weights that do not fit --gpu-memory); 3 the requested
+--max-model-len would not start (KV); 4 an optional dependency is missing.
 """
 
 
@@ -243,7 +245,7 @@ def _print_architecture(console: Console, plan: KVPlan) -> None:
     table.add_row(
         "bytes per token", f"{plan.bytes_per_token:,} ({plan.bytes_per_token / 1024:.1f} KiB)"
     )
-    if not arch.is_uniform:
+    if not plan.is_uniform:
         full = plan.full_attention_bytes_per_token
         table.add_row("  of which unbounded", f"{full:,} B (windowed/recurrent layers are capped)")
     if setup.disable_hybrid_kv_cache_manager and not arch.is_uniform:

@@ -2,7 +2,8 @@
 
 ``calculator`` reproduces vLLM's KV-cache arithmetic per GPU; ``memory`` turns GPU memory
 into a KV budget; ``limit`` gives the guard its per-request limit from static numbers,
-the calculator, or a running server (``server``). Nothing here imports transformers or
+the calculator, or a running server (``server``); ``refusals`` refuses what vLLM refuses
+(TP sizes, max_model_len past the positions). Nothing here imports transformers or
 torch at import time.
 """
 
@@ -33,6 +34,11 @@ from ctxguard.kv.limit import (
     limit_from_server,
 )
 from ctxguard.kv.memory import MemoryBudget, logged_gib_bounds, suggest_fixes, weights_per_gpu
+from ctxguard.kv.refusals import (
+    check_tensor_parallel,
+    served_max_model_len,
+    valid_tensor_parallel_sizes,
+)
 from ctxguard.kv.server import ServerInfo, afetch_server_info, fetch_server_info
 
 __all__ = [
@@ -54,6 +60,7 @@ __all__ = [
     "afetch_server_info",
     "architecture_from_config",
     "catalogue_names",
+    "check_tensor_parallel",
     "fetch_server_info",
     "from_catalogue",
     "kv_bytes_per_token",
@@ -63,6 +70,8 @@ __all__ = [
     "logged_gib_bounds",
     "plan_kv",
     "resolve_model",
+    "served_max_model_len",
     "suggest_fixes",
+    "valid_tensor_parallel_sizes",
     "weights_per_gpu",
 ]
