@@ -31,7 +31,7 @@ from ctxguard.stores.base import (
     WindowHit,
     WriteOptions,
 )
-from ctxguard.tokens._protocol import TokenCounter
+from ctxguard.tokens._protocol import TokenCounter, validate_request
 
 
 def _seq(stored: StoredMessage) -> int:
@@ -249,6 +249,7 @@ class GuardCore:
         """The exact prompt count and what is sent; non-additive templates are rendered
         (and trimmed if over)."""
         if self.counter.additive:
+            validate_request(self.counter, plan.messages(), tools=tools)  # what a render refuses
             total = budget.overhead + plan.item_tokens()
         else:
             total = self._render_to_fit(plan, budget, tools)

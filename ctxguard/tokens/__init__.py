@@ -38,7 +38,11 @@ GLM-4.7-Flash       render    reasoning_before_tool_result (reasoning dropped in
 ==================  ========  ===========================================================
 
 "render" means: per-message counts are close estimates used to pre-select a window;
-the guard must call ``count_request`` on the candidate window.
+the guard must call ``count_request`` on the candidate window. On the additive path the
+guard never renders, so it calls ``validate`` (``_protocol.validate_request``) on the
+window it sends: every counter refuses there exactly what ``count_request`` refuses
+(mistral_common's checks without encoding text; the Jinja template without tokenizing;
+a vLLM server's /tokenize; nothing for the tiktoken rule and ``approx``).
 
 Importing this package imports no tokenizer library; each loader imports its own.
 """

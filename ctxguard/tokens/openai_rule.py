@@ -85,6 +85,9 @@ class TiktokenCounter:
         compact = json.dumps(function, ensure_ascii=False, separators=(",", ":"))
         return TOKENS_PER_TOOL + self._tokens(compact)
 
+    def validate(self, messages: Sequence[Message], *, tools: Tools | None = None) -> None:
+        """Nothing to refuse: the rule counts every conversation a Message can hold."""
+
     def count_request(self, messages: Sequence[Message], *, tools: Tools | None = None) -> int:
         """Overhead plus the per-message counts (the rule is additive)."""
         return self.request_overhead(tools=tools) + sum(self.count_message(m) for m in messages)

@@ -9,7 +9,8 @@ and probes as the local template counters (:mod:`ctxguard.tokens._templated`).
 A 400 answer is the template (or the server's validation) refusing the
 conversation: :class:`~ctxguard.errors.TemplateRefusedError` with the server's
 message. An unreachable server is a :class:`~ctxguard.errors.TokenizerError`
-naming the URL without credentials.
+naming the URL without credentials. The server is the only judge of what it refuses,
+so on the additive path ``validate`` asks it too (one ``/tokenize`` call per request).
 """
 
 from __future__ import annotations

