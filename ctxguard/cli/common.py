@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn, ParamSpec, TypeVar
+from typing import IO, Any, NoReturn, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 import click
@@ -161,6 +161,20 @@ def opened_store(url: str, namespace: str | None, tenant: str | None) -> Iterato
         yield store
     finally:
         store.close()
+
+
+@contextmanager
+def writable_output(path: str) -> Iterator[IO[str]]:
+    """``path`` opened for text output (``-`` is stdout); an OS error exits 2 in one line."""
+    if path == "-":
+        with click.open_file("-", "w", encoding="utf-8") as out:
+            yield out
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            yield handle
+    except OSError as exc:
+        fail(f"cannot write {path}: {exc.strerror or exc}", EXIT_BAD_INPUT)
 
 
 def stdout() -> Console:

@@ -112,6 +112,11 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _datetime_ms(when: datetime) -> int:
+    aware = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    return int(aware.timestamp() * 1000)
+
+
 class MemoryStore:
     """In-process session store (``memory://``). Thread-safe."""
 
@@ -404,14 +409,23 @@ class MemoryStore:
             return removed
 
     def restore(
-        self, session_id: str, turns: int, summary: Summary | None, ttl: int = 0
+        self,
+        session_id: str,
+        turns: int,
+        summary: Summary | None,
+        ttl: int = 0,
+        *,
+        created_at: datetime | None = None,
     ) -> tuple[int, int]:
-        """For import: raise the turn counter, set the summary if there is none yet."""
+        """For import: raise the turn counter, set the summary if there is none yet,
+        and move the creation time back to ``created_at`` when that is earlier."""
         with self._lock:
             session = self._live(session_id)
             if session is None:
                 return 0, 0
             session.turns = max(session.turns, turns)
+            if created_at is not None:
+                session.created_ms = min(session.created_ms, _datetime_ms(created_at))
             if summary is not None and session.summary_version == 0:
                 session.summary = summary.model_dump_json()
                 session.summary_version = summary.version
@@ -583,9 +597,15 @@ class AsyncMemoryStore:
         return self.sync.retract(session_id, count, expected_count, ttl)
 
     async def restore(
-        self, session_id: str, turns: int, summary: Summary | None, ttl: int = 0
+        self,
+        session_id: str,
+        turns: int,
+        summary: Summary | None,
+        ttl: int = 0,
+        *,
+        created_at: datetime | None = None,
     ) -> tuple[int, int]:
-        return self.sync.restore(session_id, turns, summary, ttl)
+        return self.sync.restore(session_id, turns, summary, ttl, created_at=created_at)
 
     async def commit_summary(
         self, session_id: str, summary: Summary, expected_version: int

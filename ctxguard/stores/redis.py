@@ -14,6 +14,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 import redis
@@ -266,10 +267,18 @@ class RedisStore(_Base):
         return self.protocol.parse_retract(session_id, self._run(call, idempotent=False))
 
     def restore(
-        self, session_id: str, turns: int, summary: Summary | None, ttl: int = 0
+        self,
+        session_id: str,
+        turns: int,
+        summary: Summary | None,
+        ttl: int = 0,
+        *,
+        created_at: datetime | None = None,
     ) -> tuple[int, int]:
-        """For import: raise the turn counter, set the summary if there is none yet."""
-        reply = self._run(self.protocol.restore_call(session_id, turns, summary, ttl))
+        """For import: raise the turn counter, set the summary if there is none yet,
+        and move the creation time back to ``created_at`` when that is earlier."""
+        call = self.protocol.restore_call(session_id, turns, summary, ttl, created_at)
+        reply = self._run(call)
         return int(reply[0]), int(reply[1])
 
     def commit_summary(
@@ -496,9 +505,16 @@ class AsyncRedisStore(_Base):
         return self.protocol.parse_retract(session_id, await self._run(call, idempotent=False))
 
     async def restore(
-        self, session_id: str, turns: int, summary: Summary | None, ttl: int = 0
+        self,
+        session_id: str,
+        turns: int,
+        summary: Summary | None,
+        ttl: int = 0,
+        *,
+        created_at: datetime | None = None,
     ) -> tuple[int, int]:
-        reply = await self._run(self.protocol.restore_call(session_id, turns, summary, ttl))
+        call = self.protocol.restore_call(session_id, turns, summary, ttl, created_at)
+        reply = await self._run(call)
         return int(reply[0]), int(reply[1])
 
     async def commit_summary(

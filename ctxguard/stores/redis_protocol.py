@@ -177,10 +177,22 @@ class RedisProtocol:
             )
         return list(self._stored_run(session_id, int(reply[3]), reply[1], reply[2]))
 
-    def restore_call(self, session_id: str, turns: int, summary: Summary | None, ttl: int) -> Call:
+    def restore_call(
+        self,
+        session_id: str,
+        turns: int,
+        summary: Summary | None,
+        ttl: int,
+        created_at: datetime | None = None,
+    ) -> Call:
         raw = "" if summary is None else summary.model_dump_json()
         version = 0 if summary is None else summary.version
-        return Call("restore", self.keys(session_id), [max(0, turns), raw, version, ttl])
+        created = ""
+        if created_at is not None:
+            aware = created_at if created_at.tzinfo else created_at.replace(tzinfo=UTC)
+            created = str(int(aware.timestamp() * 1000))
+        args: list[str | int] = [max(0, turns), raw, version, ttl, created]
+        return Call("restore", self.keys(session_id), args)
 
     def commit_summary_call(
         self, session_id: str, summary: Summary, expected: int, ttl: int
