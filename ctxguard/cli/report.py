@@ -24,7 +24,7 @@ from ctxguard.cli.common import (
     store_options,
     writable_output,
 )
-from ctxguard.cli.snapshot import Snapshot, require_snapshot
+from ctxguard.cli.snapshot import Snapshot, dropped_ranges, format_ranges, require_snapshot
 
 WIDTH, HEIGHT = 960, 380
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 16, 40
@@ -83,7 +83,7 @@ def turn_points(snap: Snapshot) -> list[TurnPoint]:
 
 
 def _point(record: dict[str, Any]) -> TurnPoint:
-    dropped = " ".join(f"[{a},{b})" for a, b in record.get("dropped") or [])
+    dropped = format_ranges(dropped_ranges(record))
     return TurnPoint(
         turn=int(record.get("turn") or 0),
         tokens=int(record.get("tokens") or 0),

@@ -38,6 +38,11 @@ class Snapshot:
     corrupt: list[Corrupt] = field(default_factory=list)
 
     @property
+    def corrupt_messages(self) -> list[Corrupt]:
+        """Undecodable message records (their position is a number)."""
+        return [c for c in self.corrupt if c.position.isdigit()]
+
+    @property
     def requests(self) -> list[dict[str, Any]]:
         return [r for r in self.audit if r.get("kind") == "request"]
 
@@ -93,6 +98,38 @@ def _detail(exc: CorruptRecordError) -> str:
     text = str(exc)
     inner = text.split("does not decode (", 1)[-1]
     return inner.split("); it was written", 1)[0]
+
+
+def dropped_ranges(record: dict[str, Any]) -> list[tuple[int, int]]:
+    """The request's ``dropped`` ranges ``[a, b)`` without the messages it did send.
+
+    The planner records the range of history left out of the window; pinned
+    messages (the system prompt) inside that range were sent all the same and
+    are not "dropped".
+    """
+    sent = {s for s in record.get("sent_seqs") or [] if isinstance(s, int)}
+    out: list[tuple[int, int]] = []
+    for pair in record.get("dropped") or []:
+        if not (isinstance(pair, list | tuple) and len(pair) == 2):
+            continue
+        a, b = pair
+        if not (isinstance(a, int) and isinstance(b, int)):
+            continue
+        start = None
+        for seq in range(a, b):
+            if seq in sent:
+                if start is not None:
+                    out.append((start, seq))
+                start = None
+            elif start is None:
+                start = seq
+        if start is not None:
+            out.append((start, b))
+    return out
+
+
+def format_ranges(ranges: list[tuple[int, int]]) -> str:
+    return " ".join(f"[{a},{b})" for a, b in ranges)
 
 
 def summary_version_of(message_id: str) -> int | None:

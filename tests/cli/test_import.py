@@ -8,34 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ctxguard.stores import open_store
 from ctxguard.stores.base import SessionStore
 
-from .conftest import Cli
-
-EXISTING = "already-there"
-
-
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
-def target(request: pytest.FixtureRequest, namespace: str) -> Iterator[tuple[Cli, SessionStore]]:
-    if request.param == "memory":
-        url = f"memory://{namespace}"
-    else:
-        url = request.getfixturevalue("redis_url")
-        request.getfixturevalue("redis_namespace")  # purges the namespace afterwards
-    store = open_store(url, namespace=namespace)
-    yield Cli(url, namespace), store
-    store.delete(EXISTING)
-    for session in list(store.list_sessions()):
-        store.delete(session)
-    store.close()
+from .conftest import EXISTING, Cli
 
 
 def snapshot(store: SessionStore) -> dict[str, Any]:
