@@ -132,6 +132,10 @@ def audit_snapshot(
 ) -> SessionAudit:
     result = SessionAudit(snap.session_id, len(snap.requests), len(snap.usages))
     result.violations += _corrupt(snap)
+    result.violations += [
+        Violation(snap.session_id, "damaged_key", f"key {p.key}", p.detail)
+        for p in snap.damaged_keys
+    ]
     result.violations += _summary_range(snap)
     retract_after = _retract_positions(snap)
     for index, record in enumerate(snap.audit):

@@ -8,6 +8,7 @@ there is no I/O to wait for.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import threading
 import time
@@ -40,6 +41,8 @@ from ctxguard.stores.base import (
     tokens_or_none,
     walk_back,
 )
+from ctxguard.stores.integrity import RawSession, RepairPlan
+from ctxguard.stores.keys import SUFFIXES
 
 _EPOCHS = itertools.count(1)  # each session object created in this process gets its own
 
@@ -491,8 +494,63 @@ class MemoryStore:
             raw = [] if session is None else list(session.audit)
         return [decode_audit(session_id, i, r) for i, r in enumerate(raw)]
 
+    def inspect(self, session_id: str) -> RawSession | None:
+        """The session's state laid out as its Redis keys (see :mod:`.integrity`)."""
+        with self._lock:
+            session = self._live(session_id)
+            return None if session is None else _raw(session)
+
+    def repair(self, session_id: str, plan: RepairPlan, record: Mapping[str, Any]) -> bool:
+        """Apply ``plan`` and add ``record`` if the session is as inspected; False if not."""
+        with self._lock:
+            session = self._live(session_id)
+            if session is None or _raw(session).fingerprint != plan.fingerprint:
+                return False
+            counts = _Counts()
+            for value in plan.toks:
+                counts.append(value)
+            session.tokens = counts
+            session.ids = {}
+            for seq, msg_id in enumerate(plan.ids):
+                session.ids.setdefault(msg_id, seq)
+            session.pins = list(plan.pins)
+            if plan.drop_summary:
+                session.summary = None
+            session.summary_version = int(plan.meta["sumver"])
+            session.turns = int(plan.meta["turns"])
+            session.changed()
+            session.audit.append(encode_audit(record))
+            return True
+
     def close(self) -> None:
         """Nothing to release; present so every store closes the same way."""
+
+
+def _raw(session: _Session) -> RawSession:
+    """A session as its keys would hold it; the fingerprint covers all of it."""
+    meta = {
+        "created": str(session.created_ms),
+        "updated": str(session.updated_ms),
+        "count": str(len(session.records)),
+        "tokens": str(session.tokens.total),
+        "sumver": str(session.summary_version),
+        "turns": str(session.turns),
+        "ver": str(session.version),
+    }
+    if session.counter:
+        meta["counter"] = session.counter
+    toks = [str(t) for t in session.tokens.values]
+    ids = {str(k): str(v) for k, v in session.ids.items()}
+    pins = [str(p) for p in session.pins]
+    records = [r.encode() for r in session.records]
+    summary = None if session.summary is None else session.summary.encode()
+    state = repr((meta, records, toks, sorted(ids.items()), pins, summary))
+    types = {s: "none" for s in SUFFIXES}
+    types.update(meta="hash", msgs="list" if records else "none", ids="hash" if ids else "none")
+    types.update(toks="list" if toks else "none", pins="list" if pins else "none")
+    types.update(sum="string" if summary else "none", audit="list" if session.audit else "none")
+    fingerprint = hashlib.sha1(state.encode(), usedforsecurity=False).hexdigest()
+    return RawSession(types, meta, records, toks, ids, pins, summary, fingerprint)
 
 
 def _drop_tail(session: _Session, keep: int) -> None:
@@ -631,6 +689,12 @@ class AsyncMemoryStore:
         write: RecordWrite,
     ) -> AppendResult:
         return self.sync.append_with_audit(session_id, messages, options, write)
+
+    async def inspect(self, session_id: str) -> RawSession | None:
+        return self.sync.inspect(session_id)
+
+    async def repair(self, session_id: str, plan: RepairPlan, record: Mapping[str, Any]) -> bool:
+        return self.sync.repair(session_id, plan, record)
 
     async def close(self) -> None:
         self.sync.close()

@@ -46,6 +46,7 @@ from ctxguard.stores.base import (
     check_window_args,
     decode_summary,
 )
+from ctxguard.stores.integrity import RawSession, RepairPlan
 from ctxguard.stores.keys import KeySpace
 from ctxguard.stores.redis_protocol import SCRIPT_NAMES, Call, RedisProtocol, load_script
 from ctxguard.stores.urls import StoreURL
@@ -344,6 +345,15 @@ class RedisStore(_Base):
         raw = self._io("read_audit", lambda: self.client.lrange(key, 0, -1), True)
         return self.protocol.parse_audit(session_id, raw)
 
+    def inspect(self, session_id: str) -> RawSession | None:
+        """Every key of the session as stored, for ``ctxguard audit`` / ``repair``."""
+        return self.protocol.parse_inspect(self._run(self.protocol.inspect_call(session_id)))
+
+    def repair(self, session_id: str, plan: RepairPlan, record: Mapping[str, Any]) -> bool:
+        """Apply ``plan`` and add ``record`` if the session is as inspected; False if not."""
+        call = self.protocol.repair_call(session_id, plan, record)
+        return bool(self._run(call, idempotent=False))
+
     def close(self) -> None:
         self.client.close()
 
@@ -570,6 +580,14 @@ class AsyncRedisStore(_Base):
         key = self.protocol.keys(session_id)[6]
         raw = await self._io("read_audit", lambda: self.client.lrange(key, 0, -1), True)
         return self.protocol.parse_audit(session_id, raw)
+
+    async def inspect(self, session_id: str) -> RawSession | None:
+        reply = await self._run(self.protocol.inspect_call(session_id))
+        return self.protocol.parse_inspect(reply)
+
+    async def repair(self, session_id: str, plan: RepairPlan, record: Mapping[str, Any]) -> bool:
+        call = self.protocol.repair_call(session_id, plan, record)
+        return bool(await self._run(call, idempotent=False))
 
     async def close(self) -> None:
         await self.client.aclose()
