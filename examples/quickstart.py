@@ -59,6 +59,18 @@ questions = [
     "Great, please confirm everything we agreed.",
 ]
 
+
+def _ranges(seqs: list[int]) -> str:
+    """Message positions as runs: [1, 2, 3, 7] -> '1-3, 7'."""
+    runs: list[list[int]] = []
+    for seq in seqs:
+        if runs and runs[-1][1] == seq - 1:
+            runs[-1][1] = seq
+        else:
+            runs.append([seq, seq])
+    return ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in runs)
+
+
 turns = Table("turn", "sent msgs", "tokens", "limit", "dropped", "summary", title="Requests")
 for number, question in enumerate(questions, 1):
     request = guard.prepare(SESSION, [{"role": "user", "content": question}])
@@ -70,7 +82,11 @@ for number, question in enumerate(questions, 1):
         prepared=request,
         usage={"prompt_tokens": request.tokens},
     )
-    dropped = ", ".join(f"{a}-{b - 1}" for a, b in request.dropped) or "-"
+    # request.dropped spans the history left out of the window; the pinned system
+    # message inside that span was sent all the same, so it is not listed.
+    sent = set(request.sent_seqs)
+    left_out = [seq for a, b in request.dropped for seq in range(a, b) if seq not in sent]
+    dropped = _ranges(left_out) or "-"
     turns.add_row(
         str(request.turn),
         str(len(request.messages)),

@@ -22,6 +22,7 @@ cli.add_command(kv_command)
 
 from ctxguard.cli.audit import audit_command  # noqa: E402
 from ctxguard.cli.delete import delete_command  # noqa: E402
+from ctxguard.cli.repair import repair_command  # noqa: E402
 from ctxguard.cli.replay import replay_command  # noqa: E402
 from ctxguard.cli.report import report_command  # noqa: E402
 from ctxguard.cli.sessions import sessions_command  # noqa: E402
@@ -35,4 +36,5 @@ cli.add_command(audit_command)
 cli.add_command(export_command)
 cli.add_command(import_command)
 cli.add_command(delete_command)
+cli.add_command(repair_command)
 cli.add_command(report_command)

@@ -43,7 +43,11 @@ Examples:
 \b
 Checks: over_limit (tokens + reserved_output + safety_margin > limit),
 invalid_request (tool calls without results, results without calls),
-unknown_sent_id, long_message, corrupt_record, drift (with --max-drift).
+missing_newest (a request sent without the newest message or the newest
+user message of its time), summary_beyond_history (a summary covering
+messages the session does not hold), unknown_sent_id, long_message,
+corrupt_record, damaged_key (a key of the session that its scripts cannot
+use: repair it with `ctxguard repair SESSION`), drift (with --max-drift).
 
 {EXIT_CODES_HELP}
 """
@@ -128,9 +132,19 @@ def audit_snapshot(
 ) -> SessionAudit:
     result = SessionAudit(snap.session_id, len(snap.requests), len(snap.usages))
     result.violations += _corrupt(snap)
-    for record in snap.requests:
+    result.violations += [
+        Violation(snap.session_id, "damaged_key", f"key {p.key}", p.detail)
+        for p in snap.damaged_keys
+    ]
+    result.violations += _summary_range(snap)
+    retract_after = _retract_positions(snap)
+    for index, record in enumerate(snap.audit):
+        if record.get("kind") != "request":
+            continue
         result.violations += _limit(snap.session_id, record)
         result.violations += _validity(snap, record)
+        if not any(r > index for r in retract_after):
+            result.violations += _newest_sent(snap, record)
     if max_message_tokens is not None:
         result.violations += _long_messages(snap, max_message_tokens)
     result.drift_p50, result.drift_max, found = _drift(snap, max_drift)
@@ -178,6 +192,48 @@ def _validity(snap: Snapshot, record: dict[str, Any]) -> list[Violation]:
     if missing:
         detail = f"sent ids not in the stored history: {', '.join(missing[:5])}"
         found.append(Violation(snap.session_id, "unknown_sent_id", where, detail))
+    return found
+
+
+def _summary_range(snap: Snapshot) -> list[Violation]:
+    """A summary stands for messages [0, covers_to): they must all be stored."""
+    held = len(snap.messages) + len(snap.corrupt_messages)
+    summary = snap.summary
+    if summary is None or 0 <= summary.covers_to <= held:
+        return []
+    detail = f"summary v{summary.version} covers [0, {summary.covers_to}) but {held} are stored"
+    return [Violation(snap.session_id, "summary_beyond_history", "summary", detail)]
+
+
+def _retract_positions(snap: Snapshot) -> list[int]:
+    return [i for i, r in enumerate(snap.audit) if r.get("kind") == "retract"]
+
+
+def _newest_sent(snap: Snapshot, record: dict[str, Any]) -> list[Violation]:
+    """The newest message of the request's time, and its newest user message, were sent.
+
+    The guard always sends the messages a prepare adds, so a request without
+    them (for example only a summary that claims to cover them) is a violation.
+    Requests followed by a retraction are skipped: their history is gone.
+    """
+    count = record.get("message_count")
+    if not isinstance(count, int) or count <= 0:
+        return []
+    seen = [s for s in snap.messages if s.seq < count]
+    if not seen or seen[-1].seq != count - 1:
+        return []  # the newest message of the time does not decode: reported as corrupt
+    sent = set(record.get("sent_ids") or [])
+    where = f"turn {record.get('turn')}"
+    found = []
+    users = [s for s in seen if s.message.role == "user"]
+    newest = seen[-1]
+    if newest.message.id not in sent:
+        detail = f"newest message {newest.message.id!r} (seq {newest.seq}) was not sent"
+        found.append(Violation(snap.session_id, "missing_newest", where, detail))
+    elif users and users[-1].message.id not in sent:
+        user = users[-1]
+        detail = f"newest user message {user.message.id!r} (seq {user.seq}) was not sent"
+        found.append(Violation(snap.session_id, "missing_newest", where, detail))
     return found
 
 

@@ -13,10 +13,11 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn, ParamSpec, TypeVar
+from typing import IO, Any, NoReturn, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -153,14 +154,40 @@ def json_option(fn: Callable[P, R]) -> Callable[P, R]:
     )
 
 
+# The default stays memory:// (the library's zero-setup store: the same URL names
+# the same store everywhere, and no command reads or writes a server nobody named),
+# but a CLI process can only ever see an empty one, so it says so.
+NO_URL_NOTE = (
+    f"note: no --url or {URL_ENV}: looking at an empty in-process memory:// store; "
+    "pass --url redis://localhost:6379/0"
+)
+
+
 @contextmanager
 def opened_store(url: str, namespace: str | None, tenant: str | None) -> Iterator[SessionStore]:
     """The store for the options, closed afterwards."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.get_parameter_source("url") == ParameterSource.DEFAULT:
+        note(NO_URL_NOTE)
     store = open_store(url, namespace=namespace, tenant=tenant)
     try:
         yield store
     finally:
         store.close()
+
+
+@contextmanager
+def writable_output(path: str) -> Iterator[IO[str]]:
+    """``path`` opened for text output (``-`` is stdout); an OS error exits 2 in one line."""
+    if path == "-":
+        with click.open_file("-", "w", encoding="utf-8") as out:
+            yield out
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            yield handle
+    except OSError as exc:
+        fail(f"cannot write {path}: {exc.strerror or exc}", EXIT_BAD_INPUT)
 
 
 def stdout() -> Console:

@@ -11,7 +11,6 @@ import html
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
-from pathlib import Path
 from string import Template
 from typing import Any
 
@@ -23,8 +22,9 @@ from ctxguard.cli.common import (
     note,
     opened_store,
     store_options,
+    writable_output,
 )
-from ctxguard.cli.snapshot import Snapshot, require_snapshot
+from ctxguard.cli.snapshot import Snapshot, dropped_ranges, format_ranges, require_snapshot
 
 WIDTH, HEIGHT = 960, 380
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 16, 40
@@ -63,7 +63,7 @@ class TurnPoint:
 
 @click.command("report", epilog=_EPILOG)
 @click.argument("session")
-@click.option("--html", "html_path", required=True, type=click.Path(dir_okay=False))
+@click.option("--html", "html_path", required=True, help="Output HTML file.")
 @store_options
 @handles_errors
 def report_command(
@@ -72,7 +72,9 @@ def report_command(
     """Write an HTML report: prompt tokens per turn against the limit, drops, summaries, turns."""
     with opened_store(url, namespace, tenant) as store:
         snap = require_snapshot(store, session)
-    Path(html_path).write_text(render_report(snap), encoding="utf-8")
+    page = render_report(snap)
+    with writable_output(html_path) as handle:
+        handle.write(page)
     note(f"wrote {html_path} ({len(snap.requests)} turns)")
 
 
@@ -81,7 +83,7 @@ def turn_points(snap: Snapshot) -> list[TurnPoint]:
 
 
 def _point(record: dict[str, Any]) -> TurnPoint:
-    dropped = " ".join(f"[{a},{b})" for a, b in record.get("dropped") or [])
+    dropped = format_ranges(dropped_ranges(record))
     return TurnPoint(
         turn=int(record.get("turn") or 0),
         tokens=int(record.get("tokens") or 0),

@@ -22,7 +22,7 @@ from ctxguard.cli.common import (
     store_options,
 )
 from ctxguard.cli.sessions import info_json
-from ctxguard.cli.snapshot import Snapshot, require_snapshot
+from ctxguard.cli.snapshot import Snapshot, dropped_ranges, format_ranges, require_snapshot
 from ctxguard.stores.base import StoredMessage
 
 _EPILOG = f"""\b
@@ -55,7 +55,7 @@ def show_command(
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
     return {
-        "info": info_json(snap.info),
+        "info": {**info_json(snap.info), "counter_spec": counter_spec(snap)},
         "messages": [message_json(s) for s in snap.messages],
         "summary": snap.summary.model_dump(mode="json") if snap.summary else None,
         "summaries": summary_ranges(snap),
@@ -88,10 +88,14 @@ def summary_ranges(snap: Snapshot) -> list[dict[str, Any]]:
 
 def _sections(snap: Snapshot, full: bool) -> list[RenderableType]:
     info = snap.info
+    spec = counter_spec(snap)
+    counter = info.counter or "no counter"
+    if spec and info.counter:
+        counter = f"counter {spec}, fingerprint {info.counter}"
     head = (
         f"[bold]{escape(snap.session_id)}[/]  {info.message_count} messages, "
         f"{info.token_total} tokens "
-        f"({info.counter or 'no counter'}), summary v{info.summary_version}, "
+        f"({escape(counter)}), summary v{info.summary_version}, "
         f"{info.audit_count} audit records"
     )
     parts: list[RenderableType] = [head, _messages_table(snap, full)]
@@ -166,12 +170,37 @@ def _audit_cells(kind: str, record: dict[str, Any]) -> tuple[str, str, str, str,
     if kind == "request":
         budget = f"{record.get('tokens')} + {record.get('reserved_output')} / {record.get('limit')}"
         decisions = ", ".join(str(d.get("policy")) for d in record.get("decisions") or [])
-        dropped = " ".join(f"[{a},{b})" for a, b in record.get("dropped") or [])
+        dropped = format_ranges(dropped_ranges(record))
         sent = str(len(record.get("sent_ids") or []))
         return str(record.get("turn")), budget, sent, dropped or "-", decisions
     if kind == "usage":
         detail = f"server prompt_tokens={record.get('prompt_tokens')} drift={record.get('drift')}"
         return str(record.get("of_turn", "-")), str(record.get("estimated", "-")), "", "", detail
-    covers = f"[{record.get('covers_from')}, {record.get('covers_to')})"
-    detail = f"v{record.get('version', '?')} covers {covers} {record.get('error') or ''}"
-    return "-", "", "", "", detail.strip()
+    if kind == "retract":
+        ids = [str(i) for i in record.get("ids") or []]
+        shown = ", ".join(ids[:5]) + (f" (+{len(ids) - 5} more)" if len(ids) > 5 else "")
+        detail = f"removed {record.get('count', len(ids))} newest message(s): {shown or '-'}"
+        return "-", "", "", "", detail
+    if kind == "repair":
+        changes = "; ".join(str(c) for c in record.get("changes") or []) or "nothing to change"
+        return "-", "", "", "", f"repaired: {changes}"
+    if kind in ("summary", "summary_failed"):
+        covers = f"[{record.get('covers_from')}, {record.get('covers_to')})"
+        state = "committed" if record.get("committed") else "not committed"
+        if kind == "summary_failed":
+            state = f"failed: {record.get('error') or '?'}"
+        detail = f"v{record.get('version', '?')} covers {covers} {state}"
+        return "-", "", "", "", detail
+    keys = ", ".join(sorted(k for k in record if k != "kind"))
+    return "-", "", "", "", f"fields: {keys}" if keys else ""
+
+
+def counter_spec(snap: Snapshot) -> str | None:
+    """The spec (``approx``, ``tiktoken:cl100k_base``...) behind the session's counter
+    fingerprint, from the newest request record made with it."""
+    for record in reversed(snap.requests):
+        if record.get("counter") == snap.info.counter and isinstance(
+            record.get("counter_spec"), str
+        ):
+            return str(record["counter_spec"])
+    return None

@@ -9,11 +9,13 @@ instead of aborting the read.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
-from ctxguard.errors import CorruptRecordError
+from ctxguard.errors import CorruptRecordError, StoreConnectionError, StoreError
 from ctxguard.guard.replay import summaries_from_audit
 from ctxguard.stores.base import SessionInfo, SessionStore, StoredMessage, Summary
+from ctxguard.stores.integrity import KeyProblem, RawSession, find_problems
 
 SUMMARY_ID_PREFIX = "ctxguard-summary-v"
 
@@ -36,6 +38,12 @@ class Snapshot:
     summary: Summary | None = None
     audit: list[dict[str, Any]] = field(default_factory=list)
     corrupt: list[Corrupt] = field(default_factory=list)
+    damaged_keys: list[KeyProblem] = field(default_factory=list)
+
+    @property
+    def corrupt_messages(self) -> list[Corrupt]:
+        """Undecodable message records (their position is a number)."""
+        return [c for c in self.corrupt if c.position.isdigit()]
 
     @property
     def requests(self) -> list[dict[str, Any]]:
@@ -54,21 +62,55 @@ class Snapshot:
 
 
 def load_snapshot(store: SessionStore, session_id: str) -> Snapshot | None:
-    """Read a whole session; None when it does not exist."""
-    info = store.info(session_id)
+    """Read a whole session; None when it does not exist.
+
+    A damaged key (found by the store's ``inspect``) may make a script refuse
+    to read the session; that becomes a finding too, not a crash.
+    """
+    inspect = getattr(store, "inspect", None)
+    raw: RawSession | None = inspect(session_id) if inspect is not None else None
+    damaged = [] if raw is None else find_problems(session_id, raw)
+    try:
+        info = store.info(session_id)
+    except CorruptRecordError as exc:
+        if not damaged:
+            raise
+        info = _placeholder_info(session_id)
+        damaged.append(KeyProblem("meta", f"cannot be read ({_detail(exc)})"))
     if info is None:
         return None
-    snap = Snapshot(session_id, info)
-    snap.messages = _read_messages(store, session_id, snap.corrupt)
+    snap = Snapshot(session_id, info, damaged_keys=damaged)
+    try:
+        snap.messages = _read_messages(store, session_id, snap.corrupt)
+    except StoreError as exc:
+        if not damaged or isinstance(exc, StoreConnectionError):
+            raise
+        snap.corrupt.append(Corrupt("msgs", f"cannot be read until repaired ({_short(exc)})"))
     try:
         snap.summary = store.get_summary(session_id)
     except CorruptRecordError as exc:
         snap.corrupt.append(Corrupt("summary", _detail(exc)))
+    except StoreError as exc:
+        if not damaged or isinstance(exc, StoreConnectionError):
+            raise
     try:
         snap.audit = store.read_audit(session_id)
     except CorruptRecordError as exc:
         snap.corrupt.append(Corrupt(str(exc.position), _detail(exc)))
+    except StoreError as exc:
+        if not damaged or isinstance(exc, StoreConnectionError):
+            raise
+        snap.corrupt.append(Corrupt("audit", f"cannot be read ({_short(exc)})"))
     return snap
+
+
+def _placeholder_info(session_id: str) -> SessionInfo:
+    zero = datetime.fromtimestamp(0, UTC)
+    return SessionInfo(session_id, 0, 0, None, zero, zero, None, 0)
+
+
+def _short(exc: Exception) -> str:
+    return str(exc).split(": ", 1)[-1][:160]
 
 
 def _read_messages(
@@ -93,6 +135,38 @@ def _detail(exc: CorruptRecordError) -> str:
     text = str(exc)
     inner = text.split("does not decode (", 1)[-1]
     return inner.split("); it was written", 1)[0]
+
+
+def dropped_ranges(record: dict[str, Any]) -> list[tuple[int, int]]:
+    """The request's ``dropped`` ranges ``[a, b)`` without the messages it did send.
+
+    The planner records the range of history left out of the window; pinned
+    messages (the system prompt) inside that range were sent all the same and
+    are not "dropped".
+    """
+    sent = {s for s in record.get("sent_seqs") or [] if isinstance(s, int)}
+    out: list[tuple[int, int]] = []
+    for pair in record.get("dropped") or []:
+        if not (isinstance(pair, list | tuple) and len(pair) == 2):
+            continue
+        a, b = pair
+        if not (isinstance(a, int) and isinstance(b, int)):
+            continue
+        start = None
+        for seq in range(a, b):
+            if seq in sent:
+                if start is not None:
+                    out.append((start, seq))
+                start = None
+            elif start is None:
+                start = seq
+        if start is not None:
+            out.append((start, b))
+    return out
+
+
+def format_ranges(ranges: list[tuple[int, int]]) -> str:
+    return " ".join(f"[{a},{b})" for a, b in ranges)
 
 
 def summary_version_of(message_id: str) -> int | None:

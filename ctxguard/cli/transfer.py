@@ -3,14 +3,17 @@
 One line per item so large sessions stream and diff well::
 
     {"type": "header", "format": "ctxguard-export", "version": 1}
-    {"type": "session", "session_id": ..., "counter": ..., "ttl_seconds": ..., "summary": {...}}
+    {"type": "session", "session_id": ..., "counter": ..., "ttl_seconds": ...,
+     "created_at": "2025-...", "summary": {...}}
     {"type": "message", "session_id": ..., "seq": 0, "tokens": 12, "message": {...}}
     {"type": "audit", "session_id": ..., "index": 0, "record": {...}}
 
-Import is idempotent: messages are appended by id (a retry stores nothing),
-and the summary and audit trail are restored verbatim only into a session
-that did not exist; into an existing one only audit records it does not hold
-yet are added, so a re-import never doubles them.
+Import reads and validates the whole file first (:mod:`ctxguard.cli.import_file`)
+and writes nothing if any line is wrong. It is idempotent: messages are
+appended by id (a retry stores nothing), and the summary and audit trail are
+restored verbatim only into a session that did not exist; into an existing one
+only audit records it does not hold yet are added, so a re-import never
+doubles them. Plain OpenAI chat JSONL imports as new sessions.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, Any
 
 import click
@@ -30,21 +33,30 @@ from ctxguard.cli.common import (
     EXIT_CORRUPT,
     add_row,
     emit_json,
+    exit_code_for,
     fail,
     handles_errors,
     json_option,
     note,
     opened_store,
+    scrub,
     stdout,
     store_options,
+    writable_output,
+)
+from ctxguard.cli.import_file import (
+    FORMAT,
+    VERSION,
+    ImportFile,
+    ImportFileError,
+    Incoming,
+    read_import_file,
 )
 from ctxguard.cli.show import message_json
 from ctxguard.cli.snapshot import Snapshot, require_snapshot
-from ctxguard.messages import Message
-from ctxguard.stores.base import NewMessage, SessionStore, Summary, WriteOptions
+from ctxguard.errors import CtxGuardError
+from ctxguard.stores.base import SessionStore, WriteOptions
 
-FORMAT = "ctxguard-export"
-VERSION = 1
 BATCH = 500
 
 _EXPORT_EPILOG = f"""\b
@@ -61,6 +73,15 @@ Examples:
   ctxguard import backup.jsonl --url redis://localhost:6379/0
   ctxguard import backup.jsonl --namespace staging --json
   cat sessions.jsonl | ctxguard import -
+  ctxguard import chats.jsonl       # OpenAI JSONL: one {{"messages": [...]}} per line
+
+\b
+Formats: a `ctxguard export` file (restored as it was: ids, counts, summary,
+audit trail, created_at), or OpenAI chat JSONL, one {{"messages": [...],
+"tools": [...]}} object per line, each line a new session with a generated id
+(printed; tools are checked, not stored). The whole file is validated before
+anything is written: any bad line (or a missing, unreadable or non-UTF-8 file)
+exits 2 naming the file, line and field, with nothing written.
 
 {EXIT_CODES_HELP}
 """
@@ -86,7 +107,7 @@ def export_command(
     with opened_store(url, namespace, tenant) as store:
         ids = sorted(store.list_sessions("")) if all_sessions else list(sessions)
         snaps = [_exportable(require_snapshot(store, s)) for s in ids]
-    with click.open_file(out, "w", encoding="utf-8") as handle:
+    with writable_output(out) as handle:
         write_lines(handle, export_lines(snaps))
     if out != "-":
         count = sum(len(s.messages) for s in snaps)
@@ -114,6 +135,7 @@ def export_lines(snaps: Iterable[Snapshot]) -> Iterator[dict[str, Any]]:
             "session_id": snap.session_id,
             "counter": snap.info.counter,
             "ttl_seconds": None if ttl is None else math.ceil(ttl),
+            "created_at": snap.info.created_at.isoformat(),
             "summary": snap.summary.model_dump(mode="json") if snap.summary else None,
         }
         for stored in snap.messages:
@@ -131,18 +153,6 @@ def write_lines(handle: IO[str], lines: Iterable[dict[str, Any]]) -> None:
 
 
 @dataclass
-class Incoming:
-    """One session as read from an export file."""
-
-    session_id: str
-    counter: str | None = None
-    ttl_seconds: int | None = None
-    summary: Summary | None = None
-    messages: list[NewMessage] = field(default_factory=list)
-    audit: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass
 class Imported:
     """What an import did to one session."""
 
@@ -155,56 +165,55 @@ class Imported:
 
 
 @click.command("import", epilog=_IMPORT_EPILOG)
-@click.argument("file", type=click.Path(allow_dash=True, dir_okay=False))
+@click.argument("file")
 @store_options
 @json_option
 @handles_errors
 def import_command(
     file: str, url: str, namespace: str | None, tenant: str | None, as_json: bool
 ) -> None:
-    """Load sessions from an export file; importing the same file twice changes nothing."""
-    with click.open_file(file, "r", encoding="utf-8") as handle:
-        incoming = read_export(handle)
+    """Load sessions from an export file (or OpenAI JSONL); a re-import changes nothing."""
+    try:
+        parsed = read_import_file(file)
+    except ImportFileError as exc:
+        fail(f"{exc}; nothing imported", EXIT_BAD_INPUT)
+    if not parsed.sessions:
+        note(f"{parsed.name}: no sessions in the file; nothing imported")
     with opened_store(url, namespace, tenant) as store:
-        done = [import_session(store, item) for item in incoming]
+        done = write_all(store, parsed, url)
+    if parsed.format == "openai-jsonl" and done:
+        note(f"imported {len(done)} OpenAI-format conversation(s) as new sessions:")
+        for d in done:
+            note(f"  {d.session_id}")
     if as_json:
         emit_json([vars(d) for d in done])
         return
     stdout().print(_import_table(done))
 
 
-def read_export(handle: Iterable[str]) -> list[Incoming]:
-    """Parse and validate the whole file before writing anything."""
-    sessions: dict[str, Incoming] = {}
-    for number, line in enumerate(handle, 1):
-        if not line.strip():
-            continue
+def write_all(store: SessionStore, parsed: ImportFile, url: str) -> list[Imported]:
+    """Write every session of a validated file; a failure says what was written."""
+    done: list[Imported] = []
+    for item in parsed.sessions:
         try:
-            _take(sessions, json.loads(line), number)
-        except (ValueError, KeyError, TypeError) as exc:
-            fail(f"line {number}: not a ctxguard export line ({exc})", EXIT_BAD_INPUT)
-    return list(sessions.values())
-
-
-def _take(sessions: dict[str, Incoming], item: dict[str, Any], number: int) -> None:
-    kind = item["type"]
-    if kind == "header":
-        if item.get("format") != FORMAT or item.get("version") != VERSION:
-            raise ValueError(f"unsupported export {item.get('format')} v{item.get('version')}")
-        return
-    sid = str(item["session_id"])
-    if kind == "session":
-        summary = Summary.model_validate(item["summary"]) if item.get("summary") else None
-        sessions[sid] = Incoming(sid, item.get("counter"), item.get("ttl_seconds"), summary)
-    elif sid not in sessions:
-        raise ValueError(f"{kind} line before the session line of {sid!r}")
-    elif kind == "message":
-        message = Message.from_record(json.dumps(item["message"]))
-        sessions[sid].messages.append(NewMessage(message, item.get("tokens")))
-    elif kind == "audit":
-        sessions[sid].audit.append(dict(item["record"]))
-    else:
-        raise ValueError(f"unknown line type {kind!r}")
+            done.append(import_session(store, item))
+        except CtxGuardError as exc:
+            written = ", ".join(repr(d.session_id) for d in done) or "none"
+            again = (
+                "delete it and import again"
+                if item.generated
+                else "importing the file again is safe (appends are idempotent)"
+            )
+            fail(
+                scrub(
+                    f"import of {parsed.name} stopped at session {item.session_id!r} "
+                    f"({type(exc).__name__}: {exc}); written in full before it: {written}; "
+                    f"{item.session_id!r} may be partly written: {again}",
+                    url,
+                ),
+                exit_code_for(exc),
+            )
+    return done
 
 
 def import_session(store: SessionStore, item: Incoming) -> Imported:
@@ -216,9 +225,12 @@ def import_session(store: SessionStore, item: Incoming) -> Imported:
         done.stored += len(result.stored)
         done.duplicates += len(result.duplicates)
     done.audit_added = _add_missing_audit(store, item)
-    turns = [int(r["turn"]) for r in item.audit if r.get("kind") == "request"]
     _, done.summary_version = store.restore(
-        item.session_id, max(turns, default=0), item.summary, item.ttl_seconds or 0
+        item.session_id,
+        item.turns,
+        item.summary,
+        item.ttl_seconds or 0,
+        created_at=item.created_at,
     )
     if item.summary is not None and done.summary_version != item.summary.version:
         note(f"warning: {item.session_id} already has summary v{done.summary_version}; kept it")

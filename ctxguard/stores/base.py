@@ -218,7 +218,13 @@ class SessionStore(Protocol):
         self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
     ) -> list[StoredMessage]: ...
     def restore(
-        self, session_id: str, turns: int, summary: Summary | None, ttl: int = 0
+        self,
+        session_id: str,
+        turns: int,
+        summary: Summary | None,
+        ttl: int = 0,
+        *,
+        created_at: datetime | None = None,
     ) -> tuple[int, int]: ...
     def add_audit(
         self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
@@ -281,7 +287,13 @@ class AsyncSessionStore(Protocol):
         self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
     ) -> list[StoredMessage]: ...
     async def restore(
-        self, session_id: str, turns: int, summary: Summary | None, ttl: int = 0
+        self,
+        session_id: str,
+        turns: int,
+        summary: Summary | None,
+        ttl: int = 0,
+        *,
+        created_at: datetime | None = None,
     ) -> tuple[int, int]: ...
     async def add_audit(
         self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0

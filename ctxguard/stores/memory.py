@@ -8,6 +8,7 @@ there is no I/O to wait for.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import threading
 import time
@@ -40,6 +41,8 @@ from ctxguard.stores.base import (
     tokens_or_none,
     walk_back,
 )
+from ctxguard.stores.integrity import RawSession, RepairPlan
+from ctxguard.stores.keys import SUFFIXES
 
 _EPOCHS = itertools.count(1)  # each session object created in this process gets its own
 
@@ -110,6 +113,11 @@ class _Session:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _datetime_ms(when: datetime) -> int:
+    aware = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    return int(aware.timestamp() * 1000)
 
 
 class MemoryStore:
@@ -404,14 +412,23 @@ class MemoryStore:
             return removed
 
     def restore(
-        self, session_id: str, turns: int, summary: Summary | None, ttl: int = 0
+        self,
+        session_id: str,
+        turns: int,
+        summary: Summary | None,
+        ttl: int = 0,
+        *,
+        created_at: datetime | None = None,
     ) -> tuple[int, int]:
-        """For import: raise the turn counter, set the summary if there is none yet."""
+        """For import: raise the turn counter, set the summary if there is none yet,
+        and move the creation time back to ``created_at`` when that is earlier."""
         with self._lock:
             session = self._live(session_id)
             if session is None:
                 return 0, 0
             session.turns = max(session.turns, turns)
+            if created_at is not None:
+                session.created_ms = min(session.created_ms, _datetime_ms(created_at))
             if summary is not None and session.summary_version == 0:
                 session.summary = summary.model_dump_json()
                 session.summary_version = summary.version
@@ -477,8 +494,63 @@ class MemoryStore:
             raw = [] if session is None else list(session.audit)
         return [decode_audit(session_id, i, r) for i, r in enumerate(raw)]
 
+    def inspect(self, session_id: str) -> RawSession | None:
+        """The session's state laid out as its Redis keys (see :mod:`.integrity`)."""
+        with self._lock:
+            session = self._live(session_id)
+            return None if session is None else _raw(session)
+
+    def repair(self, session_id: str, plan: RepairPlan, record: Mapping[str, Any]) -> bool:
+        """Apply ``plan`` and add ``record`` if the session is as inspected; False if not."""
+        with self._lock:
+            session = self._live(session_id)
+            if session is None or _raw(session).fingerprint != plan.fingerprint:
+                return False
+            counts = _Counts()
+            for value in plan.toks:
+                counts.append(value)
+            session.tokens = counts
+            session.ids = {}
+            for seq, msg_id in enumerate(plan.ids):
+                session.ids.setdefault(msg_id, seq)
+            session.pins = list(plan.pins)
+            if plan.drop_summary:
+                session.summary = None
+            session.summary_version = int(plan.meta["sumver"])
+            session.turns = int(plan.meta["turns"])
+            session.changed()
+            session.audit.append(encode_audit(record))
+            return True
+
     def close(self) -> None:
         """Nothing to release; present so every store closes the same way."""
+
+
+def _raw(session: _Session) -> RawSession:
+    """A session as its keys would hold it; the fingerprint covers all of it."""
+    meta = {
+        "created": str(session.created_ms),
+        "updated": str(session.updated_ms),
+        "count": str(len(session.records)),
+        "tokens": str(session.tokens.total),
+        "sumver": str(session.summary_version),
+        "turns": str(session.turns),
+        "ver": str(session.version),
+    }
+    if session.counter:
+        meta["counter"] = session.counter
+    toks = [str(t) for t in session.tokens.values]
+    ids = {str(k): str(v) for k, v in session.ids.items()}
+    pins = [str(p) for p in session.pins]
+    records = [r.encode() for r in session.records]
+    summary = None if session.summary is None else session.summary.encode()
+    state = repr((meta, records, toks, sorted(ids.items()), pins, summary))
+    types = {s: "none" for s in SUFFIXES}
+    types.update(meta="hash", msgs="list" if records else "none", ids="hash" if ids else "none")
+    types.update(toks="list" if toks else "none", pins="list" if pins else "none")
+    types.update(sum="string" if summary else "none", audit="list" if session.audit else "none")
+    fingerprint = hashlib.sha1(state.encode(), usedforsecurity=False).hexdigest()
+    return RawSession(types, meta, records, toks, ids, pins, summary, fingerprint)
 
 
 def _drop_tail(session: _Session, keep: int) -> None:
@@ -583,9 +655,15 @@ class AsyncMemoryStore:
         return self.sync.retract(session_id, count, expected_count, ttl)
 
     async def restore(
-        self, session_id: str, turns: int, summary: Summary | None, ttl: int = 0
+        self,
+        session_id: str,
+        turns: int,
+        summary: Summary | None,
+        ttl: int = 0,
+        *,
+        created_at: datetime | None = None,
     ) -> tuple[int, int]:
-        return self.sync.restore(session_id, turns, summary, ttl)
+        return self.sync.restore(session_id, turns, summary, ttl, created_at=created_at)
 
     async def commit_summary(
         self, session_id: str, summary: Summary, expected_version: int
@@ -611,6 +689,12 @@ class AsyncMemoryStore:
         write: RecordWrite,
     ) -> AppendResult:
         return self.sync.append_with_audit(session_id, messages, options, write)
+
+    async def inspect(self, session_id: str) -> RawSession | None:
+        return self.sync.inspect(session_id)
+
+    async def repair(self, session_id: str, plan: RepairPlan, record: Mapping[str, Any]) -> bool:
+        return self.sync.repair(session_id, plan, record)
 
     async def close(self) -> None:
         self.sync.close()

@@ -14,6 +14,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 import redis
@@ -45,6 +46,7 @@ from ctxguard.stores.base import (
     check_window_args,
     decode_summary,
 )
+from ctxguard.stores.integrity import RawSession, RepairPlan
 from ctxguard.stores.keys import KeySpace
 from ctxguard.stores.redis_protocol import SCRIPT_NAMES, Call, RedisProtocol, load_script
 from ctxguard.stores.urls import StoreURL
@@ -266,10 +268,18 @@ class RedisStore(_Base):
         return self.protocol.parse_retract(session_id, self._run(call, idempotent=False))
 
     def restore(
-        self, session_id: str, turns: int, summary: Summary | None, ttl: int = 0
+        self,
+        session_id: str,
+        turns: int,
+        summary: Summary | None,
+        ttl: int = 0,
+        *,
+        created_at: datetime | None = None,
     ) -> tuple[int, int]:
-        """For import: raise the turn counter, set the summary if there is none yet."""
-        reply = self._run(self.protocol.restore_call(session_id, turns, summary, ttl))
+        """For import: raise the turn counter, set the summary if there is none yet,
+        and move the creation time back to ``created_at`` when that is earlier."""
+        call = self.protocol.restore_call(session_id, turns, summary, ttl, created_at)
+        reply = self._run(call)
         return int(reply[0]), int(reply[1])
 
     def commit_summary(
@@ -334,6 +344,15 @@ class RedisStore(_Base):
         key = self.protocol.keys(session_id)[6]
         raw = self._io("read_audit", lambda: self.client.lrange(key, 0, -1), True)
         return self.protocol.parse_audit(session_id, raw)
+
+    def inspect(self, session_id: str) -> RawSession | None:
+        """Every key of the session as stored, for ``ctxguard audit`` / ``repair``."""
+        return self.protocol.parse_inspect(self._run(self.protocol.inspect_call(session_id)))
+
+    def repair(self, session_id: str, plan: RepairPlan, record: Mapping[str, Any]) -> bool:
+        """Apply ``plan`` and add ``record`` if the session is as inspected; False if not."""
+        call = self.protocol.repair_call(session_id, plan, record)
+        return bool(self._run(call, idempotent=False))
 
     def close(self) -> None:
         self.client.close()
@@ -496,9 +515,16 @@ class AsyncRedisStore(_Base):
         return self.protocol.parse_retract(session_id, await self._run(call, idempotent=False))
 
     async def restore(
-        self, session_id: str, turns: int, summary: Summary | None, ttl: int = 0
+        self,
+        session_id: str,
+        turns: int,
+        summary: Summary | None,
+        ttl: int = 0,
+        *,
+        created_at: datetime | None = None,
     ) -> tuple[int, int]:
-        reply = await self._run(self.protocol.restore_call(session_id, turns, summary, ttl))
+        call = self.protocol.restore_call(session_id, turns, summary, ttl, created_at)
+        reply = await self._run(call)
         return int(reply[0]), int(reply[1])
 
     async def commit_summary(
@@ -554,6 +580,14 @@ class AsyncRedisStore(_Base):
         key = self.protocol.keys(session_id)[6]
         raw = await self._io("read_audit", lambda: self.client.lrange(key, 0, -1), True)
         return self.protocol.parse_audit(session_id, raw)
+
+    async def inspect(self, session_id: str) -> RawSession | None:
+        reply = await self._run(self.protocol.inspect_call(session_id))
+        return self.protocol.parse_inspect(reply)
+
+    async def repair(self, session_id: str, plan: RepairPlan, record: Mapping[str, Any]) -> bool:
+        call = self.protocol.repair_call(session_id, plan, record)
+        return bool(await self._run(call, idempotent=False))
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -40,7 +40,8 @@ from ctxguard.stores.base import (
     ms_to_datetime,
     tokens_or_none,
 )
-from ctxguard.stores.keys import KeySpace
+from ctxguard.stores.integrity import RawSession, RepairPlan
+from ctxguard.stores.keys import SUFFIXES, KeySpace
 
 SCRIPT_NAMES = (
     "append",
@@ -51,6 +52,7 @@ SCRIPT_NAMES = (
     "add_audit",
     "retract",
     "restore",
+    "repair",
 )
 
 
@@ -177,10 +179,22 @@ class RedisProtocol:
             )
         return list(self._stored_run(session_id, int(reply[3]), reply[1], reply[2]))
 
-    def restore_call(self, session_id: str, turns: int, summary: Summary | None, ttl: int) -> Call:
+    def restore_call(
+        self,
+        session_id: str,
+        turns: int,
+        summary: Summary | None,
+        ttl: int,
+        created_at: datetime | None = None,
+    ) -> Call:
         raw = "" if summary is None else summary.model_dump_json()
         version = 0 if summary is None else summary.version
-        return Call("restore", self.keys(session_id), [max(0, turns), raw, version, ttl])
+        created = ""
+        if created_at is not None:
+            aware = created_at if created_at.tzinfo else created_at.replace(tzinfo=UTC)
+            created = str(int(aware.timestamp() * 1000))
+        args: list[str | int] = [max(0, turns), raw, version, ttl, created]
+        return Call("restore", self.keys(session_id), args)
 
     def commit_summary_call(
         self, session_id: str, summary: Summary, expected: int, ttl: int
@@ -207,6 +221,40 @@ class RedisProtocol:
         if write.audit is not None:
             calls.append(self.audit_call(session_id, write.audit, write.retention, write.ttl))
         return calls
+
+    def inspect_call(self, session_id: str) -> Call:
+        return Call("repair", self.keys(session_id), ["inspect"])
+
+    def parse_inspect(self, reply: Sequence[Any]) -> RawSession | None:
+        types = dict(zip(SUFFIXES, (_text(t) for t in reply[0]), strict=True))
+        if all(t == "none" for t in types.values()):
+            return None
+        flat = [_text(x) for x in reply[1]]
+        ids = [_text(x) for x in reply[4]]
+        return RawSession(
+            types=types,
+            meta=dict(zip(flat[::2], flat[1::2], strict=True)),
+            records=[bytes(r) if not isinstance(r, str) else r.encode() for r in reply[2]],
+            toks=[_text(t) for t in reply[3]],
+            ids=dict(zip(ids[::2], ids[1::2], strict=True)),
+            pins=[_text(p) for p in reply[5]],
+            summary=(reply[6] if isinstance(reply[6], bytes) else _text(reply[6]).encode())
+            if int(reply[7])
+            else None,
+            fingerprint=_text(reply[8]),
+        )
+
+    def repair_call(self, session_id: str, plan: RepairPlan, record: Mapping[str, Any]) -> Call:
+        args: list[str | int] = ["apply", plan.fingerprint, encode_audit(record)]
+        args.append("1" if plan.drop_summary else "0")
+        args.append(len(plan.meta))
+        for name, value in plan.meta.items():
+            args += [name, value]
+        args.append(len(plan.ids))
+        args += [*plan.ids, *plan.toks]
+        args.append(len(plan.pins))
+        args += plan.pins
+        return Call("repair", self.keys(session_id), args)
 
     # -- parsing ---------------------------------------------------------------
 

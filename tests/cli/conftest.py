@@ -46,6 +46,25 @@ class Cli:
         return json.loads(result.stdout)
 
 
+EXISTING = "already-there"
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def target(  # the in-process store and the private Redis
+    request: pytest.FixtureRequest, namespace: str
+) -> Iterator[tuple[Cli, SessionStore]]:
+    if request.param == "memory":
+        url = f"memory://{namespace}"
+    else:
+        url = request.getfixturevalue("redis_url")
+        request.getfixturevalue("redis_namespace")  # purges the namespace afterwards
+    store = open_store(url, namespace=namespace)
+    yield Cli(url, namespace), store
+    for session in list(store.list_sessions()):
+        store.delete(session)
+    store.close()
+
+
 @pytest.fixture
 def run(redis_url: str, redis_namespace: str) -> Cli:
     return Cli(redis_url, redis_namespace)

@@ -1,7 +1,9 @@
 -- restore: put back what an export recorded that appends cannot (ctxguard import).
 -- Raises the turn counter to `turns` (never lowers it) and, when the session has
--- no summary yet, sets the summary verbatim with its version.
--- ARGV: 1 turns, 2 summary JSON ('' = none), 3 summary version, 4 ttl seconds
+-- no summary yet, sets the summary verbatim with its version; moves `created`
+-- back to the exported creation time when that is earlier.
+-- ARGV: 1 turns, 2 summary JSON ('' = none), 3 summary version, 4 ttl seconds,
+--       5 created (ms; '' or absent = keep)
 -- Returns: {turns now, summary version now}; {0, 0} when the session does not exist.
 if redis.call('EXISTS', KEYS[K_META]) == 0 then return {0, 0} end
 local turns = tonumber(redis.call('HGET', KEYS[K_META], 'turns') or '0')
@@ -15,6 +17,10 @@ if ARGV[2] ~= '' and version == 0 then
   version = tonumber(ARGV[3])
   redis.call('HSET', KEYS[K_META], 'sumver', version)
   changed()
+end
+local created = tonumber(ARGV[5] or '')
+if created and created < (tonumber(redis.call('HGET', KEYS[K_META], 'created')) or created + 1) then
+  redis.call('HSET', KEYS[K_META], 'created', created)
 end
 touch(ARGV[4])
 return {turns, version}

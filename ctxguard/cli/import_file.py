@@ -1,0 +1,348 @@
+"""Reading an import file: every line parsed into a typed model before anything is written.
+
+Two formats are accepted, told apart by the first non-empty line:
+
+* a ``ctxguard export`` file (first line ``{"type": "header", "format":
+  "ctxguard-export", "version": 1}``), restored session by session;
+* plain OpenAI chat JSONL, one ``{"messages": [...], "tools": [...]}`` object per
+  line (the fine-tuning / batch layout): each line becomes a new session with a
+  generated id. ``tools`` are checked but not stored (sessions hold messages).
+
+Anything wrong (missing or unreadable file, bytes that are not UTF-8, a line
+that is not JSON, a field of the wrong type) raises :class:`ImportFileError`
+naming the file, the line and the field, so the command can refuse the whole
+file with one line and exit 2 before it writes anything.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+from ctxguard.errors import InvalidInputError
+from ctxguard.ids import new_message_id, validate_id
+from ctxguard.messages import Message
+from ctxguard.stores.base import NewMessage, Summary
+
+FORMAT = "ctxguard-export"
+VERSION = 1
+MAX_TOKENS = 2**40  # far above any context; keeps counts exact in Lua's doubles
+MAX_TTL = 2**31  # seconds; Redis refuses larger EXPIRE values on some versions
+EXPECTED = (
+    'expected a ctxguard export (first line {"type": "header", "format": "ctxguard-export", '
+    '"version": 1}) or OpenAI chat JSONL (one {"messages": [...]} object per line)'
+)
+
+
+class ImportFileError(InvalidInputError):
+    """The import file cannot be used; nothing was written."""
+
+
+# -- the export format, one model per line type -------------------------------------
+
+
+class _Line(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class HeaderLine(_Line):
+    type: Literal["header"]
+    format: Literal["ctxguard-export"]
+    version: Literal[1]
+
+
+class SessionLine(_Line):
+    type: Literal["session"]
+    session_id: StrictStr
+    counter: StrictStr | None = None
+    ttl_seconds: Annotated[StrictInt, Field(ge=0, le=MAX_TTL)] | None = None
+    created_at: datetime | None = None
+    summary: Summary | None = None
+
+
+class MessageLine(_Line):
+    type: Literal["message"]
+    session_id: StrictStr
+    seq: Annotated[StrictInt, Field(ge=0)] | None = None
+    tokens: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] | None = None
+    message: dict[str, Any]
+
+
+class AuditLine(_Line):
+    type: Literal["audit"]
+    session_id: StrictStr
+    index: Annotated[StrictInt, Field(ge=0)] | None = None
+    record: dict[str, Any]
+
+
+ExportLine = Annotated[
+    HeaderLine | SessionLine | MessageLine | AuditLine, Field(discriminator="type")
+]
+_EXPORT_LINE: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ExportLine)
+
+_Count = Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
+
+
+class RequestRecord(BaseModel):
+    """The fields of a request record that import, audit and replay compute with."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    turn: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)]
+    tokens: _Count | None = None
+    limit: _Count | None = None
+    reserved_output: _Count | None = None
+    safety_margin: _Count | None = None
+    sent_ids: list[StrictStr] | None = None
+
+
+class UsageRecord(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    of_turn: Annotated[StrictInt, Field(ge=0)] | None = None
+
+
+_RECORD_MODELS: dict[str, type[BaseModel]] = {"request": RequestRecord, "usage": UsageRecord}
+
+
+# -- the OpenAI chat format ---------------------------------------------------------
+
+
+class ChatLine(BaseModel):
+    """One OpenAI chat example: ``messages`` and optionally ``tools`` (other keys ignored)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    messages: Annotated[list[dict[str, Any]], Field(min_length=1)]
+    tools: list[dict[str, Any]] | None = None
+
+
+# -- what the file holds ------------------------------------------------------------
+
+
+@dataclass
+class Incoming:
+    """One session as read from an import file, validated."""
+
+    session_id: str
+    line: int
+    counter: str | None = None
+    ttl_seconds: int | None = None
+    created_at: datetime | None = None
+    summary: Summary | None = None
+    messages: list[NewMessage] = field(default_factory=list)
+    audit: list[dict[str, Any]] = field(default_factory=list)
+    generated: bool = False  # an OpenAI-format line: the id was made here
+
+    @property
+    def turns(self) -> int:
+        return max((int(r["turn"]) for r in self.audit if r.get("kind") == "request"), default=0)
+
+
+@dataclass
+class ImportFile:
+    name: str
+    format: Literal["ctxguard-export", "openai-jsonl"]
+    sessions: list[Incoming]
+
+
+def read_import_file(path: str) -> ImportFile:
+    """Read and validate the whole file; raises :class:`ImportFileError` on any problem."""
+    name = "stdin" if path == "-" else path
+    data = _read_bytes(path, name)
+    text = _decode(data, name)
+    lines = [(n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
+    if not lines:
+        raise ImportFileError(f"{name} is empty: nothing to import; {EXPECTED}")
+    first_number, first = lines[0]
+    head = _json_object(name, first_number, first)
+    if head.get("type") == "header":
+        return ImportFile(name, "ctxguard-export", _read_export(name, lines))
+    if "messages" in head and "type" not in head:
+        return ImportFile(name, "openai-jsonl", _read_chat(name, lines))
+    raise ImportFileError(f"{name}: line {first_number}: not a known format; {EXPECTED}")
+
+
+def _read_bytes(path: str, name: str) -> bytes:
+    try:
+        if path == "-":
+            return sys.stdin.buffer.read()
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise ImportFileError(f"cannot read {name}: {exc.strerror or exc}") from None
+
+
+def _decode(data: bytes, name: str) -> str:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ImportFileError(
+            f"{name}: line {line}, byte {column}: not UTF-8 text (byte 0x{data[exc.start]:02x}); "
+            "export files are UTF-8 JSON Lines"
+        ) from None
+    return text.removeprefix("\ufeff")
+
+
+def _json_object(name: str, number: int, line: str) -> dict[str, Any]:
+    try:
+        value = json.loads(line, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise ImportFileError(f"{name}: line {number}: not JSON ({_first_line(exc)})") from None
+    if not isinstance(value, dict):
+        raise ImportFileError(
+            f"{name}: line {number}: a JSON {type(value).__name__}, not an object; {EXPECTED}"
+        )
+    return value
+
+
+def _no_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not a JSON number")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+
+
+def _field_error(name: str, number: int, exc: pydantic.ValidationError, skip: int = 0) -> str:
+    """One line for the first error: the file, the line, the field and what was wrong."""
+    err = exc.errors(include_url=False)[0]
+    loc = [str(p) for p in err["loc"]][skip:]
+    where = f"field {'.'.join(loc)}: " if loc else ""
+    value = "" if err["type"] == "missing" else f" (got {_preview(err.get('input'))})"
+    more = len(exc.errors()) - 1
+    tail = f"; and {more} more problem(s) on this line" if more > 0 else ""
+    return f"{name}: line {number}: {where}{err['msg']}{value}{tail}"
+
+
+def _preview(value: Any) -> str:
+    text = json.dumps(value, default=str, ensure_ascii=True)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+# -- the export format ------------------------------------------------------------
+
+
+def _read_export(name: str, lines: list[tuple[int, str]]) -> list[Incoming]:
+    sessions: dict[str, Incoming] = {}
+    seen_ids: dict[str, dict[str, int]] = {}
+    for position, (number, raw) in enumerate(lines):
+        _json_object(name, number, raw)  # not JSON, or not an object: said plainly
+        try:
+            item = _EXPORT_LINE.validate_json(raw, strict=True)
+        except pydantic.ValidationError as exc:
+            # the first loc element is the line type the union picked
+            skip = 1 if exc.errors()[0]["type"] != "union_tag_invalid" else 0
+            raise ImportFileError(_field_error(name, number, exc, skip)) from None
+        if isinstance(item, HeaderLine):
+            if position != 0:
+                raise ImportFileError(f"{name}: line {number}: a second header line")
+            continue
+        if position == 0:
+            raise ImportFileError(f"{name}: line {number}: no header line first; {EXPECTED}")
+        sid = _session_id(name, number, item.session_id)
+        if isinstance(item, SessionLine):
+            if sid in sessions:
+                raise ImportFileError(
+                    f"{name}: line {number}: session {sid!r} repeats line {sessions[sid].line}"
+                )
+            sessions[sid] = Incoming(
+                sid, number, item.counter, item.ttl_seconds, item.created_at, item.summary
+            )
+            seen_ids[sid] = {}
+            continue
+        incoming = sessions.get(sid)
+        if incoming is None:
+            raise ImportFileError(
+                f"{name}: line {number}: {item.type} line before the session line of {sid!r}"
+            )
+        if isinstance(item, MessageLine):
+            message = _message(name, number, item.message, "field message")
+            first = seen_ids[sid].setdefault(message.id, number)
+            if first != number:
+                raise ImportFileError(
+                    f"{name}: line {number}: message id {message.id!r} repeats line {first}"
+                )
+            incoming.messages.append(NewMessage(message, item.tokens))
+        else:
+            incoming.audit.append(_audit_record(name, number, item.record))
+    for incoming in sessions.values():
+        _check_summary(name, incoming)
+    return list(sessions.values())
+
+
+def _session_id(name: str, number: int, value: str) -> str:
+    try:
+        return validate_id(value, "session id")
+    except InvalidInputError as exc:
+        raise ImportFileError(f"{name}: line {number}: field session_id: {exc}") from None
+
+
+def _message(name: str, number: int, data: dict[str, Any], where: str) -> Message:
+    try:
+        return Message(**data)
+    except InvalidInputError as exc:
+        raise ImportFileError(f"{name}: line {number}: {where}: {exc}") from None
+
+
+def _audit_record(name: str, number: int, record: dict[str, Any]) -> dict[str, Any]:
+    kind = record.get("kind")
+    if not isinstance(kind, str):
+        raise ImportFileError(
+            f"{name}: line {number}: field record.kind: must be a string (got {_preview(kind)})"
+        )
+    model = _RECORD_MODELS.get(kind)
+    if model is not None:
+        try:
+            model.model_validate(record, strict=True)
+        except pydantic.ValidationError as exc:
+            text = _field_error(name, number, exc)
+            raise ImportFileError(
+                text.replace(": field ", f": field record ({kind}).", 1)
+            ) from None
+    return record
+
+
+def _check_summary(name: str, incoming: Incoming) -> None:
+    """A summary stands for messages [0, covers_to): they must be in the file."""
+    summary = incoming.summary
+    if summary is None:
+        return
+    held = len(incoming.messages)
+    if summary.version < 1 or not 0 < summary.covers_to <= held:
+        raise ImportFileError(
+            f"{name}: line {incoming.line}: field summary: version {summary.version} covering "
+            f"[0, {summary.covers_to}) does not fit the {held} message(s) of "
+            f"session {incoming.session_id!r} in the file"
+        )
+
+
+# -- the OpenAI chat format ----------------------------------------------------------
+
+
+def _read_chat(name: str, lines: list[tuple[int, str]]) -> list[Incoming]:
+    out: list[Incoming] = []
+    for number, raw in lines:
+        data = _json_object(name, number, raw)
+        try:
+            chat = ChatLine.model_validate(data, strict=True)
+        except pydantic.ValidationError as exc:
+            raise ImportFileError(_field_error(name, number, exc) + f"; {EXPECTED}") from None
+        messages = []
+        for index, item in enumerate(chat.messages):
+            try:
+                message = Message.from_openai(item, id=new_message_id())
+            except InvalidInputError as exc:
+                raise ImportFileError(f"{name}: line {number}: messages.{index}: {exc}") from None
+            messages.append(NewMessage(message))
+        session_id = "import-" + new_message_id()
+        out.append(Incoming(session_id, number, messages=messages, generated=True))
+    return out
