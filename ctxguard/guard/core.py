@@ -384,17 +384,19 @@ class GuardCore:
             self._pending.setdefault(session_id, []).append(record)
 
     def take(self, session_id: str, record: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        """Take one held record of a session for ``complete``: ``record`` (by its rid) if
-        it is held, else the newest. Put it back with :meth:`put_back` if the write fails."""
+        """Take one held record of a session for ``complete``: ``record`` (by its rid; None
+        if it is no longer held), or without one the newest. Put it back with
+        :meth:`put_back` if the write fails."""
         with self._pending_lock:
             held = self._pending.get(session_id)
             if not held:
                 return None
             index = len(held) - 1
-            rid = None if record is None else record.get("rid")
-            for i, candidate in enumerate(held):
-                if rid is not None and candidate.get("rid") == rid:
-                    index = i
+            if record is not None:
+                rids = [candidate.get("rid") for candidate in held]
+                if record.get("rid") not in rids:
+                    return None  # written already (by the next prepare): not another's
+                index = rids.index(record.get("rid"))
             taken = held.pop(index)
             if not held:
                 del self._pending[session_id]

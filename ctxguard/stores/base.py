@@ -207,7 +207,10 @@ class SessionStore(Protocol):
         stored yet, append ``new`` and write ``write`` (its audit record) in
         one atomic step and return a :class:`WindowHit`. Otherwise do exactly
         what :meth:`fetch_window` does with the same arguments (``write`` is
-        not applied) and return its :class:`WindowFetch`, to plan again on.
+        not applied) and return its :class:`WindowFetch`, to plan again on;
+        except when ``write``'s audit record (by its ``rid``) is already in
+        the trail: the call is a repeat of one that committed, and answers a
+        :class:`WindowHit` with that record's turn and an empty token.
         """
         ...
 
@@ -224,7 +227,12 @@ class SessionStore(Protocol):
     ) -> tuple[int, int]: ...
     def add_audit(
         self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
-    ) -> int: ...
+    ) -> int:
+        """Append ``record`` (given a ``rid`` by :func:`with_rid`), keeping the newest
+        ``retention``; a request record gets the next turn (returned). A record whose
+        rid is in the trail already is not written again: its turn is returned."""
+        ...
+
     def read_audit(self, session_id: str) -> list[dict[str, Any]]: ...
     def record(self, session_id: str, write: RecordWrite) -> int: ...
     def append_with_audit(

@@ -138,3 +138,24 @@ def test_with_reply_mode_holds_every_record_of_concurrent_prepares() -> None:
     ]
     guard.close()
     assert len(requests(guard.store.read_audit("s"))) == 3
+
+
+def test_with_reply_complete_never_takes_another_prepares_record() -> None:
+    guard = Guard(
+        f"memory://{uuid.uuid4().hex}",
+        counter="approx",
+        limit=300,
+        max_tokens=40,
+        audit_mode="with_reply",
+    )
+    first = guard.prepare("s", user(1))
+    second = guard.prepare("s", user(2))  # writes the first record (no reply yet)
+    guard.complete("s", {"role": "assistant", "content": "late"}, prepared=first, usage={})
+    guard.complete("s", {"role": "assistant", "content": "ok"}, prepared=second, usage={})
+    audit = guard.store.read_audit("s")
+    assert [(r["kind"], r.get("completed")) for r in audit] == [
+        ("request", False),
+        ("usage", None),  # the late reply to the first request
+        ("request", True),  # the second request, completed by its own reply
+    ]
+    assert audit[2]["rid"] == second.pending_audit["rid"]  # type: ignore[index]
