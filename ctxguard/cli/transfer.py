@@ -249,7 +249,8 @@ def _add_missing_audit(store: SessionStore, item: Incoming) -> int:
 
 
 def _canonical(record: dict[str, Any]) -> str:
-    return json.dumps(record, sort_keys=True, default=str)
+    # without its rid: a record exported before rids existed is stored with a new one
+    return json.dumps({k: v for k, v in record.items() if k != "rid"}, sort_keys=True, default=str)
 
 
 def _import_table(done: list[Imported]) -> Table:

@@ -8,6 +8,7 @@ happens here, so the sync and async guards cannot behave differently.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from ctxguard.guard.policies import WindowPolicy, check_plan, group, plan_reques
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.truncate import shrink_message
 from ctxguard.guard.window_cache import WindowCache, speculate
+from ctxguard.ids import new_message_id
 from ctxguard.kv.limit import ContextLimit
 from ctxguard.messages import PINNED_ROLES, Message, MessageLike, to_messages
 from ctxguard.stores.base import (
@@ -62,7 +64,7 @@ class GuardCore:
     ) -> None:
         self.counter = counter
         self.counter_spec = counter_spec
-        self._pending: dict[str, dict[str, Any]] = {}
+        self._pending: dict[str, list[dict[str, Any]]] = {}
         self._pending_lock = threading.Lock()
         self.config = config
         self.policy = WindowPolicy(
@@ -218,7 +220,11 @@ class GuardCore:
             hit.token,
             spec.stop_tokens,
         )
-        if hit.appended.message_count != fetch.info.message_count or hit.appended.duplicates:
+        if (
+            not hit.token  # a retried commit: the state after it is not known
+            or hit.appended.message_count != fetch.info.message_count
+            or hit.appended.duplicates
+        ):
             self.cache.evict(session_id)  # cannot happen when the token held; never trust it
         else:
             self.cache.put(session_id, fetch)
@@ -303,10 +309,11 @@ class GuardCore:
         fetch: WindowFetch,
         tools: Tools | None,
     ) -> dict[str, Any]:
-        """The request record (``turn`` first and 0: the store numbers it)."""
+        """The request record (``turn`` first and 0: the store numbers it; then its ``rid``)."""
         session_id = fetch.info.session_id
         return {
             "turn": 0,
+            "rid": new_message_id(),
             "kind": "request",
             "session": session_id,
             "at": datetime.now(UTC).isoformat(),
@@ -375,17 +382,42 @@ class GuardCore:
     def hold(self, session_id: str, record: dict[str, Any]) -> None:
         """Keep a request record until ``complete`` writes it (audit_mode="with_reply")."""
         with self._pending_lock:
-            self._pending[session_id] = record
+            self._pending.setdefault(session_id, []).append(record)
+
+    def take(self, session_id: str, record: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """Take one held record of a session for ``complete``: ``record`` (by its rid; None
+        if it is no longer held), or without one the newest. Put it back with
+        :meth:`put_back` if the write fails."""
+        with self._pending_lock:
+            held = self._pending.get(session_id)
+            if not held:
+                return None
+            index = len(held) - 1
+            if record is not None:
+                rids = [candidate.get("rid") for candidate in held]
+                if record.get("rid") not in rids:
+                    return None  # written already (by the next prepare): not another's
+                index = rids.index(record.get("rid"))
+            taken = held.pop(index)
+            if not held:
+                del self._pending[session_id]
+            return taken
 
     def release(self, session_id: str | None = None) -> list[dict[str, Any]]:
-        """Take the held records of one session (or of all, for ``close``)."""
+        """Take the held records of one session (or of all, for ``close``), oldest first."""
         with self._pending_lock:
             if session_id is None:
-                held = list(self._pending.values())
+                held = [r for records in self._pending.values() for r in records]
                 self._pending.clear()
                 return held
-            record = self._pending.pop(session_id, None)
-        return [] if record is None else [record]
+            return self._pending.pop(session_id, [])
+
+    def put_back(self, records: Sequence[dict[str, Any]]) -> None:
+        """Hold again records whose write failed (before any held since): a retry writes
+        them, once, by their rid."""
+        with self._pending_lock:
+            for record in reversed(records):
+                self._pending.setdefault(str(record["session"]), []).insert(0, record)
 
     @staticmethod
     def with_usage(record: Mapping[str, Any], usage: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -401,10 +433,19 @@ class GuardCore:
 
     @staticmethod
     def usage_record(
-        prepared: PreparedRequest | None, usage: Mapping[str, Any] | None
+        prepared: PreparedRequest | None, usage: Mapping[str, Any] | None, reply_id: str
     ) -> dict[str, Any]:
-        """Server-reported usage against the estimate, so drift is visible."""
-        record: dict[str, Any] = {"kind": "usage", "at": datetime.now(UTC).isoformat()}
+        """Server-reported usage against the estimate, so drift is visible.
+
+        Its rid comes from the reply's id: a complete() repeated with the same reply
+        stores neither the reply nor its usage twice.
+        """
+        digest = hashlib.blake2b(reply_id.encode("utf-8", "surrogatepass"), digest_size=12)
+        record: dict[str, Any] = {
+            "rid": "u-" + digest.hexdigest(),
+            "kind": "usage",
+            "at": datetime.now(UTC).isoformat(),
+        }
         if prepared is not None:
             record.update(of_turn=prepared.turn, estimated=prepared.tokens)
         if usage is not None:
@@ -446,6 +487,7 @@ class GuardCore:
         request: SummaryRequest, summary: Summary | None, error: str | None, committed: bool
     ) -> dict[str, Any]:
         record: dict[str, Any] = {
+            "rid": new_message_id(),
             "kind": "summary" if error is None else "summary_failed",
             "at": datetime.now(UTC).isoformat(),
             "covers_from": request.covers_from,
@@ -458,6 +500,17 @@ class GuardCore:
         if error is not None:
             record["error"] = error
         return record
+
+    @staticmethod
+    def is_summary(stored: Summary | None, summary: Summary) -> bool:
+        """Whether ``stored`` is ``summary`` (read back after a lost commit reply)."""
+        return stored is not None and (
+            stored.version,
+            stored.covers_to,
+            stored.from_id,
+            stored.to_id,
+            stored.text,
+        ) == (summary.version, summary.covers_to, summary.from_id, summary.to_id, summary.text)
 
     @staticmethod
     def with_summary(fetch: WindowFetch, summary: Summary) -> WindowFetch:

@@ -13,6 +13,7 @@ from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ctxguard.errors import StoreConnectionError
 from ctxguard.guard.core import GuardCore, Speculation, Tools
 from ctxguard.guard.plan import Budget, Plan, SummaryRequest
 from ctxguard.guard.prepared import PreparedRequest
@@ -135,10 +136,19 @@ def _committed(
 
 
 def flush(core: GuardCore, session_id: str | None = None) -> Flow[None]:
-    """Write request records still held for ``complete`` (one session, or all)."""
-    for record in core.release(session_id):
+    """Write request records still held for ``complete`` (one session, or all).
+
+    A record whose write fails is held again with those after it (a retry writes
+    each once, by its rid), and the error goes on to the caller.
+    """
+    records = core.release(session_id)
+    for index, record in enumerate(records):
         held = {**record, "completed": False}
-        yield StoreCall("record", (str(record["session"]), core.write({}, held)))
+        try:
+            yield StoreCall("record", (str(record["session"]), core.write({}, held)))
+        except BaseException:
+            core.put_back(records[index:])
+            raise
 
 
 def _fold(
@@ -173,9 +183,16 @@ def summarize(
     try:
         text = yield CallSummarizer(request.previous_text, tuple(core.summary_inputs(stored)))
         summary = core.accept_summary(text, request, stored)
-        committed = yield StoreCall(
-            "commit_summary", (session_id, summary, request.previous_version)
-        )
+        try:
+            committed = yield StoreCall(
+                "commit_summary", (session_id, summary, request.previous_version)
+            )
+        except StoreConnectionError:
+            # the reply was lost, not necessarily the commit: read back what is stored
+            current: Summary | None = yield StoreCall("get_summary", (session_id,))
+            committed = core.is_summary(current, summary)
+            if not committed:
+                raise
         error = None if committed else "lost the compare-and-set race to another writer"
         core.cache.evict(session_id)
     except Exception as exc:  # a summarizer may raise anything; it never becomes content
@@ -194,15 +211,20 @@ def complete(
 ) -> Flow[AppendResult]:
     """Store the reply; with usage or the prepared request, audit the server's count too."""
     new = core.encode_new([reply])
-    held = core.release(session_id)
-    if held:
-        write = core.write({}, core.with_usage(held[0], usage))
+    held = core.take(session_id, None if prepared is None else prepared.pending_audit)
+    if held is not None:
+        write = core.write({}, core.with_usage(held, usage))
     elif prepared is None and usage is None:
         result: AppendResult = yield StoreCall("append", (session_id, new, core.write_options))
         core.cache.appended(session_id, new, result)
         return result
     else:
-        write = core.write({}, core.usage_record(prepared, usage))
-    result = yield StoreCall("append_with_audit", (session_id, new, core.write_options, write))
+        write = core.write({}, core.usage_record(prepared, usage, new[0].message.id))
+    try:
+        result = yield StoreCall("append_with_audit", (session_id, new, core.write_options, write))
+    except BaseException:
+        if held is not None:  # kept until written: a retried complete writes it, once
+            core.put_back([held])
+        raise
     core.cache.appended(session_id, new, result)
     return result

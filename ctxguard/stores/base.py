@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ import pydantic
 import pydantic_core
 
 from ctxguard.errors import CorruptRecordError, InvalidInputError
+from ctxguard.ids import new_message_id
 from ctxguard.messages import Message
 
 UNKNOWN_TOKENS = -1
@@ -205,7 +207,10 @@ class SessionStore(Protocol):
         stored yet, append ``new`` and write ``write`` (its audit record) in
         one atomic step and return a :class:`WindowHit`. Otherwise do exactly
         what :meth:`fetch_window` does with the same arguments (``write`` is
-        not applied) and return its :class:`WindowFetch`, to plan again on.
+        not applied) and return its :class:`WindowFetch`, to plan again on;
+        except when ``write``'s audit record (by its ``rid``) is already in
+        the trail: the call is a repeat of one that committed, and answers a
+        :class:`WindowHit` with that record's turn and an empty token.
         """
         ...
 
@@ -228,7 +233,12 @@ class SessionStore(Protocol):
     ) -> tuple[int, int]: ...
     def add_audit(
         self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
-    ) -> int: ...
+    ) -> int:
+        """Append ``record`` (given a ``rid`` by :func:`with_rid`), keeping the newest
+        ``retention``; a request record gets the next turn (returned). A record whose
+        rid is in the trail already is not written again: its turn is returned."""
+        ...
+
     def read_audit(self, session_id: str) -> list[dict[str, Any]]: ...
     def record(self, session_id: str, write: RecordWrite) -> int: ...
     def append_with_audit(
@@ -339,6 +349,42 @@ def decode_summary(session_id: str, raw: str | bytes | None) -> Summary | None:
 
 
 REQUEST_RECORD_HEAD = '{"turn":0,'
+RID_PATTERN = r"[0-9A-Za-z_.:\-]{1,64}"
+_RID = re.compile(RID_PATTERN)
+# as record_rid in _lib.lua: the rid right after the opening brace or a leading "turn"
+_RAW_RID = re.compile(r'\{(?:"turn":-?\d+,)?"rid":"(' + RID_PATTERN + ')"')
+
+
+def with_rid(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``record`` with its audit record id (``rid``) where the stores look for it.
+
+    Every audit record carries a rid, made once per logical record (the guard
+    makes it; a record without one gets a new one here, before the first send),
+    so a store writes a record at most once however often it is sent: a retry
+    after a lost reply finds the rid in the trail and writes nothing. The rid
+    goes first, or right after a leading ``turn`` (request records).
+    """
+    keys = iter(record)
+    first = next(keys, None)
+    second = next(keys, None)
+    rid = record.get("rid")
+    if rid is not None:
+        if not isinstance(rid, str) or not _RID.fullmatch(rid):
+            raise InvalidInputError(
+                f"audit record rid {rid!r} is not 1-64 characters of A-Z a-z 0-9 _ . : -"
+            )
+        if first == "rid" or (first == "turn" and second == "rid"):
+            return record
+    out: dict[str, Any] = {"turn": record["turn"]} if first == "turn" else {}
+    out["rid"] = rid if rid is not None else new_message_id()
+    out.update((k, v) for k, v in record.items() if k not in out)
+    return out
+
+
+def audit_rid(raw: str) -> str | None:
+    """The rid of an encoded audit record (as the Lua scripts read it), if it has one."""
+    found = _RAW_RID.match(raw)
+    return found.group(1) if found else None
 
 
 def encode_audit(record: Mapping[str, Any]) -> str:

@@ -10,6 +10,8 @@ percent-encoded so it holds no ``{ } * ? [ ] :`` or control characters)::
     <ns>:<tenant>:{<sid>}:pins    LIST  seqs of system/developer messages
     <ns>:<tenant>:{<sid>}:sum     STRING JSON rolling summary (version, covers_to, text)
     <ns>:<tenant>:{<sid>}:audit   LIST  JSON audit records, newest last, capped
+    <ns>:<tenant>:{<sid>}:rids    HASH  audit record id -> turn (0 = not a request), for the
+                                        records in ``audit`` (idempotent audit writes)
 
 The ``{<sid>}`` hash tag puts all keys of a session in one cluster slot, so the
 same Lua scripts run unchanged on Redis Cluster.
@@ -22,7 +24,7 @@ from urllib.parse import quote, unquote
 
 from ctxguard.ids import validate_id, validate_name
 
-SUFFIXES = ("meta", "msgs", "toks", "ids", "pins", "sum", "audit")
+SUFFIXES = ("meta", "msgs", "toks", "ids", "pins", "sum", "audit", "rids")
 
 
 def encode_session_id(session_id: str) -> str:
@@ -46,7 +48,7 @@ class KeySpace:
         return f"{self.namespace}:{self.tenant}:"
 
     def session_keys(self, session_id: str) -> list[str]:
-        """The seven keys of a session, in the order every script expects them."""
+        """The eight keys of a session, in the order every script expects them."""
         validate_id(session_id, "session id")
         base = f"{self.prefix}{{{encode_session_id(session_id)}}}:"
         return [base + suffix for suffix in SUFFIXES]

@@ -31,6 +31,7 @@ from ctxguard.stores.base import (
     WindowFetch,
     WindowHit,
     WriteOptions,
+    audit_rid,
     check_window_args,
     decode_audit,
     decode_message,
@@ -40,6 +41,7 @@ from ctxguard.stores.base import (
     ms_to_datetime,
     tokens_or_none,
     walk_back,
+    with_rid,
 )
 from ctxguard.stores.integrity import RawSession, RepairPlan
 from ctxguard.stores.keys import SUFFIXES
@@ -94,6 +96,7 @@ class _Session:
     summary: str | None = None
     summary_version: int = 0
     audit: list[str] = field(default_factory=list)
+    audit_rids: dict[str, int] = field(default_factory=dict)  # rid -> turn, as `rids` in Redis
     turns: int = 0
     expires_at: float | None = None
     epoch: int = field(default_factory=lambda: next(_EPOCHS))
@@ -349,7 +352,13 @@ class MemoryStore:
                 and not any(i in session.ids for i in ids)
             )
             if session is None or not unchanged:
-                return self.fetch_window(session_id, budget, options, new, min_messages)
+                fetch = self.fetch_window(session_id, budget, options, new, min_messages)
+                # as window.lua: a commit whose audit record is already written (a retry) is a hit
+                turn = self._audit_turn(session_id, write)
+                if turn is None:
+                    return fetch
+                count = fetch.info.message_count
+                return WindowHit(fetch.appended or AppendResult((), (), count), turn, "")
             session, appended = self._append_checked(session_id, new, options)
             turn = 0
             if write is not None and write.audit is not None:
@@ -439,8 +448,14 @@ class MemoryStore:
     def commit_summary(self, session_id: str, summary: Summary, expected_version: int) -> bool:
         with self._lock:
             session = self._live(session_id)
-            if session is None or session.summary_version != expected_version:
+            if session is None:
                 return False
+            if session.summary_version != expected_version:
+                # this very summary already committed (as commit_summary.lua): still committed
+                return (
+                    session.summary_version == summary.version
+                    and session.summary == summary.model_dump_json()
+                )
             if summary.covers_to > len(session.records) or summary.version != expected_version + 1:
                 return False
             session.summary = summary.model_dump_json()
@@ -456,17 +471,35 @@ class MemoryStore:
             session = self._live(session_id)
             if session is None:
                 return 0
-            raw = encode_audit(record)
+            raw = encode_audit(with_rid(record))
+            rid = audit_rid(raw)
+            if rid is not None and rid in session.audit_rids:  # written already: a retry
+                return session.audit_rids[rid]
             turn = 0
             if raw.startswith(REQUEST_RECORD_HEAD):
                 session.turns += 1
                 turn = session.turns
                 raw = f'{{"turn":{turn},' + raw[len(REQUEST_RECORD_HEAD) :]
             session.audit.append(raw)
+            if rid is not None:
+                session.audit_rids[rid] = turn
             if retention > 0 and len(session.audit) > retention:
-                del session.audit[: len(session.audit) - retention]
+                dropped = len(session.audit) - retention
+                for old in session.audit[:dropped]:
+                    session.audit_rids.pop(audit_rid(old) or "", None)
+                del session.audit[:dropped]
             self._touch(session, WriteOptions(ttl_seconds=ttl or None))
             return turn
+
+    def _audit_turn(self, session_id: str, write: RecordWrite | None) -> int | None:
+        """The turn of ``write``'s audit record if it is in the trail already, else None."""
+        if write is None or write.audit is None:
+            return None
+        session = self._live(session_id)
+        rid = write.audit.get("rid")
+        if session is None or not isinstance(rid, str):
+            return None
+        return session.audit_rids.get(rid)
 
     def record(self, session_id: str, write: RecordWrite) -> int:
         with self._lock:

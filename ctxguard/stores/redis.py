@@ -2,10 +2,33 @@
 
 Each mutating operation is one Lua script (``ctxguard/stores/lua/``): atomic and
 one round trip. The classes here only move bytes: :mod:`redis_protocol` builds
-every call and parses every reply. Operations that are safe to repeat (appends
-are idempotent by message id; reads; count updates; deletes) are retried with
-backoff when the connection drops; the rest raise
-:class:`~ctxguard.errors.StoreConnectionError`.
+every call and parses every reply.
+
+Retries. When the connection drops (or the cluster is reconfiguring), an
+operation that is safe to repeat is sent again with backoff (:class:`RetryPolicy`:
+4 attempts, 50 ms doubling to at most 1 s), the same on the sync and async
+stores, standalone and cluster; when the attempts are used up it raises
+:class:`~ctxguard.errors.StoreConnectionError`. Safe to repeat means a repeat
+after a lost reply changes nothing more and answers as the first attempt would
+have:
+
+* retried: ``append`` (idempotent by message id; a message stored by the lost
+  attempt is reported as stored, not as a duplicate), ``fetch_window``,
+  ``commit_if_unchanged`` (a commit whose audit record is already written
+  answers as a hit with the same turn), ``read``, ``read_last``, ``info``,
+  ``list_sessions``, ``get_summary``, ``read_audit``, ``set_token_counts``,
+  ``add_audit``, ``record`` and ``append_with_audit`` (audit records carry an id,
+  ``rid``, and a record already in the trail is not written again: the retry
+  gets the turn the first attempt was given), ``commit_summary`` (the summary
+  already committed by the lost attempt answers "committed"), ``restore``
+  (raises the turn counter to a value, sets a summary only if there is none),
+  ``delete``.
+* not retried: ``retract`` (removes the newest messages: a repeat would remove
+  more; it raises :class:`~ctxguard.errors.StoreConnectionError` and the caller
+  reads the session to see whether it ran).
+
+So at the guard level ``prepare``, ``complete`` (with or without usage),
+``append`` and the summary commit are all retried the same way.
 """
 
 from __future__ import annotations
@@ -140,9 +163,16 @@ class RedisStore(_Base):
 
     def _run(self, call: Call, idempotent: bool = True) -> Any:
         script = self._scripts[call.script]
-        if self._direct:
-            return self._io(call.script, lambda: self._evalsha(script, call), idempotent)
-        return self._io(call.script, lambda: script(keys=call.keys, args=call.args), idempotent)
+        attempts: list[Call] = []
+
+        def send() -> Any:
+            current = call.again() if attempts else call  # a retry says so (see Call.again)
+            attempts.append(current)
+            if self._direct:
+                return self._evalsha(script, current)
+            return script(keys=current.keys, args=current.args)
+
+        return self._io(call.script, send, idempotent)
 
     def _evalsha(self, script: Any, call: Call) -> Any:
         """EVALSHA on a pooled connection, without redis-py's per-command layers.
@@ -245,8 +275,8 @@ class RedisStore(_Base):
         call = self.protocol.window_call(
             session_id, budget, options, new, min_messages, token, write
         )
-        # not repeatable: a lost reply may hide a written audit record
-        reply = self._run(call, idempotent=write is None or write.audit is None)
+        # repeatable: a retry whose audit record is already written answers as a hit
+        reply = self._run(call)
         return self.protocol.parse_window(session_id, new, reply)
 
     def set_token_counts(
@@ -286,13 +316,13 @@ class RedisStore(_Base):
         self, session_id: str, summary: Summary, expected_version: int, ttl: int = 0
     ) -> bool:
         call = self.protocol.commit_summary_call(session_id, summary, expected_version, ttl)
-        return bool(self._run(call, idempotent=False))
+        return bool(self._run(call))  # repeatable: the same summary answers "committed"
 
     def add_audit(
         self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
     ) -> int:
         call = self.protocol.audit_call(session_id, record, retention, ttl)
-        return int(self._run(call, idempotent=False))
+        return int(self._run(call))  # repeatable: by the record's rid
 
     def _pipelined(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
         """Several scripts of one session in one round trip (not one transaction).
@@ -303,10 +333,14 @@ class RedisStore(_Base):
         the pipeline half applied. Redis caches the script by its SHA either way.
         """
 
+        attempts: list[int] = []
+
         def send() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for call in calls:
-                _queue_eval(pipe, self._scripts[call.script].script, call)
+                current = call.again() if attempts else call  # see Call.again
+                _queue_eval(pipe, self._scripts[call.script].script, current)
+            attempts.append(1)
             return list(pipe.execute())
 
         return self._io("+".join(c.script for c in calls), send, idempotent)
@@ -317,9 +351,9 @@ class RedisStore(_Base):
         if not calls:
             return 0
         if len(calls) == 1:  # one script: EVALSHA, not the whole script text (see _pipelined)
-            reply = self._run(calls[0], idempotent=write.audit is None)
+            reply = self._run(calls[0])
             return int(reply) if write.audit is not None else 0
-        replies = self._pipelined(calls, idempotent=write.audit is None)
+        replies = self._pipelined(calls, idempotent=True)
         return int(replies[-1]) if write.audit is not None else 0
 
     def append_with_audit(
@@ -333,12 +367,12 @@ class RedisStore(_Base):
         if write.counts:
             calls = [self.protocol.append_call(session_id, messages, options)]
             calls += self.protocol.record_calls(session_id, write)
-            replies = self._pipelined(calls, idempotent=False)
+            replies = self._pipelined(calls, idempotent=True)
             return self.protocol.parse_append(session_id, messages, replies[0])
         call = self.protocol.append_call(
             session_id, messages, options, write.audit, write.retention
         )
-        return self.protocol.parse_append(session_id, messages, self._run(call, idempotent=False))
+        return self.protocol.parse_append(session_id, messages, self._run(call))
 
     def read_audit(self, session_id: str) -> list[dict[str, Any]]:
         key = self.protocol.keys(session_id)[6]
@@ -386,11 +420,16 @@ class AsyncRedisStore(_Base):
 
     async def _run(self, call: Call, idempotent: bool = True) -> Any:
         script = self._scripts[call.script]
-        if self._direct:
-            return await self._io(call.script, lambda: self._evalsha(script, call), idempotent)
-        return await self._io(
-            call.script, lambda: script(keys=call.keys, args=call.args), idempotent
-        )
+        attempts: list[Call] = []
+
+        async def send() -> Any:
+            current = call.again() if attempts else call  # a retry says so (see Call.again)
+            attempts.append(current)
+            if self._direct:
+                return await self._evalsha(script, current)
+            return await script(keys=current.keys, args=current.args)
+
+        return await self._io(call.script, send, idempotent)
 
     async def _evalsha(self, script: Any, call: Call) -> Any:
         """EVALSHA on a pooled connection (see :meth:`RedisStore._evalsha`)."""
@@ -494,7 +533,7 @@ class AsyncRedisStore(_Base):
         call = self.protocol.window_call(
             session_id, budget, options, new, min_messages, token, write
         )
-        reply = await self._run(call, idempotent=write is None or write.audit is None)
+        reply = await self._run(call)  # repeatable: see RedisStore.commit_if_unchanged
         return self.protocol.parse_window(session_id, new, reply)
 
     async def set_token_counts(
@@ -531,19 +570,23 @@ class AsyncRedisStore(_Base):
         self, session_id: str, summary: Summary, expected_version: int, ttl: int = 0
     ) -> bool:
         call = self.protocol.commit_summary_call(session_id, summary, expected_version, ttl)
-        return bool(await self._run(call, idempotent=False))
+        return bool(await self._run(call))  # repeatable: see RedisStore.commit_summary
 
     async def add_audit(
         self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
     ) -> int:
         call = self.protocol.audit_call(session_id, record, retention, ttl)
-        return int(await self._run(call, idempotent=False))
+        return int(await self._run(call))  # repeatable: by the record's rid
 
     async def _pipelined(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
+        attempts: list[int] = []
+
         async def send() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for call in calls:
-                _queue_eval(pipe, self._scripts[call.script].script, call)
+                current = call.again() if attempts else call  # see Call.again
+                _queue_eval(pipe, self._scripts[call.script].script, current)
+            attempts.append(1)
             return list(await pipe.execute())
 
         return await self._io("+".join(c.script for c in calls), send, idempotent)
@@ -553,9 +596,9 @@ class AsyncRedisStore(_Base):
         if not calls:
             return 0
         if len(calls) == 1:  # one script: EVALSHA, not the whole script text (see _pipelined)
-            reply = await self._run(calls[0], idempotent=write.audit is None)
+            reply = await self._run(calls[0])
             return int(reply) if write.audit is not None else 0
-        replies = await self._pipelined(calls, idempotent=write.audit is None)
+        replies = await self._pipelined(calls, idempotent=True)
         return int(replies[-1]) if write.audit is not None else 0
 
     async def append_with_audit(
@@ -568,12 +611,12 @@ class AsyncRedisStore(_Base):
         if write.counts:
             calls = [self.protocol.append_call(session_id, messages, options)]
             calls += self.protocol.record_calls(session_id, write)
-            replies = await self._pipelined(calls, idempotent=False)
+            replies = await self._pipelined(calls, idempotent=True)
             return self.protocol.parse_append(session_id, messages, replies[0])
         call = self.protocol.append_call(
             session_id, messages, options, write.audit, write.retention
         )
-        reply = await self._run(call, idempotent=False)
+        reply = await self._run(call)
         return self.protocol.parse_append(session_id, messages, reply)
 
     async def read_audit(self, session_id: str) -> list[dict[str, Any]]:

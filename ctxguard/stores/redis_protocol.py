@@ -39,6 +39,7 @@ from ctxguard.stores.base import (
     encode_audit,
     ms_to_datetime,
     tokens_or_none,
+    with_rid,
 )
 from ctxguard.stores.integrity import RawSession, RepairPlan
 from ctxguard.stores.keys import SUFFIXES, KeySpace
@@ -62,6 +63,11 @@ def load_script(name: str) -> str:
     return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
 
 
+# Scripts that append messages: a retry marks itself (a trailing '1') so that they
+# report the ids an earlier, lost-reply attempt of the same call stored as stored.
+_RETRY_MARKED = frozenset({"append", "window"})
+
+
 @dataclass(frozen=True, slots=True)
 class Call:
     """One script invocation: which script, its keys and arguments."""
@@ -69,6 +75,12 @@ class Call:
     script: str
     keys: list[str]
     args: list[str | int]
+
+    def again(self) -> Call:
+        """The call to send when an earlier attempt may have run but lost its reply."""
+        if self.script in _RETRY_MARKED:
+            return Call(self.script, self.keys, [*self.args, "1"])
+        return self
 
 
 def _text(value: Any) -> str:
@@ -118,7 +130,7 @@ class RedisProtocol:
             options.counter or "",
             _ttl_arg(options),
             options.max_messages or 0,
-            "" if audit is None else encode_audit(audit),
+            "" if audit is None else encode_audit(with_rid(audit)),
             max(0, retention),
         ]
         return Call("append", self.keys(session_id), head + _message_args(messages))
@@ -143,7 +155,7 @@ class RedisProtocol:
             budget,
             min_messages,
             expect,
-            "" if audit is None else encode_audit(audit),
+            "" if audit is None else encode_audit(with_rid(audit)),
             0 if write is None else max(0, write.retention),
         ]
         return Call("window", self.keys(session_id), head + _message_args(new))
@@ -211,7 +223,7 @@ class RedisProtocol:
     def audit_call(
         self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int
     ) -> Call:
-        raw = encode_audit(record)
+        raw = encode_audit(with_rid(record))
         return Call("add_audit", self.keys(session_id), [raw, max(0, retention), ttl])
 
     def record_calls(self, session_id: str, write: RecordWrite) -> list[Call]:
@@ -264,7 +276,8 @@ class RedisProtocol:
         count, flags = reply[0], reply[1]
         if int(count) < 0:
             raise SessionFullError(session_id, int(flags))
-        stored = tuple(m.message.id for m, f in zip(messages, flags, strict=True) if int(f) == 1)
+        # 2: stored by an earlier attempt of this same call whose reply was lost
+        stored = tuple(m.message.id for m, f in zip(messages, flags, strict=True) if int(f) != 0)
         dups = tuple(m.message.id for m, f in zip(messages, flags, strict=True) if int(f) == 0)
         before = _text(reply[2]) or None if len(reply) > 3 else None
         after = _text(reply[3]) or None if len(reply) > 3 else None

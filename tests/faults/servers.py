@@ -9,12 +9,14 @@ connections or shutting a server down never disturbs the shared servers.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -221,3 +223,128 @@ class PrivateCluster:
             return False
         finally:
             client.close()
+
+
+class FaultProxy:
+    """A TCP proxy in front of a Redis server that loses chosen commands or their replies.
+
+    ``arm(match, mode)``: the next command whose bytes hold ``match`` (for example a
+    script's SHA) is either dropped before it reaches the server (``"refuse"``: the
+    connection closes, the command never runs) or run and its reply lost
+    (``"drop_reply"``: the server executes it, then the client's connection
+    closes before the reply is passed on). Each arming fires ``times`` times.
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.2)
+        self.port = int(self._listener.getsockname()[1])
+        self._lock = threading.Lock()
+        self._rules: list[list[Any]] = []  # [match, mode, times left]
+        self.fired: list[str] = []
+        self._stopping = threading.Event()
+        self._sockets: set[socket.socket] = set()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(5)
+        self._listener.close()
+        with self._lock:
+            for sock in list(self._sockets):
+                _close(sock)
+
+    def arm(self, match: bytes | str, mode: str, times: int = 1) -> None:
+        assert mode in ("refuse", "drop_reply"), mode
+        raw = match.encode() if isinstance(match, str) else match
+        with self._lock:
+            self._rules.append([raw, mode, times])
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._rules.clear()
+
+    def _take(self, chunk: bytes) -> str | None:
+        with self._lock:
+            for rule in self._rules:
+                if rule[0] in chunk:
+                    rule[2] -= 1
+                    if rule[2] <= 0:
+                        self._rules.remove(rule)
+                    self.fired.append(rule[1])
+                    return str(rule[1])
+        return None
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            except OSError:
+                _close(client)
+                continue
+            upstream.settimeout(None)
+            client.settimeout(None)
+            with self._lock:
+                self._sockets.update((client, upstream))
+            state = {"drop_reply": False}
+            threading.Thread(
+                target=self._pump_up, args=(client, upstream, state), daemon=True
+            ).start()
+            threading.Thread(
+                target=self._pump_down, args=(upstream, client, state), daemon=True
+            ).start()
+
+    def _pump_up(
+        self, client: socket.socket, upstream: socket.socket, state: dict[str, bool]
+    ) -> None:
+        try:
+            while chunk := client.recv(1 << 20):
+                mode = self._take(chunk)
+                if mode == "refuse":
+                    break  # never reaches the server
+                if mode == "drop_reply":
+                    state["drop_reply"] = True
+                upstream.sendall(chunk)
+        except OSError:
+            pass
+        self._close_pair(client, upstream)
+
+    def _pump_down(
+        self, upstream: socket.socket, client: socket.socket, state: dict[str, bool]
+    ) -> None:
+        try:
+            while chunk := upstream.recv(1 << 20):
+                if state["drop_reply"]:
+                    break  # the server ran the command; its reply is lost
+                client.sendall(chunk)
+        except OSError:
+            pass
+        self._close_pair(client, upstream)
+
+    def _close_pair(self, *socks: socket.socket) -> None:
+        with self._lock:
+            for sock in socks:
+                self._sockets.discard(sock)
+        for sock in socks:
+            _close(sock)
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()

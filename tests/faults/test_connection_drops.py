@@ -1,7 +1,8 @@
 """A connection killed mid-operation (CLIENT KILL while the command is held by CLIENT PAUSE).
 
-Operations that are safe to repeat are retried with backoff and succeed once;
-the others raise StoreConnectionError at once, and nothing is applied twice.
+Operations that are safe to repeat (every one but retract) are retried with
+backoff and succeed once; retract raises StoreConnectionError at once, and
+nothing is applied twice.
 """
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ RETRYABLE: dict[str, Callable[[Any], Any]] = {
     "read": lambda s: s.read(SID),
     "fetch_window": lambda s: s.fetch_window(SID, 10_000, OPTS),
     "set_token_counts": lambda s: s.set_token_counts(SID, "c1", {0: 7}),
+    # audit records carry an id (rid): written once however often they are sent
+    "add_audit": lambda s: s.add_audit(SID, {"kind": "note"}, retention=10),
+    "record": lambda s: s.record(SID, RecordWrite(audit={"turn": 0, "x": 1}, retention=10)),
+    "append_with_audit": lambda s: s.append_with_audit(
+        SID,
+        [new("retried", id="m-retried")],
+        OPTS,
+        RecordWrite(audit={"kind": "usage"}, retention=10),
+    ),
+    # the same summary found committed answers "committed"
+    "commit_summary": lambda s: s.commit_summary(SID, Summary(version=1, text="t", covers_to=1), 0),
 }
 
 
@@ -48,75 +60,65 @@ def test_idempotent_operations_retry_with_backoff(private_redis: RedisServer, op
     assert not isinstance(outcome, BaseException), outcome
     assert policy.used and policy.used[0] == policy.first_delay  # backed off, then retried
     ids = [m.message.id for m in store.read(SID)]
-    expected = ["m-first", "m-retried"] if op == "append" else ["m-first"]
-    assert ids == expected  # nothing lost, nothing doubled
+    appends = op in ("append", "append_with_audit")
+    assert ids == (["m-first", "m-retried"] if appends else ["m-first"])  # nothing doubled
     if op == "set_token_counts":
         assert store.read(SID)[0].tokens == 7
+    audits = op in ("add_audit", "record", "append_with_audit")
+    assert len(store.read_audit(SID)) == (1 if audits else 0)
+    if op == "record":
+        assert outcome == 1 and store.read_audit(SID)[0]["turn"] == 1
+    if op == "commit_summary":
+        assert outcome is True and store.get_summary(SID) is not None
     store.close()
     admin.close()
 
 
-NOT_RETRYABLE: dict[str, Callable[[Any], Any]] = {
-    "add_audit": lambda s: s.add_audit(SID, {"kind": "note"}, retention=10),
-    "commit_summary": lambda s: s.commit_summary(SID, Summary(version=1, text="t", covers_to=1), 0),
-    "record": lambda s: s.record(SID, RecordWrite(audit={"turn": 0, "x": 1}, retention=10)),
-    "append_with_audit": lambda s: s.append_with_audit(
-        SID, [new("late", id="m-late")], OPTS, RecordWrite(audit={"kind": "usage"}, retention=10)
-    ),
-}
-
-
-@pytest.mark.parametrize("op", sorted(NOT_RETRYABLE))
-def test_other_operations_raise_typed_and_apply_nothing(
-    private_redis: RedisServer, op: str
-) -> None:
+def test_retract_is_not_retried(private_redis: RedisServer) -> None:
+    """A repeat would remove more messages: it raises, and nothing was applied."""
     policy = RecordingPolicy()
     store = _open(private_redis, policy)
     admin = private_redis.client()
-    store.append(SID, [new("first", id="m-first")], OPTS)
+    store.append(SID, [new("first", id="m-first"), new("second", id="m-second")], OPTS)
 
-    outcome = run_killed(admin, lambda: NOT_RETRYABLE[op](store))
+    outcome = run_killed(admin, lambda: store.retract(SID, 1))
 
     assert isinstance(outcome, StoreConnectionError), outcome
     assert policy.used == []  # never re-sent
     assert "lost the connection" in str(outcome)
-    # The killed command never ran: no audit record, no summary, no message.
+    assert [m.message.id for m in store.read(SID)] == ["m-first", "m-second"]
     assert store.read_audit(SID) == []
-    assert store.get_summary(SID) is None
-    assert [m.message.id for m in store.read(SID)] == ["m-first"]
-    # The caller may now decide to send it again: it lands exactly once.
-    NOT_RETRYABLE[op](store)
-    assert len(store.read_audit(SID)) == (0 if op == "commit_summary" else 1)
-    assert (store.get_summary(SID) is not None) == (op == "commit_summary")
-    assert len(store.read(SID)) == (2 if op == "append_with_audit" else 1)
     store.close()
     admin.close()
 
 
-async def test_async_append_retries_and_audit_raises(private_redis: RedisServer) -> None:
+async def test_async_writes_retry_and_retract_raises(private_redis: RedisServer) -> None:
     policy = RecordingPolicy()
     store = open_async_store(private_redis.url, namespace="faults", retry=policy)
     admin = private_redis.client()
     await store.append(SID, [new("first", id="m-first")], OPTS)
 
-    for op in ("append", "add_audit"):
+    for op in ("append", "add_audit", "retract"):
+        used = len(policy.used)
         admin.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
         if op == "append":
             task = asyncio.create_task(store.append(SID, [new("x", id="m-async")], OPTS))
-        else:
+        elif op == "add_audit":
             task = asyncio.create_task(store.add_audit(SID, {"kind": "note"}, retention=10))
+        else:
+            task = asyncio.create_task(store.retract(SID, 1))
         await asyncio.to_thread(kill_blocked, admin)
         if op == "append":
             result = await task
             assert result.stored == ("m-async",)
-            assert policy.used
+        elif op == "add_audit":
+            assert await task == 0
         else:
-            used = len(policy.used)
             with pytest.raises(StoreConnectionError):
                 await task
-            assert len(policy.used) == used
+        assert (len(policy.used) > used) == (op != "retract")  # retried, or raised at once
 
     assert [m.message.id for m in await store.read(SID)] == ["m-first", "m-async"]
-    assert await store.read_audit(SID) == []
+    assert [r["kind"] for r in await store.read_audit(SID)] == ["note"]
     await store.close()
     admin.close()

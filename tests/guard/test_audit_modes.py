@@ -112,3 +112,50 @@ async def test_with_reply_mode_on_redis_async(redis_url: str, redis_namespace: s
     records = requests(await guard.store.read_audit("s"))
     assert [r["turn"] for r in records] == [1, 2, 3, 4, 5] and all(r["drift"] == 0 for r in records)
     await guard.aclose()
+
+
+def test_with_reply_mode_holds_every_record_of_concurrent_prepares() -> None:
+    """Two prepares of one session in flight at once (threads of one guard): each held
+    record is kept; complete() takes its own, the next prepare writes the other."""
+    guard = Guard(
+        f"memory://{uuid.uuid4().hex}",
+        counter="approx",
+        limit=300,
+        max_tokens=40,
+        audit_mode="with_reply",
+    )
+    first = guard.prepare("s", user(1))
+    held = guard.core.take("s", None)  # as if a second prepare ran between flush and hold:
+    assert held is not None
+    second = guard.prepare("s", user(2))  # ... both records are held at once
+    guard.core.put_back([held])
+    guard.complete("s", {"role": "assistant", "content": "ok"}, prepared=first, usage={})
+    guard.prepare("s", user(3))  # writes the other held record, not completed
+    records = requests(guard.store.read_audit("s"))
+    assert [(r["rid"], r["completed"]) for r in records] == [
+        (first.pending_audit["rid"], True),  # type: ignore[index]
+        (second.pending_audit["rid"], False),  # type: ignore[index]
+    ]
+    guard.close()
+    assert len(requests(guard.store.read_audit("s"))) == 3
+
+
+def test_with_reply_complete_never_takes_another_prepares_record() -> None:
+    guard = Guard(
+        f"memory://{uuid.uuid4().hex}",
+        counter="approx",
+        limit=300,
+        max_tokens=40,
+        audit_mode="with_reply",
+    )
+    first = guard.prepare("s", user(1))
+    second = guard.prepare("s", user(2))  # writes the first record (no reply yet)
+    guard.complete("s", {"role": "assistant", "content": "late"}, prepared=first, usage={})
+    guard.complete("s", {"role": "assistant", "content": "ok"}, prepared=second, usage={})
+    audit = guard.store.read_audit("s")
+    assert [(r["kind"], r.get("completed")) for r in audit] == [
+        ("request", False),
+        ("usage", None),  # the late reply to the first request
+        ("request", True),  # the second request, completed by its own reply
+    ]
+    assert audit[2]["rid"] == second.pending_audit["rid"]  # type: ignore[index]

@@ -356,7 +356,11 @@ async def test_audit_keeps_the_newest_records(store: StoreFacade) -> None:
     await store.append("s", [new("a")])
     for n in range(5):
         await store.add_audit("s", {"n": n, "note": "é ✓"}, 3)
-    assert await store.read_audit("s") == [{"n": n, "note": "é ✓"} for n in (2, 3, 4)]
+    audit = await store.read_audit("s")
+    assert [{k: v for k, v in r.items() if k != "rid"} for r in audit] == [
+        {"n": n, "note": "é ✓"} for n in (2, 3, 4)
+    ]
+    assert all(list(r)[0] == "rid" for r in audit)  # every record gets its id, first
     info = await store.info("s")
     assert info is not None and info.audit_count == 3
 

@@ -307,7 +307,8 @@ async def test_commit_if_unchanged_hit_appends_and_writes_the_numbered_record(
         (2, batch[0].message, 5),
         (3, batch[1].message, 7),
     ]
-    assert await store.read_audit("s") == [{"turn": 1, "kind": "request", "n": 1}]
+    [record] = await store.read_audit("s")
+    assert record.pop("rid") and record == {"turn": 1, "kind": "request", "n": 1}
     info = await store.info("s")
     assert info is not None
     assert (info.message_count, info.token_total, info.audit_count) == (4, 17, 1)

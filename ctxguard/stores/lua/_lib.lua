@@ -1,8 +1,8 @@
 -- Shared helpers, prepended to every script of ctxguard (not a script itself).
 -- KEYS (same order for every script; all share one hash tag):
---   1 meta  2 msgs  3 toks  4 ids  5 pins  6 sum  7 audit
+--   1 meta  2 msgs  3 toks  4 ids  5 pins  6 sum  7 audit  8 rids
 
-local K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM, K_AUDIT = 1, 2, 3, 4, 5, 6, 7
+local K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM, K_AUDIT, K_RIDS = 1, 2, 3, 4, 5, 6, 7, 8
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -70,11 +70,15 @@ local function over_cap(first, n, cap)
   return false
 end
 
--- Append messages given as ARGV[first .. first + 4*n - 1]: id, record, tokens, pinned.
+-- Append messages given as ARGV[first .. first + 4*n - 1]: id, record, tokens, pinned,
+-- optionally followed by '1' when the call is a retry (an earlier attempt of the same
+-- call may have run and lost its reply).
 -- Returns {count_after, flags, state token before ('' = no session), state token after},
--- flags[i] = 1 if stored, 0 if the id was already there. The meta hash is read once
--- and written once: this runs on every turn.
+-- flags[i] = 1 if stored, 0 if the id was already there, 2 (retries only) if the id was
+-- there with exactly this record: stored by the earlier attempt. The meta hash is read
+-- once and written once: this runs on every turn.
 local function append_many(first, n, counter)
+  local retry = ARGV[first + 4 * n] == '1'
   local meta = redis.call('HMGET', KEYS[K_META], 'created', 'counter', 'epoch', 'ver', 'tokens',
     'stamp')
   local t = redis.call('TIME')
@@ -109,6 +113,9 @@ local function append_many(first, n, counter)
       if pinned == '1' then redis.call('RPUSH', KEYS[K_PINS], count) end
       count = count + 1
       flags[#flags + 1] = 1
+    elseif retry and redis.call('LINDEX', KEYS[K_MSGS], redis.call('HGET', KEYS[K_IDS], id))
+        == record then
+      flags[#flags + 1] = 2
     else
       flags[#flags + 1] = 0
     end
@@ -128,19 +135,64 @@ local function all_stored(appended)
   return true
 end
 
+-- The id of an audit record (`rid`), written by ctxguard right after the opening
+-- brace or after a leading "turn" (see base.with_rid); nil for a record without one.
+local function record_rid(record)
+  return string.match(record, '^{"rid":"([%w_.:%-]+)"')
+    or string.match(record, '^{"turn":%-?%d+,"rid":"([%w_.:%-]+)"')
+end
+
+-- The turn given to the audit record with this record's rid, if it is already in
+-- the trail (0 when it is not a request record); nil when it is not.
+local function audit_turn(record)
+  local rid = record_rid(record)
+  if not rid then return nil end
+  local turn = redis.call('HGET', KEYS[K_RIDS], rid)
+  if turn then return tonumber(turn) end
+  return nil
+end
+
 -- Append one audit record, keeping the newest `keep` (0 = all). A record that
 -- starts with '{"turn":0,' is a request record: it is numbered with the
 -- session's next turn (meta `turns`), so numbers stay unique after trimming.
+-- A record whose rid is already in the trail is not written again (a retry
+-- after a lost reply): its turn is returned as the first time. The rids hash
+-- holds the rids of the records in the list; trimming removes theirs.
 -- Returns the turn given to a request record, else 0.
 local function add_audit(record, keep)
+  local rid = record_rid(record)
+  if rid then
+    local seen = redis.call('HGET', KEYS[K_RIDS], rid)
+    if seen then return tonumber(seen) end
+  end
   local turn = 0
   if string.sub(record, 1, 10) == '{"turn":0,' then
     turn = redis.call('HINCRBY', KEYS[K_META], 'turns', 1)
     record = '{"turn":' .. turn .. ',' .. string.sub(record, 11)
   end
   local len = redis.call('RPUSH', KEYS[K_AUDIT], record)
+  if rid then
+    redis.call('HSET', KEYS[K_RIDS], rid, turn)
+    if redis.call('HLEN', KEYS[K_RIDS]) == 1 then
+      -- just created, maybe after the script's touch(): give it the session's TTL
+      local ttl = redis.call('PTTL', KEYS[K_META])
+      if ttl > 0 then redis.call('PEXPIRE', KEYS[K_RIDS], ttl) end
+    end
+  end
   keep = tonumber(keep)
-  if keep > 0 and len > keep then redis.call('LTRIM', KEYS[K_AUDIT], -keep, -1) end
+  if keep > 0 and len > keep then
+    local dropped = redis.call('LPOP', KEYS[K_AUDIT], len - keep)
+    local gone = {}
+    for _, old in ipairs(dropped) do
+      local old_rid = record_rid(old)
+      if old_rid then gone[#gone + 1] = old_rid end
+      if #gone == 1000 then
+        redis.call('HDEL', KEYS[K_RIDS], unpack(gone))
+        gone = {}
+      end
+    end
+    if #gone > 0 then redis.call('HDEL', KEYS[K_RIDS], unpack(gone)) end
+  end
   return turn
 end
 

@@ -2,8 +2,10 @@
 -- with one audit record (a reply and the request it answers go in together).
 -- ARGV: 1 counter fingerprint ('' = none), 2 ttl seconds (0 = none),
 --       3 max messages (0 = no cap), 4 audit record JSON ('' = none),
---       5 audit retention, 6 n, then n x (id, record, tokens, pinned '1'/'0')
--- Returns: {count_after, {flag per message: 1 stored, 0 duplicate}, state token before,
+--       5 audit retention, 6 n, then n x (id, record, tokens, pinned '1'/'0'),
+--       then '1' on a retry (see append_many)
+-- Returns: {count_after, {flag per message: 1 stored, 0 duplicate, 2 stored by an earlier
+--          attempt of this call}, state token before,
 --          state token after}
 --          or {-1, count_now} when the cap would be exceeded (nothing stored).
 local n = tonumber(ARGV[6])

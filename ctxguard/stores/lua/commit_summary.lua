@@ -1,9 +1,14 @@
 -- commit_summary: compare-and-set the rolling summary.
 -- ARGV: 1 expected current version, 2 summary JSON, 3 new version, 4 covers_to, 5 ttl
--- Returns: 1 committed, 0 lost the race (version moved) or range beyond the history.
+-- Returns: 1 committed (now, or already: the same summary JSON is the current one),
+--          0 lost the race (version moved) or range beyond the history.
 if redis.call('EXISTS', KEYS[K_META]) == 0 then return 0 end
 local current = tonumber(redis.call('HGET', KEYS[K_META], 'sumver') or '0')
-if current ~= tonumber(ARGV[1]) or tonumber(ARGV[3]) ~= current + 1 then return 0 end
+if current ~= tonumber(ARGV[1]) or tonumber(ARGV[3]) ~= current + 1 then
+  -- this very summary already committed (a retry after a lost reply): still committed
+  if current == tonumber(ARGV[3]) and redis.call('GET', KEYS[K_SUM]) == ARGV[2] then return 1 end
+  return 0
+end
 if tonumber(ARGV[4]) > redis.call('LLEN', KEYS[K_MSGS]) then return 0 end
 redis.call('SET', KEYS[K_SUM], ARGV[2])
 redis.call('HSET', KEYS[K_META], 'sumver', ARGV[3])

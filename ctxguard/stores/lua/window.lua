@@ -4,9 +4,11 @@
 -- ARGV: 1 counter fingerprint ('' = none), 2 ttl seconds, 3 max messages (0 = no cap),
 --       4 token budget, 5 min messages (always fetched, whatever the budget),
 --       6 expected state token ('' = fetch), 7 audit record JSON ('' = none),
---       8 audit retention, 9 n new, then n x (id, record, tokens, pinned)
+--       8 audit retention, 9 n new, then n x (id, record, tokens, pinned),
+--       then '1' on a retry (see append_many)
 -- Returns, when the state token was ARGV[6] and every new message was stored (a hit):
 --           {'hit', append_result, turn of the audit record (0 = none), state token}
+--          (also when the audit record's rid is already written: a retried hit, token '')
 --          else: {append_result or false, meta (flat HGETALL), summary JSON or false,
 --           first seq of recent, recent records, recent counts,
 --           pinned seqs, pinned records, pinned counts, ttl seconds,
@@ -37,6 +39,12 @@ if ARGV[6] ~= '' and ARGV[6] == before and (n == 0 or all_stored(appended)) then
     appended = {redis.call('LLEN', KEYS[K_MSGS]), {}, before, before}
   end
   return {'hit', appended, turn, appended[4]}
+end
+-- A retried commit whose first attempt was a hit (its reply was lost): the audit
+-- record is already there. A hit again, with its turn; '' as the token (unknown now).
+if ARGV[6] ~= '' and ARGV[7] ~= '' then
+  local turn = audit_turn(ARGV[7])
+  if turn then return {'hit', appended or {redis.call('LLEN', KEYS[K_MSGS]), {}}, turn, ''} end
 end
 if appended then appended = {appended[1], appended[2]} end
 
