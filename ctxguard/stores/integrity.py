@@ -26,6 +26,7 @@ EXPECTED_TYPES = {
     "pins": "list",
     "sum": "string",
     "audit": "list",
+    "rids": "hash",
 }
 NUMERIC_META = ("created", "updated", "count", "tokens", "sumver", "turns", "ver")
 

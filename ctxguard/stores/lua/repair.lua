@@ -10,7 +10,7 @@
 --                 5 m, then m x (meta field, value), then n, n ids, n counts, then p, p pins
 -- Returns (inspect): {types, meta flat, records, counts, ids flat, pins, summary, has summary,
 --                     fingerprint}; (apply): 1 applied, 0 the session changed since it was read
-local WANT = {'hash', 'list', 'list', 'hash', 'list', 'string', 'list'}
+local WANT = {'hash', 'list', 'list', 'hash', 'list', 'string', 'list', 'hash'}
 
 local function key_type(i)
   local t = redis.call('TYPE', KEYS[i])
@@ -26,7 +26,7 @@ end
 
 local function dump()
   local types = {}
-  for i = 1, 7 do types[i] = key_type(i) end
+  for i = 1, #WANT do types[i] = key_type(i) end
   local function when(i, cmd, ...)
     if types[i] == WANT[i] then return redis.call(cmd, KEYS[i], ...) end
     return {}
@@ -62,7 +62,7 @@ if ARGV[1] == 'inspect' then return dump() end
 local now = dump()
 if now[9] ~= ARGV[2] then return 0 end
 local ttl = redis.call('PTTL', KEYS[K_META])
-for i = 1, 7 do
+for i = 1, #WANT do
   if now[1][i] ~= 'none' and now[1][i] ~= WANT[i] then redis.call('DEL', KEYS[i]) end
 end
 redis.call('DEL', KEYS[K_TOKS], KEYS[K_IDS], KEYS[K_PINS])
@@ -91,6 +91,6 @@ end
 changed()
 redis.call('RPUSH', KEYS[K_AUDIT], ARGV[3])
 if ttl > 0 then
-  for i = 1, 7 do redis.call('PEXPIRE', KEYS[i], ttl) end
+  for i = 1, #WANT do redis.call('PEXPIRE', KEYS[i], ttl) end
 end
 return 1
