@@ -5,7 +5,10 @@
 --       5 audit retention, 6 n, then n x (id, record, tokens, pinned '1'/'0')
 -- Returns: {count_after, {flag per message: 1 stored, 0 duplicate}, state token before,
 --          state token after}
---          or {-1, count_now} when the cap would be exceeded (nothing stored).
+--          or {-1, count_now} when the cap would be exceeded (nothing stored),
+--          or an error reply CORRUPT <key> <what> (nothing stored).
+local bad = check_for_append()
+if bad then return redis.error_reply(bad) end
 local n = tonumber(ARGV[6])
 local full = over_cap(7, n, ARGV[3])
 if full then return {-1, full} end

@@ -1,7 +1,11 @@
 -- commit_summary: compare-and-set the rolling summary.
 -- ARGV: 1 expected current version, 2 summary JSON, 3 new version, 4 covers_to, 5 ttl
 -- Returns: 1 committed, 0 lost the race (version moved) or range beyond the history.
+local bad = check_types(K_META, K_MSGS, K_SUM)
+if bad then return redis.error_reply(bad) end
 if redis.call('EXISTS', KEYS[K_META]) == 0 then return 0 end
+bad = check_meta_and_lengths()
+if bad then return redis.error_reply(bad) end
 local current = tonumber(redis.call('HGET', KEYS[K_META], 'sumver') or '0')
 if current ~= tonumber(ARGV[1]) or tonumber(ARGV[3]) ~= current + 1 then return 0 end
 if tonumber(ARGV[4]) > redis.call('LLEN', KEYS[K_MSGS]) then return 0 end
