@@ -256,7 +256,8 @@ class RedisProtocol:
                 audit_count=audit_count,
             )
         except (ValueError, OverflowError, OSError) as exc:  # OSError: datetime out of range
-            raise CorruptRecordError(session_id, "meta", str(exc)[:200]) from None
+            key = self.keys(session_id)[0]
+            raise CorruptRecordError(session_id, "meta", str(exc)[:200], key=key) from None
 
     def parse_window(
         self,

@@ -210,7 +210,11 @@ end
 
 -- Everything an append (with an audit record) relies on.
 local function check_for_append()
-  return check_types(K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_AUDIT) or check_meta_and_lengths()
+  local bad = check_types(K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM, K_AUDIT)
+    or check_meta_and_lengths()
+  if bad then return bad end
+  local _, bad_pins = check_pins(redis.call('LLEN', KEYS[K_MSGS]))
+  return bad_pins
 end
 
 -- Append `k` count pairs (seq, value) from ARGV[first ..] for `counter`: set_counts,

@@ -27,11 +27,15 @@ local k = tonumber(ARGV[k_at] or '0')
 local min_messages = tonumber(ARGV[5])
 local counter = ARGV[1]
 
+-- validate what is read (and, to commit, written) before anything else
+local bad
 if ARGV[6] ~= '' then
-  local bad = check_for_append()
+  bad = check_for_append()
   if not bad and k > 0 then bad = check_counts(k_at + 1, k) end
-  if bad then return redis.error_reply(bad) end
+else
+  bad = check_types(K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM) or check_meta()
 end
+if bad then return redis.error_reply(bad) end
 if n > 0 then
   local full = over_cap(10, n, ARGV[3])
   if full then return {{-1, full}} end
@@ -68,10 +72,7 @@ if ARGV[6] ~= '' and string.sub(ARGV[6], 2) == state_token() and #fresh == n the
   return {'hit', appended, turn, appended[4]}
 end
 
--- A fetch: validate what is read (nothing is written, but a wrong type or a bad
--- position must be named, not fail inside the walk).
-local bad = check_types(K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM)
-if bad then return redis.error_reply(bad) end
+-- A fetch (nothing is written, but a bad position must be named, not fail in the walk).
 local len = redis.call('LLEN', KEYS[K_MSGS])
 local pins
 pins, bad = check_pins(len)
