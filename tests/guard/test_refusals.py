@@ -252,8 +252,8 @@ def test_a_tool_call_beyond_the_budget_is_a_budget_error_not_an_empty_request(
 
 
 def test_a_summary_beyond_the_history_is_corrupt(open_one: Callable[[], Any]) -> None:
-    store = open_one()
     for cached in (True, False):
+        store = open_one()
         sid = f"s{cached}"
         guard = guard_on(store, cached)
         guard.prepare(sid, [said("hello")])
@@ -265,7 +265,6 @@ def test_a_summary_beyond_the_history_is_corrupt(open_one: Callable[[], Any]) ->
         assert caught.value.key is not None and caught.value.key.endswith("sum")
         assert "covers messages up to position 9" in str(caught.value)
         assert snapshot(store, sid, token=False) == before
-        guard.close()
 
 
 def test_check_plan_requires_the_newest_new_message_and_some_message() -> None:
