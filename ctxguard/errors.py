@@ -11,7 +11,7 @@ Catch the family you can act on::
     │   └── ConfigError              a bad URL, option or model configuration
     ├── StoreError                   the session store failed
     │   ├── StoreConnectionError     could not reach or lost the store (retryable)
-    │   ├── CorruptRecordError       a stored record does not decode
+    │   ├── CorruptRecordError       a stored record or key is not what ctxguard wrote
     │   ├── SessionFullError         the session holds its configured maximum
     │   └── ConflictError            a compare-and-set lost a race
     ├── TokenizerError               a tokenizer or chat template cannot be used
@@ -56,16 +56,33 @@ class StoreConnectionError(StoreError):
 
 
 class CorruptRecordError(StoreError):
-    """A stored record does not decode. Other sessions are unaffected."""
+    """A stored record, or one of a session's keys, is not what ctxguard wrote.
 
-    def __init__(self, session_id: str, position: int | str, detail: str) -> None:
+    ``CorruptRecordError(session_id, position, detail)`` names a record that does
+    not decode; with ``key=`` it names the damaged key (a Redis key name, or the
+    part of a ``memory://`` session) instead. Nothing was written by the call that
+    raised it. Other sessions are unaffected.
+    """
+
+    def __init__(
+        self, session_id: str, position: int | str, detail: str, *, key: str | None = None
+    ) -> None:
         self.session_id = session_id
         self.position = position
-        super().__init__(
-            f"session {session_id!r}: record at position {position} does not decode "
-            f"({detail}); it was written by something other than ctxguard or truncated. "
-            "Export the session with `ctxguard export` and repair or delete that record."
-        )
+        self.key = key
+        if key is not None:
+            text = (
+                f"session {session_id!r}: key {key} is corrupt ({detail}); it was written by "
+                "something other than ctxguard, and nothing was written by this call. "
+                "Export the session with `ctxguard export` and repair or delete that key."
+            )
+        else:
+            text = (
+                f"session {session_id!r}: record at position {position} does not decode "
+                f"({detail}); it was written by something other than ctxguard or truncated. "
+                "Export the session with `ctxguard export` and repair or delete that record."
+            )
+        super().__init__(text)
 
 
 class SessionFullError(StoreError):

@@ -104,6 +104,9 @@ class AsyncGuard(GuardBase):
             return await aresolve() if aresolve is not None else self.limit_source.resolve()
         if isinstance(op, flows.CallSummarizer):
             return await self._call_summarizer(op.previous, op.messages)
+        if isinstance(op, flows.Sleep):
+            await asyncio.sleep(op.seconds)
+            return None
         if op.session_id in self._summarizing:
             return None  # one background summary per session at a time
         self._summarizing.add(op.session_id)

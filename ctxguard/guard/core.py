@@ -14,7 +14,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from ctxguard.errors import BudgetError, CtxGuardError, MessageTooLongError, SummarizerError
+from ctxguard.errors import (
+    BudgetError,
+    CtxGuardError,
+    InvalidInputError,
+    InvalidMessageError,
+    MessageTooLongError,
+    SummarizerError,
+    TemplateRefusedError,
+)
 from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.plan import Budget, Item, Plan, Sent, SummaryRequest
 from ctxguard.guard.policies import WindowPolicy, check_plan, group, plan_request, tail_start
@@ -128,14 +136,17 @@ class GuardCore:
         return budget
 
     def items(self, stored: Iterable[StoredMessage], recounts: dict[int, int]) -> list[Item]:
-        """Stored messages as items; counts missing or from another counter are made now."""
+        """Stored messages as items; counts missing or from another counter are made now
+        (once: a count already in ``recounts`` is reused)."""
         out: list[Item] = []
         append = out.append
         for s in stored:
             tokens = s.tokens
             if tokens is None:
-                tokens = self.counter.count_message(s.message)
-                recounts[s.seq] = tokens
+                tokens = recounts.get(s.seq)
+                if tokens is None:
+                    tokens = self.counter.count_message(s.message)
+                    recounts[s.seq] = tokens
             append(Item(s.seq, s.message, tokens))
         return out
 
@@ -156,8 +167,13 @@ class GuardCore:
             metadata={"ctxguard": "summary", "version": version},
         )
 
-    def plan(self, fetch: WindowFetch, budget: Budget) -> tuple[Plan, dict[int, int]]:
-        recounts: dict[int, int] = {}
+    def plan(
+        self, fetch: WindowFetch, budget: Budget, recounts: dict[int, int] | None = None
+    ) -> tuple[Plan, dict[int, int]]:
+        """Plan on ``fetch``; ``recounts`` (counts made on an earlier fetch of the same
+        state) grows with the counts made now and is returned."""
+        if recounts is None:
+            recounts = {}
         # one pass over the window: pinned roles go with the older pinned messages
         pinned_stored = list(fetch.pinned)
         others: list[StoredMessage] = []
@@ -200,16 +216,15 @@ class GuardCore:
             plan, recounts = self.plan(fetch, budget)
             if recounts or plan.summarize is not None or self.refetch(fetch, plan, budget):
                 return None
-            total, sent = self.finalize(plan, budget, tools)
+            total, sent = self.finalize(plan, budget, tools, newest_sent(new))
         except CtxGuardError:
-            return None  # the fetch path appends the messages, then raises the same error
+            return None  # the fetch path raises the same error (and audits the refusal)
         record = self.audit_record(plan, sent, total, budget, fetch, tools)
         write = None if self.config.audit_mode == "with_reply" else self.write({}, record)
         return Speculation(fetch, plan, sent, total, record, write)
 
-    def committed(self, session_id: str, speculation: Speculation, hit: WindowHit) -> None:
-        """The store took the speculative request: the cache moves to the new state."""
-        spec = speculation.fetch
+    def committed(self, session_id: str, spec: WindowFetch, hit: WindowHit) -> None:
+        """The store took the request planned on ``spec``: the cache moves to the new state."""
         fetch = WindowFetch(
             spec.info,
             spec.pinned,
@@ -249,18 +264,93 @@ class GuardCore:
         shrunk = shrink_message(item.message, target, self.counter.count_message)
         return Item(item.seq, shrunk, self.counter.count_message(shrunk))
 
+    # -- checks on the new messages, against the fetched window ------------------
+
+    @staticmethod
+    def fresh(fetch: WindowFetch, new: Sequence[NewMessage]) -> list[NewMessage]:
+        """The new messages ``fetch`` says a commit would store (first of a repeated id)."""
+        if fetch.appended is None:
+            return []
+        wanted = set(fetch.appended.stored)
+        out: list[NewMessage] = []
+        for n in new:
+            if n.message.id in wanted:
+                wanted.discard(n.message.id)
+                out.append(n)
+        return out
+
+    @staticmethod
+    def check_new(
+        session_id: str, fetch: WindowFetch, new: Sequence[NewMessage], budget: Budget
+    ) -> None:
+        """Refuse what no window can send: nothing at all, or a tool result whose call
+        is not the assistant message right before it (InvalidMessageError names the
+        id). When the call may lie before a window the budget cut short, the tool
+        group cannot fit: BudgetError."""
+        if fetch.info.message_count == 0:
+            raise InvalidInputError(
+                f"session {session_id!r} holds no messages and none were given: "
+                "nothing to send; pass the user's message to prepare"
+            )
+        fresh = {n.message.id for n in new}
+        if fetch.appended is not None:
+            fresh &= set(fetch.appended.stored)
+        run = fetch.recent
+        for index, stored in enumerate(run):
+            message = stored.message
+            if message.role != "tool" or message.id not in fresh:
+                continue
+            j = index - 1
+            while j >= 0 and run[j].message.role == "tool":
+                j -= 1
+            if j < 0 and not fetch.reached_start:
+                used = sum(s.tokens or 0 for s in run) + (fetch.stop_tokens or 1)
+                raise BudgetError(
+                    f"tool result {message.id!r} and the tool call it answers "
+                    f"({message.tool_call_id!r}) cannot fit the request budget together",
+                    needed=budget.overhead + used + budget.reserved_output + budget.safety_margin,
+                    limit=budget.limit,
+                    reserved=budget.reserved_output + budget.safety_margin,
+                )
+            caller = run[j].message if j >= 0 else None
+            calls = caller.tool_calls if caller is not None and caller.role == "assistant" else None
+            if not calls or message.tool_call_id not in {c.id for c in calls}:
+                raise InvalidMessageError(
+                    f"tool result {message.id!r} answers tool_call_id "
+                    f"{message.tool_call_id!r}, which the assistant message just before it "
+                    "did not call; send tool results right after the assistant message "
+                    "whose tool_calls they answer"
+                )
+
+    @staticmethod
+    def refusal_record(exc: CtxGuardError, new: Sequence[NewMessage]) -> dict[str, Any]:
+        """The audit record of a refused prepare: why, the numbers, the ids (no content)."""
+        record: dict[str, Any] = {
+            "kind": "refused",
+            "at": datetime.now(UTC).isoformat(),
+            "error": type(exc).__name__,
+            "ids": [n.message.id for n in new],
+        }
+        if isinstance(exc, BudgetError):
+            record.update(needed=exc.needed, limit=exc.limit, reserved=exc.reserved)
+        if not isinstance(exc, TemplateRefusedError):  # a template's text may quote content
+            record["detail"] = str(exc).splitlines()[0][:300] if str(exc) else ""
+        return record
+
     # -- the exact count -------------------------------------------------------
 
-    def finalize(self, plan: Plan, budget: Budget, tools: Tools | None) -> tuple[int, Sent]:
+    def finalize(
+        self, plan: Plan, budget: Budget, tools: Tools | None, required: Message | None = None
+    ) -> tuple[int, Sent]:
         """The exact prompt count and what is sent; non-additive templates are rendered
-        (and trimmed if over)."""
+        (and trimmed if over). ``required`` (the newest new user/tool message) must be sent."""
         if self.counter.additive:
             validate_request(self.counter, plan.messages(), tools=tools)  # what a render refuses
             total = budget.overhead + plan.item_tokens()
         else:
             total = self._render_to_fit(plan, budget, tools)
         sent = plan.sent()
-        problems = check_plan(sent.messages, budget, total)
+        problems = check_plan(sent.messages, budget, total, required)
         if problems:
             raise CtxGuardError("internal error, request failed its checks: " + "; ".join(problems))
         return total, sent
@@ -515,3 +605,11 @@ class GuardCore:
     @staticmethod
     def with_summary(fetch: WindowFetch, summary: Summary) -> WindowFetch:
         return dataclasses.replace(fetch, summary=summary)
+
+
+def newest_sent(new: Sequence[NewMessage]) -> Message | None:
+    """The newest user or tool message of a batch: every request must send it."""
+    for n in reversed(new):
+        if n.message.role in ("user", "tool"):
+            return n.message
+    return None

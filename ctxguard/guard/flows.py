@@ -9,20 +9,41 @@ same steps in the same order (the httpx auth-flow pattern).
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Mapping
+import contextlib
+import random
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ctxguard.errors import StoreConnectionError
-from ctxguard.guard.core import GuardCore, Speculation, Tools
+from ctxguard.errors import (
+    BudgetError,
+    ConflictError,
+    CtxGuardError,
+    InvalidMessageError,
+    MessageTooLongError,
+    StoreConnectionError,
+    TemplateRefusedError,
+)
+from ctxguard.guard.core import GuardCore, Speculation, Tools, newest_sent
 from ctxguard.guard.plan import Budget, Plan, SummaryRequest
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.kv.limit import ContextLimit
 from ctxguard.messages import MessageLike
-from ctxguard.stores.base import AppendResult, StoredMessage, Summary, WindowFetch, WindowHit
+from ctxguard.stores.base import (
+    AppendResult,
+    NewMessage,
+    RecordWrite,
+    StoredMessage,
+    Summary,
+    WindowFetch,
+    WindowHit,
+)
 
 T = TypeVar("T")
 MAX_REFETCH = 3
+MAX_COMMITS = 64  # plans of one prepare before ConflictError (each after another writer's change)
+# refusals found while planning: audited, nothing stored
+REFUSALS = (BudgetError, TemplateRefusedError, InvalidMessageError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +68,13 @@ class CallSummarizer:
 
 
 @dataclass(frozen=True, slots=True)
+class Sleep:
+    """Wait ``seconds`` (a jittered backoff while other writers hold the session)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class StartBackground:
     """Run :func:`summarize` for ``request`` without waiting for it."""
 
@@ -54,7 +82,7 @@ class StartBackground:
     request: SummaryRequest
 
 
-Op = StoreCall | ResolveLimit | CallSummarizer | StartBackground
+Op = StoreCall | ResolveLimit | CallSummarizer | StartBackground | Sleep
 Flow = Generator[Op, Any, T]
 
 
@@ -72,9 +100,34 @@ def prepare(
     max_tokens: int | None,
     tools: Tools | None,
 ) -> Flow[PreparedRequest]:
-    """Append the new messages and build the request that fits (see ARCHITECTURE.md)."""
-    new = core.encode_new(values)
+    """Build the request that fits, then store the new messages with its audit record.
+
+    The new messages are stored only with a request that can be sent: the window
+    is fetched as if they were appended, planned and counted, and then committed
+    in one atomic step if the session did not change meanwhile (else planned
+    again on what the store sends back). A refused prepare stores nothing and
+    leaves a ``refused`` audit record in an existing session (see ARCHITECTURE.md).
+    """
+    try:
+        new = core.encode_new(values)
+    except MessageTooLongError as exc:
+        yield from _refused(core, session_id, (), exc)
+        raise
     yield from flush(core, session_id)
+    try:
+        return (yield from _prepare(core, session_id, new, max_tokens, tools))
+    except REFUSALS as exc:
+        yield from _refused(core, session_id, new, exc)
+        raise
+
+
+def _prepare(
+    core: GuardCore,
+    session_id: str,
+    new: list[NewMessage],
+    max_tokens: int | None,
+    tools: Tools | None,
+) -> Flow[PreparedRequest]:
     limit: ContextLimit = yield ResolveLimit()
     budget = core.budget(limit, max_tokens, tools)
     options = core.write_options
@@ -91,30 +144,106 @@ def prepare(
         fetch = outcome  # the session changed: plan again on what the store sent
     else:
         fetch = yield StoreCall("fetch_window", (session_id, budget.prompt, options, new, len(new)))
+    folded = False
+    required = newest_sent(new)
+    for attempt in range(MAX_COMMITS):
+        if attempt >= 1:  # others keep writing to this session: let them through
+            yield Sleep(random.uniform(0, min(0.1, 0.001 * (1 << min(attempt, 10)))))
+        plan, recounts, fetch = yield from _plan(core, session_id, fetch, budget, new)
+        summary_started = None
+        if plan.summarize is not None and not folded:
+            if core.config.summary_mode == "background":
+                summary_started = request = plan.summarize
+                plan.decide("summary_started", covers_to=request.covers_to, mode="background")
+            elif plan.summarize.covers_to <= fetch.info.message_count - len(core.fresh(fetch, new)):
+                folded = True  # (a summary of messages not stored yet waits for the next turn)
+                folding = yield from _fold(core, session_id, plan, budget, new)
+                if isinstance(folding, Plan):
+                    plan = folding  # the summary failed: the plan stands, with the reason
+                else:
+                    fetch = folding  # committed: plan again on the session with it
+                    plan, recounts, fetch = yield from _plan(core, session_id, fetch, budget, new)
+                    version = fetch.info.summary_version
+                    plan.decisions[:0] = [{"policy": "summary_committed", "version": version}]
+        total, sent = core.finalize(plan, budget, tools, required)
+        record = core.audit_record(plan, sent, total, budget, fetch, tools)
+        with_reply = core.config.audit_mode == "with_reply"
+        write = core.write(recounts, None if with_reply else record)
+        fresh = core.fresh(fetch, new)
+        if not fresh:
+            # nothing to store: the request stands whatever was written since the fetch
+            turn = yield from _record(core, session_id, fetch, write, bool(recounts) or folded)
+            if summary_started is not None:
+                yield StartBackground(session_id, summary_started)
+            if with_reply:
+                core.hold(session_id, record)
+                return core.prepared(session_id, 0, plan, sent, total, budget, tools, record)
+            return core.prepared(session_id, turn, plan, sent, total, budget, tools)
+        committed = yield StoreCall(
+            "commit_if_unchanged",
+            (session_id, fetch.token or "", budget.prompt, options, fresh, len(new), write),
+        )
+        if isinstance(committed, WindowFetch):
+            fetch = committed  # another writer came first: plan again on what it left
+            continue
+        if recounts or folded:
+            core.cache.evict(session_id)  # the cached copy would lack the counts just written
+        else:
+            core.committed(session_id, fetch, committed)
+        if summary_started is not None:
+            yield StartBackground(session_id, summary_started)
+        if with_reply:
+            core.hold(session_id, record)
+            return core.prepared(session_id, 0, plan, sent, total, budget, tools, pending=record)
+        return core.prepared(session_id, committed.turn, plan, sent, total, budget, tools)
+    raise ConflictError(
+        f"session {session_id!r} changed under {MAX_COMMITS} attempts to commit this request "
+        "(other writers); nothing was stored: retry the prepare"
+    )
+
+
+def _plan(
+    core: GuardCore, session_id: str, fetch: WindowFetch, budget: Budget, new: list[NewMessage]
+) -> Flow[tuple[Plan, dict[int, int], WindowFetch]]:
+    """Plan on ``fetch``, fetching further when it stopped short; writes nothing."""
     plan, recounts = core.plan(fetch, budget)
     for _ in range(MAX_REFETCH):
         again = core.refetch(fetch, plan, budget)
         if again is None:
             break
-        yield StoreCall("set_token_counts", (session_id, core.counter.fingerprint, recounts))
-        fetch = yield StoreCall("fetch_window", (session_id, again[0], options, (), again[1]))
-        plan, recounts = core.plan(fetch, budget)
-    folding = plan.summarize is not None
-    if folding:
-        plan, fetch = yield from _fold(core, session_id, plan, fetch, budget)
-    total, sent = core.finalize(plan, budget, tools)
-    record = core.audit_record(plan, sent, total, budget, fetch, tools)
-    if recounts or folding:
+        fresh = core.fresh(fetch, new)
+        token = fetch.token
+        fetch = yield StoreCall(
+            "fetch_window", (session_id, again[0], core.write_options, fresh, again[1])
+        )
+        # counts made on the same state are reused; after any change they are made again
+        plan, recounts = core.plan(fetch, budget, recounts if fetch.token == token else None)
+    core.check_new(session_id, fetch, new, budget)
+    return plan, recounts, fetch
+
+
+def _record(
+    core: GuardCore, session_id: str, fetch: WindowFetch, write: RecordWrite, changed: bool
+) -> Flow[int]:
+    """Write recounts and the request record of a prepare that stores no message."""
+    if changed:
         core.cache.evict(session_id)  # a summary or the recounts move the session's state on
     else:
         core.cache.put(session_id, fetch)
-    if core.config.audit_mode == "with_reply":
-        if recounts:
-            yield StoreCall("record", (session_id, core.write(recounts, None)))
-        core.hold(session_id, record)
-        return core.prepared(session_id, 0, plan, sent, total, budget, tools, pending=record)
-    turn: int = yield StoreCall("record", (session_id, core.write(recounts, record)))
-    return core.prepared(session_id, turn, plan, sent, total, budget, tools)
+    if write.audit is None and not write.counts:
+        return 0
+    turn: int = yield StoreCall("record", (session_id, write))
+    return turn
+
+
+def _refused(
+    core: GuardCore, session_id: str, new: Sequence[NewMessage], exc: CtxGuardError
+) -> Flow[None]:
+    """Audit a refused prepare in an existing session (it creates none); never raises."""
+    record = core.refusal_record(exc, new)
+    retention, ttl = core.config.audit_retention, core.config.ttl_seconds or 0
+    with contextlib.suppress(CtxGuardError):  # the refusal is the answer; a lost record
+        yield StoreCall("add_audit", (session_id, record, retention, ttl))  # must not hide it
 
 
 def _committed(
@@ -126,7 +255,7 @@ def _committed(
     tools: Tools | None,
 ) -> PreparedRequest:
     """The store took the request planned on the cached window (see window_cache)."""
-    core.committed(session_id, fast, hit)
+    core.committed(session_id, fast.fetch, hit)
     if core.config.audit_mode == "with_reply":
         core.hold(session_id, fast.record)
         return core.prepared(
@@ -152,23 +281,20 @@ def flush(core: GuardCore, session_id: str | None = None) -> Flow[None]:
 
 
 def _fold(
-    core: GuardCore, session_id: str, plan: Plan, fetch: WindowFetch, budget: Budget
-) -> Flow[tuple[Plan, WindowFetch]]:
-    """Summarize what the plan asks for: in the background, or now and re-plan."""
+    core: GuardCore, session_id: str, plan: Plan, budget: Budget, new: list[NewMessage]
+) -> Flow[Plan | WindowFetch]:
+    """Summarize what the plan asks for, now: the plan with the failure noted, or
+    (committed) the session fetched again, the summary in it."""
     request = plan.summarize
     assert request is not None
-    if core.config.summary_mode == "background":
-        yield StartBackground(session_id, request)
-        plan.decide("summary_started", covers_to=request.covers_to, mode="background")
-        return plan, fetch
     summary, error = yield from summarize(core, session_id, request)
     if summary is None:
         plan.decide("summary_failed", error=error)
-        return plan, fetch
-    fetch = core.with_summary(fetch, summary)
-    new_plan, _ = core.plan(fetch, budget)
-    new_plan.decisions[:0] = [{"policy": "summary_committed", "version": summary.version}]
-    return new_plan, fetch
+        return plan
+    fetch: WindowFetch = yield StoreCall(
+        "fetch_window", (session_id, budget.prompt, core.write_options, new, len(new))
+    )
+    return fetch
 
 
 def summarize(

@@ -284,9 +284,17 @@ def _with_summary(
     return chosen
 
 
-def check_plan(messages: Sequence[Message], budget: Budget, total: int) -> list[str]:
-    """Post-conditions every returned request must meet (raised on as a bug if broken)."""
+def check_plan(
+    messages: Sequence[Message], budget: Budget, total: int, required: Message | None = None
+) -> list[str]:
+    """Post-conditions every returned request must meet (raised on as a bug if broken):
+    tool calls whole, within budget, not empty, and ``required`` (the newest user or
+    tool message the caller gave) sent."""
     problems = tool_problems(messages)
+    if not messages:
+        problems.append("request has no messages")
+    if required is not None and not any(m.id == required.id for m in reversed(messages)):
+        problems.append(f"request lacks the newest new message {required.id!r}")
     if total > budget.prompt:
         problems.append(f"request is {total} tokens, over the prompt budget {budget.prompt}")
     return problems

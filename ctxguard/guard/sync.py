@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -113,6 +114,9 @@ class Guard(GuardBase):
             return self.limit_source.resolve()
         if isinstance(op, flows.CallSummarizer):
             return self._call_summarizer(op.previous, op.messages)
+        if isinstance(op, flows.Sleep):
+            time.sleep(op.seconds)
+            return None
         self._start_background(op.session_id, op.request)
         return None
 

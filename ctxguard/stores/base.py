@@ -95,6 +95,14 @@ class Summary(pydantic.BaseModel):
 class WindowFetch:
     """Everything one prepare needs, fetched in one round trip.
 
+    A fetch never writes. Given new messages, it answers as if they were
+    appended at the end of the history (an id already stored, or repeated in the
+    batch, is not appended twice): ``recent`` and ``pinned`` may hold them with
+    the positions they would get, ``info`` counts them, and ``appended`` says
+    which would be stored (``stored``) and which are there already
+    (``duplicates``); its ``token_after`` is None. :meth:`commit_if_unchanged`
+    with ``token`` then stores them, if the session is still in that state.
+
     ``recent`` holds the newest messages, oldest first, walking back until their
     stored token counts exceed the requested budget (unknown counts are
     under-estimated so the walk fetches enough); ``reached_start`` says whether
@@ -448,3 +456,70 @@ def estimate_unknown_tokens(record_bytes: int) -> int:
     guard then counts them exactly and writes the counts back.
     """
     return max(1, (record_bytes - RECORD_SKELETON_BYTES) // 8)
+
+
+def check_summary(
+    session_id: str, summary: Summary | None, stored_count: int, key: str = "sum"
+) -> Summary | None:
+    """A summary may cover at most the stored history; one beyond it is corrupt.
+
+    Sending it would stand in for messages that do not exist, and the window
+    after it would start past the newest message (the request would go out
+    without the user's new message).
+    """
+    if summary is not None and not 0 <= summary.covers_to <= stored_count:
+        raise CorruptRecordError(
+            session_id,
+            "sum",
+            f"the summary covers messages up to position {summary.covers_to}, "
+            f"but the session holds {stored_count}",
+            key=key,
+        )
+    return summary
+
+
+def virtual_window(
+    info: SessionInfo,
+    stored_count: int,
+    first: int,
+    recent: tuple[StoredMessage, ...],
+    pinned: tuple[StoredMessage, ...],
+    summary: Summary | None,
+    token: str | None,
+    stop_tokens: int | None,
+    new: Sequence[NewMessage],
+    flags: Sequence[int],
+    counted: bool,
+) -> WindowFetch:
+    """A fetch's answer with the new messages put where an append would put them.
+
+    ``recent``/``pinned`` are the stored part of the walk (which started at
+    ``first``, counting the new messages flagged 1 as if stored after
+    ``stored_count``); ``flags[i]`` says whether ``new[i]`` would be stored.
+    Shared by every backend so they compose the window the same way.
+    """
+    if not new:
+        return WindowFetch(info, pinned, recent, summary, first == 0, None, token, stop_tokens)
+    fresh = [n for n, f in zip(new, flags, strict=True) if f]
+    duplicates = tuple(n.message.id for n, f in zip(new, flags, strict=True) if not f)
+    tail = tuple(
+        StoredMessage(stored_count + i, n.message, n.tokens if counted else None)
+        for i, n in enumerate(fresh)
+    )
+    if tail:
+        recent = recent + tuple(s for s in tail if s.seq >= first)
+        pinned = pinned + tuple(s for s in tail if s.seq < first and s.message.is_pinned_role)
+    count = stored_count + len(tail)
+    appended = AppendResult(tuple(n.message.id for n in fresh), duplicates, count, token, None)
+    grown = SessionInfo(
+        info.session_id,
+        count,
+        info.token_total + sum([s.tokens or 0 for s in tail]),
+        info.counter,
+        info.created_at,
+        info.updated_at,
+        info.ttl_seconds,
+        info.summary_version,
+        info.audit_count,
+    )
+    return WindowFetch(grown, pinned, recent, summary, first == 0, appended, token, stop_tokens)

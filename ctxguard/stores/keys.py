@@ -67,3 +67,13 @@ class KeySpace:
         if not (key.startswith(head) and key.endswith(tail)):
             return None
         return unquote(key[len(head) : -len(tail)])
+
+    def session_id_from_key(self, key: str) -> tuple[str, str] | None:
+        """(session id, suffix) of any key of a session in this key space, else None."""
+        head = self.prefix + "{"
+        if not key.startswith(head) or "}:" not in key:
+            return None
+        encoded, _, suffix = key[len(head) :].rpartition("}:")
+        if suffix not in SUFFIXES or "}" in encoded:
+            return None
+        return unquote(encoded), suffix

@@ -8,6 +8,7 @@ there is no I/O to wait for.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import threading
@@ -32,6 +33,7 @@ from ctxguard.stores.base import (
     WindowHit,
     WriteOptions,
     audit_rid,
+    check_summary,
     check_window_args,
     decode_audit,
     decode_message,
@@ -40,6 +42,7 @@ from ctxguard.stores.base import (
     estimate_unknown_tokens,
     ms_to_datetime,
     tokens_or_none,
+    virtual_window,
     walk_back,
     with_rid,
 )
@@ -294,41 +297,79 @@ class MemoryStore:
         new: Sequence[NewMessage] = (),
         min_messages: int = 0,
     ) -> WindowFetch:
+        """The window as if ``new`` were appended; writes nothing (see WindowFetch)."""
         check_window_args(budget, min_messages)
         with self._lock:
-            appended = None
-            if new:
-                session, appended = self._append_checked(session_id, new, options)
-            else:
-                found = self._live(session_id)
-                if found is None:
-                    return _empty_window(session_id)
-                session = found
-            return self._window_locked(session_id, session, budget, options, min_messages, appended)
+            self._check_cap(session_id, new, options)
+            session = self._live(session_id)
+            return self._window_locked(session_id, session, budget, options, min_messages, new)
 
     def _window_locked(
         self,
         session_id: str,
-        session: _Session,
+        session: _Session | None,
         budget: int,
         options: WriteOptions,
         min_messages: int,
-        appended: AppendResult | None,
+        new: Sequence[NewMessage],
     ) -> WindowFetch:
+        records = session.records if session is not None else []
+        stored_count = len(records)
+        known: Mapping[str, int] = session.ids if session is not None else {}
+        flags: list[int] = []
+        seen: set[str] = set()
+        for n in new:
+            msg_id = n.message.id
+            flags.append(0 if msg_id in seen or msg_id in known else 1)
+            seen.add(msg_id)
+        fresh = [n for n, f in zip(new, flags, strict=True) if f]
+        counted = bool(options.counter)
         # Counts made by another counter than the caller's are unknown to it (as in window.lua).
-        same = not options.counter or options.counter == session.counter
-        first = _walk_back(session, budget, same, min_messages)
+        same = session is not None and (not options.counter or options.counter == session.counter)
+
+        def new_count(n: NewMessage) -> int:
+            return n.tokens if counted and n.tokens is not None else UNKNOWN_TOKENS
+
+        def stored_count_at(seq: int) -> int:
+            assert session is not None
+            return session.tokens[seq] if same else UNKNOWN_TOKENS
+
+        def costs() -> Iterator[tuple[int, int]]:
+            for i in range(len(fresh) - 1, -1, -1):
+                count = new_count(fresh[i])
+                if count < 0:
+                    count = estimate_unknown_tokens(len(fresh[i].encoded().encode()))
+                yield stored_count + i, count
+            for seq in range(stored_count - 1, -1, -1):
+                count = stored_count_at(seq)
+                if count < 0:
+                    count = estimate_unknown_tokens(len(records[seq].encode()))
+                yield seq, count
+
+        first = walk_back(costs(), stored_count + len(fresh), budget, min_messages)[0]
+        stop = None
+        if first > stored_count:
+            stop = tokens_or_none(new_count(fresh[first - 1 - stored_count]))
+        elif first > 0:
+            stop = tokens_or_none(stored_count_at(first - 1))
+        if session is None:
+            empty = _empty_window(session_id)
+            return virtual_window(
+                empty.info, 0, first, (), (), None, None, stop, new, flags, counted
+            )
         recent = tuple(
-            self._stored(session_id, session, s, same) for s in range(first, len(session.records))
+            self._stored(session_id, session, s, same) for s in range(first, stored_count)
         )
         pinned = tuple(
             self._stored(session_id, session, s, same) for s in session.pins if s < first
         )
-        summary = decode_summary(session_id, session.summary)
+        summary = check_summary(
+            session_id, decode_summary(session_id, session.summary), stored_count
+        )
         info = self._info(session_id, session)
-        stop = tokens_or_none(session.tokens[first - 1]) if first > 0 and same else None
-        return WindowFetch(
-            info, pinned, recent, summary, first == 0, appended, session.state_token, stop
+        token = session.state_token
+        return virtual_window(
+            info, stored_count, first, recent, pinned, summary, token, stop, new, flags, counted
         )
 
     def commit_if_unchanged(
@@ -341,29 +382,45 @@ class MemoryStore:
         min_messages: int,
         write: RecordWrite | None,
     ) -> WindowHit | WindowFetch:
+        """Append ``new`` and write ``write`` (recounts by ``options.counter``, audit
+        record) if the session's state token is ``token`` ('' = no session yet) and
+        no id of ``new`` is stored; else answer as :meth:`fetch_window` (no write)."""
         check_window_args(budget, min_messages)
         with self._lock:
+            self._check_cap(session_id, new, options)
             session = self._live(session_id)
             ids = [n.message.id for n in new]
+            current = "" if session is None else session.state_token
             unchanged = (
-                session is not None
-                and session.state_token == token
+                current == token
                 and len(set(ids)) == len(ids)
-                and not any(i in session.ids for i in ids)
+                and not (session is not None and any(i in session.ids for i in ids))
             )
-            if session is None or not unchanged:
-                fetch = self.fetch_window(session_id, budget, options, new, min_messages)
-                # as window.lua: a commit whose audit record is already written (a retry) is a hit
+            if not unchanged:
+                # as window.lua: a commit whose audit record is already written (a retry
+                # after a lost reply) is a hit, with the turn its first attempt was given
                 turn = self._audit_turn(session_id, write)
-                if turn is None:
-                    return fetch
-                count = fetch.info.message_count
-                return WindowHit(fetch.appended or AppendResult((), (), count), turn, "")
-            session, appended = self._append_checked(session_id, new, options)
+                if turn is not None:
+                    count = 0 if session is None else len(session.records)
+                    return WindowHit(AppendResult(tuple(ids), (), count), turn, "")
+                return self._window_locked(session_id, session, budget, options, min_messages, new)
+            if new:
+                session, appended = self._append_checked(session_id, new, options)
+            else:
+                count = 0 if session is None else len(session.records)
+                appended = AppendResult((), (), count, current or None, current or None)
+            if session is None:
+                return WindowHit(appended, 0, "")
             turn = 0
-            if write is not None and write.audit is not None:
-                turn = self.add_audit(session_id, write.audit, write.retention, write.ttl)
-            return WindowHit(appended, turn, session.state_token)
+            if write is not None:
+                if write.counts and options.counter:
+                    self.set_token_counts(session_id, options.counter, write.counts)
+                if write.audit is not None:
+                    turn = self.add_audit(session_id, write.audit, write.retention, write.ttl)
+            self._touch(session, options)
+            after = session.state_token
+            appended = dataclasses.replace(appended, token_after=after)
+            return WindowHit(appended, turn, after)
 
     def set_token_counts(self, session_id: str, counter: str, counts: Mapping[int, int]) -> None:
         with self._lock:
@@ -595,19 +652,6 @@ def _drop_tail(session: _Session, keep: int) -> None:
     summary = decode_summary("", session.summary) if session.summary else None
     if summary is not None and summary.covers_to > keep:
         session.summary = None
-
-
-def _walk_back(session: _Session, budget: int, counter_matches: bool, min_messages: int) -> int:
-    """First position of the newest run whose stored counts fit ``budget`` (see walk_back)."""
-
-    def costs() -> Iterator[tuple[int, int]]:
-        for seq in range(len(session.records) - 1, -1, -1):
-            count = session.tokens[seq] if counter_matches else UNKNOWN_TOKENS
-            if count < 0:
-                count = estimate_unknown_tokens(len(session.records[seq].encode()))
-            yield seq, count
-
-    return walk_back(costs(), len(session.records), budget, min_messages)[0]
 
 
 def _empty_window(session_id: str) -> WindowFetch:

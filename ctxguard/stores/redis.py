@@ -126,6 +126,16 @@ class _Base:
         self.retry_policy = retry or RetryPolicy()
         self.where = url.redacted
 
+    def _error(
+        self, exc: RedisError | RedisClusterException, what: str, keys: Sequence[str]
+    ) -> StoreError:
+        """A damaged key (a script's CORRUPT reply, or WRONGTYPE) is a CorruptRecordError."""
+        if isinstance(exc, ResponseError):
+            corrupt = self.protocol.corrupt_error(str(exc), keys)
+            if corrupt is not None:
+                return corrupt
+        return _wrap(exc, what, self.where)
+
     @property
     def namespace(self) -> str:
         return self.protocol.keyspace.namespace
@@ -146,7 +156,7 @@ class RedisStore(_Base):
             name: self.client.register_script(load_script(name)) for name in SCRIPT_NAMES
         }
 
-    def _io(self, what: str, fn: Callable[[], T], idempotent: bool) -> T:
+    def _io(self, what: str, fn: Callable[[], T], idempotent: bool, keys: Sequence[str] = ()) -> T:
         delays = self.retry_policy.delays() if idempotent else iter(())
         while True:
             try:
@@ -159,7 +169,7 @@ class RedisStore(_Base):
                     raise _wrap(exc, what, self.where) from exc
                 time.sleep(delay)
             except (RedisError, RedisClusterException) as exc:
-                raise _wrap(exc, what, self.where) from exc
+                raise self._error(exc, what, keys) from exc
 
     def _run(self, call: Call, idempotent: bool = True) -> Any:
         script = self._scripts[call.script]
@@ -172,7 +182,7 @@ class RedisStore(_Base):
                 return self._evalsha(script, current)
             return script(keys=current.keys, args=current.args)
 
-        return self._io(call.script, send, idempotent)
+        return self._io(call.script, send, idempotent, call.keys)
 
     def _evalsha(self, script: Any, call: Call) -> Any:
         """EVALSHA on a pooled connection, without redis-py's per-command layers.
@@ -234,7 +244,7 @@ class RedisStore(_Base):
             pipe.llen(keys[6])
             return list(pipe.execute())
 
-        meta, ttl, audits = self._io("info", fetch, True)
+        meta, ttl, audits = self._io("info", fetch, True, (keys[0], keys[6]))
         flat = [x for kv in meta.items() for x in kv]
         return self.protocol.parse_info(session_id, flat, ttl, int(audits))
 
@@ -260,7 +270,7 @@ class RedisStore(_Base):
         min_messages: int = 0,
     ) -> WindowFetch:
         reply = self._run(self.protocol.window_call(session_id, budget, options, new, min_messages))
-        return _as_fetch(self.protocol.parse_window(session_id, new, reply))
+        return _as_fetch(self.protocol.parse_window(session_id, new, reply, options))
 
     def commit_if_unchanged(
         self,
@@ -277,7 +287,7 @@ class RedisStore(_Base):
         )
         # repeatable: a retry whose audit record is already written answers as a hit
         reply = self._run(call)
-        return self.protocol.parse_window(session_id, new, reply)
+        return self.protocol.parse_window(session_id, new, reply, options)
 
     def set_token_counts(
         self, session_id: str, counter: str, counts: Mapping[int, int], ttl: int = 0
@@ -287,7 +297,7 @@ class RedisStore(_Base):
     def get_summary(self, session_id: str) -> Summary | None:
         key = self.protocol.keys(session_id)[5]
         return decode_summary(
-            session_id, self._io("get_summary", lambda: self.client.get(key), True)
+            session_id, self._io("get_summary", lambda: self.client.get(key), True, (key,))
         )
 
     def retract(
@@ -343,7 +353,7 @@ class RedisStore(_Base):
             attempts.append(1)
             return list(pipe.execute())
 
-        return self._io("+".join(c.script for c in calls), send, idempotent)
+        return self._io("+".join(c.script for c in calls), send, idempotent, calls[0].keys)
 
     def record(self, session_id: str, write: RecordWrite) -> int:
         """Write back token counts and an audit record in one round trip; returns the turn."""
@@ -376,7 +386,7 @@ class RedisStore(_Base):
 
     def read_audit(self, session_id: str) -> list[dict[str, Any]]:
         key = self.protocol.keys(session_id)[6]
-        raw = self._io("read_audit", lambda: self.client.lrange(key, 0, -1), True)
+        raw = self._io("read_audit", lambda: self.client.lrange(key, 0, -1), True, (key,))
         return self.protocol.parse_audit(session_id, raw)
 
     def inspect(self, session_id: str) -> RawSession | None:
@@ -403,7 +413,13 @@ class AsyncRedisStore(_Base):
             name: self.client.register_script(load_script(name)) for name in SCRIPT_NAMES
         }
 
-    async def _io(self, what: str, fn: Callable[[], Awaitable[T]], idempotent: bool) -> T:
+    async def _io(
+        self,
+        what: str,
+        fn: Callable[[], Awaitable[T]],
+        idempotent: bool,
+        keys: Sequence[str] = (),
+    ) -> T:
         delays = self.retry_policy.delays() if idempotent else iter(())
         while True:
             try:
@@ -416,7 +432,7 @@ class AsyncRedisStore(_Base):
                     raise _wrap(exc, what, self.where) from exc
                 await asyncio.sleep(delay)
             except (RedisError, RedisClusterException) as exc:
-                raise _wrap(exc, what, self.where) from exc
+                raise self._error(exc, what, keys) from exc
 
     async def _run(self, call: Call, idempotent: bool = True) -> Any:
         script = self._scripts[call.script]
@@ -429,7 +445,7 @@ class AsyncRedisStore(_Base):
                 return await self._evalsha(script, current)
             return await script(keys=current.keys, args=current.args)
 
-        return await self._io(call.script, send, idempotent)
+        return await self._io(call.script, send, idempotent, call.keys)
 
     async def _evalsha(self, script: Any, call: Call) -> Any:
         """EVALSHA on a pooled connection (see :meth:`RedisStore._evalsha`)."""
@@ -486,7 +502,7 @@ class AsyncRedisStore(_Base):
             pipe.llen(keys[6])
             return list(await pipe.execute())
 
-        meta, ttl, audits = await self._io("info", fetch, True)
+        meta, ttl, audits = await self._io("info", fetch, True, (keys[0], keys[6]))
         flat = [x for kv in meta.items() for x in kv]
         return self.protocol.parse_info(session_id, flat, ttl, int(audits))
 
@@ -518,7 +534,7 @@ class AsyncRedisStore(_Base):
         reply = await self._run(
             self.protocol.window_call(session_id, budget, options, new, min_messages)
         )
-        return _as_fetch(self.protocol.parse_window(session_id, new, reply))
+        return _as_fetch(self.protocol.parse_window(session_id, new, reply, options))
 
     async def commit_if_unchanged(
         self,
@@ -534,7 +550,7 @@ class AsyncRedisStore(_Base):
             session_id, budget, options, new, min_messages, token, write
         )
         reply = await self._run(call)  # repeatable: see RedisStore.commit_if_unchanged
-        return self.protocol.parse_window(session_id, new, reply)
+        return self.protocol.parse_window(session_id, new, reply, options)
 
     async def set_token_counts(
         self, session_id: str, counter: str, counts: Mapping[int, int], ttl: int = 0
@@ -544,7 +560,8 @@ class AsyncRedisStore(_Base):
     async def get_summary(self, session_id: str) -> Summary | None:
         key = self.protocol.keys(session_id)[5]
         return decode_summary(
-            session_id, await self._io("get_summary", lambda: self.client.get(key), True)
+            session_id,
+            await self._io("get_summary", lambda: self.client.get(key), True, (key,)),
         )
 
     async def retract(
@@ -589,7 +606,7 @@ class AsyncRedisStore(_Base):
             attempts.append(1)
             return list(await pipe.execute())
 
-        return await self._io("+".join(c.script for c in calls), send, idempotent)
+        return await self._io("+".join(c.script for c in calls), send, idempotent, calls[0].keys)
 
     async def record(self, session_id: str, write: RecordWrite) -> int:
         calls = self.protocol.record_calls(session_id, write)
@@ -621,7 +638,7 @@ class AsyncRedisStore(_Base):
 
     async def read_audit(self, session_id: str) -> list[dict[str, Any]]:
         key = self.protocol.keys(session_id)[6]
-        raw = await self._io("read_audit", lambda: self.client.lrange(key, 0, -1), True)
+        raw = await self._io("read_audit", lambda: self.client.lrange(key, 0, -1), True, (key,))
         return self.protocol.parse_audit(session_id, raw)
 
     async def inspect(self, session_id: str) -> RawSession | None:

@@ -7,6 +7,7 @@ drift apart (the httpx ``BaseClient`` shape).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,6 +32,7 @@ from ctxguard.stores.base import (
     WindowFetch,
     WindowHit,
     WriteOptions,
+    check_summary,
     check_window_args,
     decode_audit,
     decode_message,
@@ -39,10 +41,14 @@ from ctxguard.stores.base import (
     encode_audit,
     ms_to_datetime,
     tokens_or_none,
+    virtual_window,
     with_rid,
 )
 from ctxguard.stores.integrity import RawSession, RepairPlan
 from ctxguard.stores.keys import SUFFIXES, KeySpace
+
+# CORRUPT <key> <what>, as _lib.lua's corrupt() answers (Redis may add " script: ...")
+_CORRUPT_REPLY = re.compile(r"CORRUPT (\S+) ([^'\"]*?)(?: script: |['\"]|$)")
 
 SCRIPT_NAMES = (
     "append",
@@ -142,10 +148,12 @@ class RedisProtocol:
         options: WriteOptions,
         new: Sequence[NewMessage],
         min_messages: int = 0,
-        expect: str = "",
+        expect: str | None = None,
         write: RecordWrite | None = None,
     ) -> Call:
-        """The window script: a fetch, or with ``expect`` a commit if unchanged."""
+        """The window script: a fetch (never writes), or with ``expect`` (a state
+        token; '' = no session yet) a commit if unchanged, with ``write``'s
+        recounted tokens (by ``options.counter``) and audit record."""
         check_window_args(budget, min_messages)
         audit = None if write is None else write.audit
         head: list[str | int] = [
@@ -154,11 +162,16 @@ class RedisProtocol:
             options.max_messages or 0,
             budget,
             min_messages,
-            expect,
+            "" if expect is None else "=" + expect,
             "" if audit is None else encode_audit(with_rid(audit)),
             0 if write is None else max(0, write.retention),
         ]
-        return Call("window", self.keys(session_id), head + _message_args(new))
+        counts: list[str | int] = [0]
+        if write is not None and write.counts and options.counter and expect is not None:
+            counts = [len(write.counts)]
+            for seq, value in sorted(write.counts.items()):
+                counts += [int(seq), int(value)]
+        return Call("window", self.keys(session_id), head + _message_args(new) + counts)
 
     def read_call(self, session_id: str, start: int, stop: int | None) -> Call:
         if not isinstance(start, int) or (stop is not None and not isinstance(stop, int)):
@@ -304,32 +317,72 @@ class RedisProtocol:
                 audit_count=audit_count,
             )
         except (ValueError, OverflowError, OSError) as exc:  # OSError: datetime out of range
-            raise CorruptRecordError(session_id, "meta", str(exc)[:200]) from None
+            key = self.keys(session_id)[0]
+            raise CorruptRecordError(session_id, "meta", str(exc)[:200], key=key) from None
 
     def parse_window(
-        self, session_id: str, new: Sequence[NewMessage], reply: Sequence[Any]
+        self,
+        session_id: str,
+        new: Sequence[NewMessage],
+        reply: Sequence[Any],
+        options: WriteOptions | None = None,
     ) -> WindowFetch | WindowHit:
         if len(reply) == 1:
             self.parse_append(session_id, new, reply[0])  # raises SessionFullError
         if reply[0] == b"hit" or reply[0] == "hit":
             appended_hit = self.parse_append(session_id, new, reply[1])
             return WindowHit(appended_hit, int(reply[2]), _text(reply[3]))
-        appended_raw, meta, summary_raw, first = reply[0], reply[1], reply[2], int(reply[3])
-        appended = self.parse_append(session_id, new, appended_raw) if appended_raw else None
+        flags = [int(f) for f in reply[0]]
+        meta, summary_raw, first, stored_count = reply[1], reply[2], int(reply[3]), int(reply[12])
+        counted = options is not None and bool(options.counter)
+        stop = tokens_or_none(int(reply[11])) if first > 0 else None
         info = self.parse_info(session_id, meta, reply[9])
         if info is None:
             from ctxguard.stores.memory import _empty_window
 
-            return _empty_window(session_id)
+            empty = _empty_window(session_id).info
+            return virtual_window(empty, 0, first, (), (), None, None, stop, new, flags, counted)
         recent = self._stored_run(session_id, first, reply[4], reply[5])
         pinned = tuple(
             StoredMessage(int(s), decode_message(session_id, int(s), r), _count_at(reply[8], i))
             for i, (s, r) in enumerate(zip(reply[6], reply[7], strict=True))
         )
-        summary = decode_summary(session_id, summary_raw or None)
+        summary = check_summary(
+            session_id,
+            decode_summary(session_id, summary_raw or None),
+            stored_count,
+            self.keys(session_id)[5],
+        )
         token = _text(reply[10]) or None
-        stop = tokens_or_none(int(reply[11])) if first > 0 else None
-        return WindowFetch(info, pinned, recent, summary, first == 0, appended, token, stop)
+        return virtual_window(
+            info, stored_count, first, recent, pinned, summary, token, stop, new, flags, counted
+        )
+
+    def corrupt_error(self, reply: str, keys: Sequence[str] = ()) -> CorruptRecordError | None:
+        """The CorruptRecordError an error reply stands for, else None.
+
+        A script answers ``CORRUPT <key> <what>`` when it finds a key it cannot
+        use (it wrote nothing); Redis itself answers ``WRONGTYPE ...`` when a
+        plain command meets a key of another type: the key is then the one the
+        pipeline error names, or the command's only key.
+        """
+        # a pipeline's error starts with the command (maybe the whole script text)
+        text = reply.rsplit("caused error: ", 1)[-1]
+        found = _CORRUPT_REPLY.search(text)
+        if found is not None:
+            return self._corrupt_key(found[1], found[2].strip() or "is not what ctxguard wrote")
+        if "WRONGTYPE" not in text:
+            return None
+        named = [k for k in keys if k in reply] or list(keys)
+        key = named[0] if len(named) == 1 else " or ".join(named) or "(unknown)"
+        return self._corrupt_key(key, "holds a value of the wrong type", named[:1])
+
+    def _corrupt_key(
+        self, key: str, what: str, candidates: Sequence[str] = ()
+    ) -> CorruptRecordError:
+        found = self.keyspace.session_id_from_key(candidates[0] if candidates else key)
+        session_id, suffix = found if found is not None else ("?", "?")
+        return CorruptRecordError(session_id, suffix, what, key=key)
 
     def parse_read(self, session_id: str, reply: Sequence[Any]) -> list[StoredMessage]:
         return list(self._stored_run(session_id, int(reply[0]), reply[1], reply[2]))

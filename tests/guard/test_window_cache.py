@@ -233,8 +233,8 @@ def test_without_a_cache_every_turn_fetches(open_one: Callable[[], SessionStore]
     for i in range(3):
         guard.prepare("s", [said(f"q{i}")])
         guard.complete("s", said(f"a{i}", "assistant"))
-    assert "commit_if_unchanged" not in log.calls
-    assert log.calls.count("fetch_window") == 3
+    # each turn: a fetch, the commit on its token (messages + record), the reply
+    assert log.calls == ["fetch_window", "commit_if_unchanged", "append"] * 3
 
 
 @settings(
@@ -308,17 +308,25 @@ def test_a_recreated_session_is_not_served_from_the_copy(
     assert [m.id for m in req.messages] == stored
 
 
-def test_a_refused_request_on_a_cached_session_still_stores_the_message(
+def test_a_refused_request_on_a_cached_session_stores_nothing_and_is_audited(
     open_one: Callable[[], SessionStore],
 ) -> None:
     guard = make_guard(open_one(), limit=200)
     guard.append("s", [SYSTEM])
     guard.prepare("s", [said("hi")])
     guard.complete("s", said("hello", "assistant"))
+    before = [m.message.id for m in guard.store.read("s")]
     huge = said("word " * 400)
-    with pytest.raises(BudgetError):
+    with pytest.raises(BudgetError) as caught:
         guard.prepare("s", [huge])
-    assert guard.store.read("s")[-1].message.id == huge.id
+    assert [m.message.id for m in guard.store.read("s")] == before
+    refused = guard.store.read_audit("s")[-1]
+    assert refused["kind"] == "refused" and refused["error"] == "BudgetError"
+    assert (refused["ids"], refused["needed"]) == ([huge.id], caught.value.needed)
+    assert "word" not in str(refused)  # ids and numbers, no content
+    # the cached copy is still right: the next turn is sent as without a cache
+    req = guard.prepare("s", [said("small")])
+    assert [m.id for m in req.messages] == [m.message.id for m in guard.store.read("s")]
 
 
 async def test_the_async_guard_takes_the_same_cached_path(namespace: str, redis_url: str) -> None:
@@ -336,7 +344,8 @@ async def test_the_async_guard_takes_the_same_cached_path(namespace: str, redis_
         calls.clear()
         new = [said(f"question {i} " + "word " * 20)]
         got = await guard.prepare("s", new)
-        assert calls == (["fetch_window", "record"] if i == 0 else ["commit_if_unchanged"])
+        first = ["fetch_window", "commit_if_unchanged"]
+        assert calls == (first if i == 0 else ["commit_if_unchanged"])
         same_request(got, oracle.prepare("s", new))
         await guard.complete("s", said(f"answer {i} " + "word " * 20, "assistant"))
     await guard.aclose()

@@ -165,7 +165,7 @@ async def test_a_retried_append_reports_what_its_lost_attempt_stored(
 
 def test_with_rid_places_the_id_where_the_scripts_read_it() -> None:
     made = with_rid({"kind": "note", "n": 1})
-    assert list(made)[0] == "rid" and audit_rid(encode_audit(made)) == made["rid"]
+    assert next(iter(made)) == "rid" and audit_rid(encode_audit(made)) == made["rid"]
     numbered = with_rid({"turn": 0, "kind": "request", "rid": "r.1:x-Y_z"})
     assert list(numbered)[:2] == ["turn", "rid"]
     assert audit_rid(encode_audit(numbered)) == "r.1:x-Y_z"

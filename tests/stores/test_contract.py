@@ -255,24 +255,72 @@ async def test_fetch_window_walks_back_within_budget(store: StoreFacade) -> None
         await store.fetch_window("s", -1, counted)
 
 
-async def test_fetch_window_appends_in_the_same_call(store: StoreFacade) -> None:
+async def test_fetch_window_with_new_messages_writes_nothing(store: StoreFacade) -> None:
     counted = WriteOptions(counter="c")
     await store.append("s", [new("q1", tokens=4), new("a1", role="assistant", tokens=4)], counted)
+    before = await store.info("s")
     q2 = new("q2", tokens=4)
     win = await store.fetch_window("s", 100, counted, [q2])
+    # the window as if q2 were appended, at the position it would get
     assert win.appended == AppendResult((q2.message.id,), (), 3)
-    assert texts(win.recent) == ["q1", "a1", "q2"]
+    assert win.appended.token_after is None
+    assert texts(win.recent) == ["q1", "a1", "q2"] and seqs(win.recent) == [0, 1, 2]
+    assert win.recent[-1].tokens == 4
     assert win.info.message_count == 3 and win.info.token_total == 12
+    assert texts(await store.read("s")) == ["q1", "a1"]  # nothing stored
+    assert await store.info("s") == before
 
-    retry = await store.fetch_window("s", 100, counted, [q2])
-    assert retry.appended == AppendResult((), (q2.message.id,), 3)
+    # an id already stored is history, not new; a repeated id counts once
+    a1_again = NewMessage(Message(role="assistant", content="a1", id=win.recent[1].message.id))
+    twice = await store.fetch_window("s", 100, counted, [a1_again, q2, q2])
+    assert twice.appended == AppendResult((q2.message.id,), (a1_again.message.id, q2.message.id), 3)
+    assert texts(twice.recent) == ["q1", "a1", "q2"]
+
+    # the new messages count in the walk, newest first; the budget cuts the stored ones
+    tight = await store.fetch_window("s", 8, counted, [q2], 1)
+    assert seqs(tight.recent) == [1, 2] and tight.stop_tokens == 4 and not tight.reached_start
 
     fresh = await store.fetch_window("new", 100, counted, [new("hello", tokens=2)])
     assert fresh.appended is not None and fresh.appended.message_count == 1
-    assert [m.tokens for m in fresh.recent] == [2]
-    assert fresh.reached_start
-    info = await store.info("new")
-    assert info is not None and info.message_count == 1
+    assert [m.tokens for m in fresh.recent] == [2] and seqs(fresh.recent) == [0]
+    assert fresh.reached_start and fresh.token is None
+    assert await store.info("new") is None
+    assert await store.list_sessions() == ["s"]
+
+
+async def test_commit_creates_a_session_on_the_empty_token(store: StoreFacade) -> None:
+    from ctxguard.stores.base import RecordWrite, WindowHit
+
+    counted = WriteOptions(counter="c")
+    hello = new("hello", tokens=2)
+    win = await store.fetch_window("new", 100, counted, [hello])
+    record = RecordWrite(audit={"turn": 0, "kind": "request"})
+    hit = await store.commit_if_unchanged("new", win.token or "", 100, counted, [hello], 1, record)
+    assert isinstance(hit, WindowHit) and hit.turn == 1
+    assert hit.appended.stored == (hello.message.id,) and hit.appended.token_before is None
+    assert texts(await store.read("new")) == ["hello"]
+    assert [r["turn"] for r in await store.read_audit("new")] == [1]
+    # "" on a session that exists now is a miss: the window as if appended, nothing written
+    late = new("late", tokens=1)
+    miss = await store.commit_if_unchanged("new", "", 100, counted, [late], 1, record)
+    assert not isinstance(miss, WindowHit) and texts(miss.recent) == ["hello", "late"]
+    assert texts(await store.read("new")) == ["hello"]
+
+
+async def test_commit_writes_the_recounted_tokens_in_the_same_step(store: StoreFacade) -> None:
+    from ctxguard.stores.base import RecordWrite, WindowHit
+
+    counted = WriteOptions(counter="c")
+    await store.append("s", [new("a"), new("b")])  # no counter: counts unknown
+    win = await store.fetch_window("s", 1000, counted)
+    q = new("q", tokens=3)
+    write = RecordWrite(counter="c", counts={0: 5, 1: 6, 99: 1})
+    hit = await store.commit_if_unchanged("s", win.token or "", 1000, counted, [q], 1, write)
+    assert isinstance(hit, WindowHit)
+    assert [m.tokens for m in await store.read("s")] == [5, 6, 3]
+    info = await store.info("s")
+    assert info is not None and (info.counter, info.token_total) == ("c", 14)
+    assert (await store.fetch_window("s", 1000, counted)).token == hit.token
 
 
 async def test_unknown_counts_are_estimated_then_filled_lazily(store: StoreFacade) -> None:
@@ -360,7 +408,7 @@ async def test_audit_keeps_the_newest_records(store: StoreFacade) -> None:
     assert [{k: v for k, v in r.items() if k != "rid"} for r in audit] == [
         {"n": n, "note": "é ✓"} for n in (2, 3, 4)
     ]
-    assert all(list(r)[0] == "rid" for r in audit)  # every record gets its id, first
+    assert all(next(iter(r)) == "rid" for r in audit)  # every record gets its id, first
     info = await store.info("s")
     assert info is not None and info.audit_count == 3
 

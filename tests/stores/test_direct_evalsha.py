@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ctxguard.errors import StoreError
+from ctxguard.errors import CorruptRecordError
 from ctxguard.messages import Message
 from ctxguard.stores import NewMessage, WriteOptions, open_async_store, open_store
 from ctxguard.stores.keys import KeySpace
@@ -32,9 +32,10 @@ def test_sync_store_reloads_flushed_scripts_and_survives_error_replies(
         assert [m.message.text for m in store.fetch_window("s", 100, OPTIONS).recent] == ["a", "b"]
 
         meta = KeySpace(namespace, "default").session_keys("broken")[0]
-        client.set(meta, "not a hash")  # every script on this session now gets WRONGTYPE
-        with pytest.raises(StoreError, match="WRONGTYPE"):
+        client.set(meta, "not a hash")  # every script on this session now answers CORRUPT
+        with pytest.raises(CorruptRecordError, match="not a hash") as caught:
             store.append("broken", [new("x")], OPTIONS)
+        assert caught.value.key == meta
         assert store.append("s", [new("c")], OPTIONS).message_count == 3  # still in step
     finally:
         client.close()
@@ -53,8 +54,9 @@ async def test_async_store_reloads_flushed_scripts_and_survives_error_replies(
         assert (await store.append("s", [new("b")], OPTIONS)).message_count == 2
         meta = KeySpace(namespace, "default").session_keys("broken")[0]
         client.set(meta, "not a hash")
-        with pytest.raises(StoreError, match="WRONGTYPE"):
+        with pytest.raises(CorruptRecordError, match="not a hash") as caught:
             await store.append("broken", [new("x")], OPTIONS)
+        assert caught.value.key == meta
         assert (await store.append("s", [new("c")], OPTIONS)).message_count == 3
     finally:
         client.close()

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from ctxguard.errors import CtxGuardError
 from ctxguard.messages import Message
 from ctxguard.stores import NewMessage, WriteOptions, open_store
-from ctxguard.stores.base import RecordWrite
+from ctxguard.stores.base import RecordWrite, WindowHit
 
 ROLES = ["user", "assistant", "system"]
 COUNTERS = ["c1", "c1", "c1", "", "c2"]  # mostly one counter, so counts are known
@@ -53,6 +53,15 @@ operation = st.one_of(
     st.tuples(st.just("retract"), st.integers(0, 3)),
     st.tuples(st.just("read"), st.integers(-5, 10), st.one_of(st.none(), st.integers(-5, 20))),
     st.tuples(st.just("audit"), st.booleans()),
+    st.tuples(
+        st.just("commit"),
+        st.integers(0, 16),
+        options,
+        st.lists(message, max_size=3),
+        st.integers(0, 3),
+        st.booleans(),  # with the session's current token (else a stale one)
+        st.dictionaries(st.integers(0, 30), st.integers(0, 50), max_size=3),
+    ),
 )
 
 
@@ -72,6 +81,23 @@ def apply(store: Any, op: tuple[Any, ...]) -> Any:
             appended = None if w.appended is None else (w.appended.stored, w.appended.duplicates)
             info = (w.info.message_count, w.info.token_total, w.info.counter)
             return ("window", stored(w.recent), stored(w.pinned), w.reached_start, appended, info)
+        if kind == "commit":
+            token = (store.fetch_window("s", 0).token or "") if op[5] else "stale"
+            write = RecordWrite(counts=op[6], audit={"turn": 0, "kind": "request"})
+            r = store.commit_if_unchanged("s", token, op[1], op[2], op[3], op[4], write)
+            if isinstance(r, WindowHit):
+                a = r.appended
+                return (
+                    "hit",
+                    a.stored,
+                    a.duplicates,
+                    a.message_count,
+                    r.turn,
+                    stored(store.read("s")),
+                )
+            appended = None if r.appended is None else (r.appended.stored, r.appended.duplicates)
+            info = (r.info.message_count, r.info.token_total, r.info.counter)
+            return ("miss", stored(r.recent), stored(r.pinned), r.reached_start, appended, info)
         if kind == "counts":
             store.set_token_counts("s", op[1], op[2])
             i = store.info("s")

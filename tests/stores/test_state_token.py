@@ -49,8 +49,10 @@ async def test_token_is_given_for_an_existing_session_only(store: StoreFacade) -
     missing = await store.fetch_window("s", BIG, COUNTED)
     assert missing.token is None and missing.stop_tokens is None
 
-    created = await store.fetch_window("s", BIG, COUNTED, [new("a", tokens=1)])
-    assert isinstance(created.token, str) and created.token
+    virtual = await store.fetch_window("s", BIG, COUNTED, [new("a", tokens=1)])
+    assert virtual.token is None  # a fetch creates nothing
+    created = await store.commit_if_unchanged("s", "", BIG, COUNTED, [new("a", tokens=1)], 1, None)
+    assert isinstance(created, WindowHit) and created.token
     assert created.token == await token_of(store)
 
 
@@ -120,8 +122,12 @@ async def test_token_moves_on_with_every_change_a_window_can_see(store: StoreFac
     await store.append("s", [new("c2", tokens=1), new("c3", tokens=1)], COUNTED)
     await moved("an append of two")
     old = new("d", tokens=1)
-    await store.fetch_window("s", BIG, COUNTED, [old])
-    await moved("an append by fetch_window")
+    await store.fetch_window("s", BIG, COUNTED, [old])  # writes nothing
+    assert await token_of(store) == seen[-1]
+    assert isinstance(
+        await store.commit_if_unchanged("s", seen[-1], BIG, COUNTED, [old], 0, None), WindowHit
+    )
+    await moved("an append by commit_if_unchanged")
     await store.append_with_audit("s", [new("e", tokens=1)], COUNTED, request(1))
     await moved("append_with_audit")
     await store.append("s", [old, new("f", tokens=1)], COUNTED)
@@ -346,12 +352,13 @@ async def test_commit_if_unchanged_hit_on_a_token_from_a_miss(store: StoreFacade
         "s", "no-such-token", BIG, COUNTED, [new("q1", tokens=1)], 0, request(1)
     )
     assert isinstance(miss, WindowFetch) and miss.token is not None
+    assert [s.message.text for s in miss.recent] == ["q0", "q1"]  # q1 as if appended
     assert await store.read_audit("s") == []
     hit = await store.commit_if_unchanged(
         "s", miss.token, BIG, COUNTED, [new("q2", tokens=1)], 0, request(1)
     )
     assert isinstance(hit, WindowHit) and hit.turn == 1
-    assert [m.message.text for m in await store.read("s")] == ["q0", "q1", "q2"]
+    assert [m.message.text for m in await store.read("s")] == ["q0", "q2"]  # a miss stores nothing
 
 
 async def test_commit_if_unchanged_hit_switches_the_counter_as_an_append_does(
@@ -449,14 +456,18 @@ async def test_commit_if_unchanged_miss_is_fetch_window(
         want.info.counter,
     )
     assert got.token is not None and got.token == await token_of(store, "a")
-    if change is not _nothing or {m.message.id for m in batch} - {m.message.id for m in HISTORY}:
+    if change is not _nothing:
         assert got.token != token  # something a window can see changed
+    else:
+        assert got.token == token  # a miss writes nothing
 
     stored_a = [(s.seq, s.message, s.tokens) for s in await store.read("a")]
     assert stored_a == [(s.seq, s.message, s.tokens) for s in await store.read("b")]
     ids = [m.id for _, m, _ in stored_a]
-    assert len(ids) == len(set(ids))  # every new message stored once
-    assert {m.message.id for m in batch} <= set(ids)
+    assert len(ids) == len(set(ids))
+    assert not {m.message.id for m in batch} - {m.message.id for m in HISTORY} & set(ids)
+    assert got.appended is not None  # ... but says what a commit would store
+    assert set(got.appended.stored) == {m.message.id for m in batch} - set(ids)
     audit = await store.read_audit("a")
     assert not [r for r in audit if r.get("kind") == "request"]  # the record was not written
     assert [r["kind"] for r in audit] == [r["kind"] for r in await store.read_audit("b")]
@@ -469,11 +480,11 @@ async def test_commit_if_unchanged_on_a_missing_session_fetches(store: StoreFaca
     assert await store.info("s") is None
 
     q = new("q", tokens=2)
-    created = await store.commit_if_unchanged("s", "anything", BIG, COUNTED, [q], 0, request(1))
-    assert isinstance(created, WindowFetch)
-    assert created.appended == AppendResult((q.message.id,), (), 1)
-    assert seqs(created.recent) == [0] and created.token == await token_of(store)
-    assert await store.read_audit("s") == []
+    virtual = await store.commit_if_unchanged("s", "anything", BIG, COUNTED, [q], 0, request(1))
+    assert isinstance(virtual, WindowFetch)
+    assert virtual.appended == AppendResult((q.message.id,), (), 1)
+    assert seqs(virtual.recent) == [0] and virtual.token is None
+    assert await store.info("s") is None and await store.read_audit("s") == []
 
 
 # -- the cap -------------------------------------------------------------------------------

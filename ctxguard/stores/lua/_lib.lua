@@ -71,14 +71,13 @@ local function over_cap(first, n, cap)
 end
 
 -- Append messages given as ARGV[first .. first + 4*n - 1]: id, record, tokens, pinned,
--- optionally followed by '1' when the call is a retry (an earlier attempt of the same
--- call may have run and lost its reply).
+-- `retry` is true when the call is a retry (an earlier attempt of the same call may
+-- have run and lost its reply; the scripts take a trailing '1' argument for it).
 -- Returns {count_after, flags, state token before ('' = no session), state token after},
 -- flags[i] = 1 if stored, 0 if the id was already there, 2 (retries only) if the id was
 -- there with exactly this record: stored by the earlier attempt. The meta hash is read
 -- once and written once: this runs on every turn.
-local function append_many(first, n, counter)
-  local retry = ARGV[first + 4 * n] == '1'
+local function append_many(first, n, counter, retry)
   local meta = redis.call('HMGET', KEYS[K_META], 'created', 'counter', 'epoch', 'ver', 'tokens',
     'stamp')
   local t = redis.call('TIME')
@@ -198,4 +197,108 @@ end
 
 local function meta_flat()
   return redis.call('HGETALL', KEYS[K_META])
+end
+
+-- Validation: every script checks what it reads and the types of the keys it writes
+-- before its first write, and answers `CORRUPT <key> <what>` (an error reply that
+-- redis_protocol turns into CorruptRecordError) instead of failing halfway.
+-- Each check returns nil, or the error text for redis.error_reply.
+local KEY_TYPES = {'hash', 'list', 'list', 'hash', 'list', 'string', 'list', 'hash'}
+local META_INTEGERS = {'created', 'updated', 'count', 'tokens', 'sumver', 'turns', 'ver'}
+
+local function corrupt(i, what)
+  return 'CORRUPT ' .. KEYS[i] .. ' ' .. what
+end
+
+-- The keys at the given indices hold their type, or do not exist.
+local function check_types(...)
+  for _, i in ipairs({...}) do
+    local t = redis.call('TYPE', KEYS[i])['ok']
+    if t ~= 'none' and t ~= KEY_TYPES[i] then
+      return corrupt(i, 'is a ' .. t .. ', not a ' .. KEY_TYPES[i])
+    end
+  end
+  return nil
+end
+
+local function is_integer(v)
+  return type(v) == 'string' and string.match(v, '^%-?%d+$') ~= nil
+end
+
+-- The meta fields ctxguard computes with are integers.
+local function check_meta()
+  local v = redis.call('HMGET', KEYS[K_META], unpack(META_INTEGERS))
+  for i, name in ipairs(META_INTEGERS) do
+    if v[i] and not is_integer(v[i]) then
+      return corrupt(K_META, 'field ' .. name .. ' is not an integer')
+    end
+  end
+  return nil
+end
+
+-- ... and toks holds one count per record.
+local function check_meta_and_lengths()
+  local bad = check_meta()
+  if bad then return bad end
+  local m, t = redis.call('LLEN', KEYS[K_MSGS]), redis.call('LLEN', KEYS[K_TOKS])
+  if m ~= t then
+    return corrupt(K_TOKS, 'holds ' .. t .. ' counts for ' .. m .. ' messages')
+  end
+  return nil
+end
+
+-- Every pinned position is an integer inside the history (returns the positions).
+local function check_pins(len)
+  local pins = redis.call('LRANGE', KEYS[K_PINS], 0, -1)
+  for _, s in ipairs(pins) do
+    local seq = tonumber(s)
+    if not is_integer(s) or seq < 0 or seq >= len then
+      return nil, corrupt(K_PINS, 'holds a position that is not one of the ' .. len .. ' messages')
+    end
+  end
+  return pins, nil
+end
+
+-- Everything an append (with an audit record) relies on.
+local function check_for_append()
+  local bad = check_types(K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM, K_AUDIT, K_RIDS)
+    or check_meta_and_lengths()
+  if bad then return bad end
+  local _, bad_pins = check_pins(redis.call('LLEN', KEYS[K_MSGS]))
+  return bad_pins
+end
+
+-- Append `k` count pairs (seq, value) from ARGV[first ..] for `counter`: set_counts,
+-- folded into another script's write. Positions outside the history are skipped.
+-- Returns nil, or the error text when a stored count there is not a number (checked
+-- before any write).
+local function check_counts(first, k)
+  local len = redis.call('LLEN', KEYS[K_TOKS])
+  for i = 0, k - 1 do
+    local seq = tonumber(ARGV[first + 2 * i])
+    if seq >= 0 and seq < len and not tonumber(redis.call('LINDEX', KEYS[K_TOKS], seq)) then
+      return corrupt(K_TOKS, 'holds a count that is not a number')
+    end
+  end
+  return nil
+end
+
+local function set_counts_many(first, k, counter)
+  if counter == '' or k == 0 then return 0 end
+  switch_counter(counter)
+  local len = redis.call('LLEN', KEYS[K_TOKS])
+  local written, delta = 0, 0
+  for i = 0, k - 1 do
+    local seq, value = tonumber(ARGV[first + 2 * i]), tonumber(ARGV[first + 2 * i + 1])
+    if seq >= 0 and seq < len then
+      local old = tonumber(redis.call('LINDEX', KEYS[K_TOKS], seq))
+      if old >= 0 then delta = delta - old end
+      redis.call('LSET', KEYS[K_TOKS], seq, value)
+      if value >= 0 then delta = delta + value end
+      written = written + 1
+    end
+  end
+  if delta ~= 0 then redis.call('HINCRBY', KEYS[K_META], 'tokens', delta) end
+  if written > 0 then changed() end
+  return written
 end

@@ -7,7 +7,10 @@
 -- Returns: {count_after, {flag per message: 1 stored, 0 duplicate, 2 stored by an earlier
 --          attempt of this call}, state token before,
 --          state token after}
---          or {-1, count_now} when the cap would be exceeded (nothing stored).
+--          or {-1, count_now} when the cap would be exceeded (nothing stored),
+--          or an error reply CORRUPT <key> <what> (nothing stored).
+local bad = check_for_append()
+if bad then return redis.error_reply(bad) end
 local n = tonumber(ARGV[6])
 local full = over_cap(7, n, ARGV[3])
 if full then return {-1, full} end
@@ -19,7 +22,7 @@ if n == 0 then
   local token = state_token()
   return {redis.call('LLEN', KEYS[K_MSGS]), {}, token, token}
 end
-local result = append_many(7, n, ARGV[1])
+local result = append_many(7, n, ARGV[1], ARGV[7 + 4 * n] == '1')
 if ARGV[4] ~= '' then add_audit(ARGV[4], ARGV[5]) end
 touch(ARGV[2])
 return result

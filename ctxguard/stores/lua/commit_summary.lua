@@ -2,7 +2,11 @@
 -- ARGV: 1 expected current version, 2 summary JSON, 3 new version, 4 covers_to, 5 ttl
 -- Returns: 1 committed (now, or already: the same summary JSON is the current one),
 --          0 lost the race (version moved) or range beyond the history.
+local bad = check_types(K_META, K_MSGS, K_SUM)
+if bad then return redis.error_reply(bad) end
 if redis.call('EXISTS', KEYS[K_META]) == 0 then return 0 end
+bad = check_meta_and_lengths()
+if bad then return redis.error_reply(bad) end
 local current = tonumber(redis.call('HGET', KEYS[K_META], 'sumver') or '0')
 if current ~= tonumber(ARGV[1]) or tonumber(ARGV[3]) ~= current + 1 then
   -- this very summary already committed (a retry after a lost reply): still committed

@@ -2,6 +2,8 @@
 -- ARGV: 1 start seq, 2 stop seq (exclusive; '' = to the end). Negative values
 --       count from the end, as Python slices do.
 -- Returns: {start seq actually used, records, counts}
+local bad = check_types(K_MSGS, K_TOKS)
+if bad then return redis.error_reply(bad) end
 local len = redis.call('LLEN', KEYS[K_MSGS])
 local start = tonumber(ARGV[1])
 local stop = tonumber(ARGV[2]) or len

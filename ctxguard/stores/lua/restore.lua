@@ -5,7 +5,11 @@
 -- ARGV: 1 turns, 2 summary JSON ('' = none), 3 summary version, 4 ttl seconds,
 --       5 created (ms; '' or absent = keep)
 -- Returns: {turns now, summary version now}; {0, 0} when the session does not exist.
+local bad = check_types(K_META, K_MSGS, K_SUM)
+if bad then return redis.error_reply(bad) end
 if redis.call('EXISTS', KEYS[K_META]) == 0 then return {0, 0} end
+bad = check_meta_and_lengths()
+if bad then return redis.error_reply(bad) end
 local turns = tonumber(redis.call('HGET', KEYS[K_META], 'turns') or '0')
 if tonumber(ARGV[1]) > turns then
   turns = tonumber(ARGV[1])

@@ -5,8 +5,20 @@
 -- ARGV: 1 count, 2 expected message count (-1 = no check), 3 ttl seconds, 4 time (ISO)
 -- Returns: {-1, count_now} when the expected count does not match (nothing removed),
 --          else {1, removed records, removed counts (oldest first), seq of the first removed}
+local bad = check_types(K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM, K_AUDIT, K_RIDS)
+if bad then return redis.error_reply(bad) end
 if redis.call('EXISTS', KEYS[K_META]) == 0 then return {1, {}, {}, 0} end
+bad = check_meta_and_lengths()
+if bad then return redis.error_reply(bad) end
 local len = redis.call('LLEN', KEYS[K_MSGS])
+local _, bad_pins = check_pins(len)
+if bad_pins then return redis.error_reply(bad_pins) end
+do
+  local all = redis.call('HVALS', KEYS[K_IDS])
+  for _, v in ipairs(all) do
+    if not is_integer(v) then return redis.error_reply(corrupt(K_IDS, 'maps an id to a value that is not a position')) end
+  end
+end
 local expected = tonumber(ARGV[2])
 if expected >= 0 and expected ~= len then return {-1, len} end
 local count = math.min(tonumber(ARGV[1]), len)

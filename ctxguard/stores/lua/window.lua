@@ -1,64 +1,123 @@
--- window: optionally append new messages, then fetch what one prepare needs; or,
--- when the caller's cached copy of the session is still current, commit the
--- request it planned on that copy instead.
+-- window: fetch what one prepare needs, as if the new messages were appended
+-- (nothing is written); or, when the caller's copy of the session is still
+-- current, commit the request it planned on that copy: append the new messages,
+-- write the recounted tokens and the audit record, in one atomic step.
 -- ARGV: 1 counter fingerprint ('' = none), 2 ttl seconds, 3 max messages (0 = no cap),
 --       4 token budget, 5 min messages (always fetched, whatever the budget),
---       6 expected state token ('' = fetch), 7 audit record JSON ('' = none),
---       8 audit retention, 9 n new, then n x (id, record, tokens, pinned),
+--       6 '' = fetch, or '=' .. the expected state token ('=' alone: no session yet),
+--       7 audit record JSON ('' = none), 8 audit retention,
+--       9 n new, then n x (id, record, tokens, pinned),
+--       then k, then k x (seq, tokens): recounted tokens to write with a commit,
 --       then '1' on a retry (see append_many)
--- Returns, when the state token was ARGV[6] and every new message was stored (a hit):
---           {'hit', append_result, turn of the audit record (0 = none), state token}
+-- Returns, when the state token was the expected one and no new id is stored (a hit):
+--           {'hit', append_result, turn of the audit record (0 = none), state token after}
 --          (also when the audit record's rid is already written: a retried hit, token '')
---          else: {append_result or false, meta (flat HGETALL), summary JSON or false,
---           first seq of recent, recent records, recent counts,
---           pinned seqs, pinned records, pinned counts, ttl seconds,
---           state token, stored count of the message before recent (-1 = none/unknown)}
--- The walk goes from the newest message back and stops before the first one
--- that would push the running total of stored counts over the budget; an
--- unknown count (-1, or another counter's) is under-estimated as
+--          else (a fetch; nothing written): {flags (1 = the new message at that index
+--           would be stored, 0 = its id is stored already or repeats in the batch),
+--           meta (flat HGETALL), summary JSON or false, first seq of recent,
+--           stored records of recent, their counts, pinned seqs, pinned records,
+--           pinned counts, ttl seconds, state token, count of the message before recent
+--           (-1 = none/unknown), stored message count}
+--          or {{-1, count}} when the new messages would pass the cap.
+-- The walk goes from the newest message (the new ones first, after the stored ones)
+-- back and stops before the first one that would push the running total of counts
+-- over the budget; an unknown count (-1, or another counter's) is under-estimated as
 -- (record bytes - 120) / 8, at least 1 (base.estimate_unknown_tokens).
 local n = tonumber(ARGV[9])
+local k_at = 10 + 4 * n
+local k = tonumber(ARGV[k_at] or '0')
 local min_messages = tonumber(ARGV[5])
-local appended = false
-local before
+local counter = ARGV[1]
+
+-- validate what is read (and, to commit, written) before anything else
+local bad
+if ARGV[6] ~= '' then
+  bad = check_for_append()
+  if not bad and k > 0 then bad = check_counts(k_at + 1, k) end
+else
+  bad = check_types(K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM) or check_meta()
+end
+if bad then return redis.error_reply(bad) end
 if n > 0 then
   local full = over_cap(10, n, ARGV[3])
   if full then return {{-1, full}} end
-  appended = append_many(10, n, ARGV[1])
-  before = appended[3]
-  touch(ARGV[2])
-else
-  before = state_token()
 end
--- A hit: the caller planned on the state `before`, and every new message is now stored.
-if ARGV[6] ~= '' and ARGV[6] == before and (n == 0 or all_stored(appended)) then
-  local turn = 0
-  if ARGV[7] ~= '' then turn = add_audit(ARGV[7], ARGV[8]) end
-  if n == 0 then
-    touch(ARGV[2])
-    appended = {redis.call('LLEN', KEYS[K_MSGS]), {}, before, before}
+
+-- which new messages would be stored: ids neither stored nor repeated in the batch
+local flags, fresh, seen = {}, {}, {}
+for i = 0, n - 1 do
+  local id = ARGV[10 + 4 * i]
+  if not seen[id] and redis.call('HEXISTS', KEYS[K_IDS], id) == 0 then
+    flags[#flags + 1] = 1
+    fresh[#fresh + 1] = 10 + 4 * i
+  else
+    flags[#flags + 1] = 0
   end
+  seen[id] = true
+end
+
+-- A hit: the caller planned on this very state, and every new message is new.
+if ARGV[6] ~= '' and string.sub(ARGV[6], 2) == state_token() and #fresh == n then
+  local appended
+  if n > 0 then
+    appended = append_many(10, n, counter, ARGV[k_at + 1 + 2 * k] == '1')
+  else
+    local token = state_token()
+    appended = {redis.call('LLEN', KEYS[K_MSGS]), {}, token, token}
+  end
+  local exists = redis.call('EXISTS', KEYS[K_META]) == 1
+  if exists then set_counts_many(k_at + 1, k, counter) end
+  local turn = 0
+  if exists and ARGV[7] ~= '' then turn = add_audit(ARGV[7], ARGV[8]) end
+  if exists then touch(ARGV[2]) end
+  appended[4] = state_token()
   return {'hit', appended, turn, appended[4]}
 end
 -- A retried commit whose first attempt was a hit (its reply was lost): the audit
 -- record is already there. A hit again, with its turn; '' as the token (unknown now).
+-- Every new message was stored by that attempt (a hit stores them all): flag 2.
 if ARGV[6] ~= '' and ARGV[7] ~= '' then
   local turn = audit_turn(ARGV[7])
-  if turn then return {'hit', appended or {redis.call('LLEN', KEYS[K_MSGS]), {}}, turn, ''} end
+  if turn then
+    local again = {}
+    for i = 1, n do again[i] = 2 end
+    return {'hit', {redis.call('LLEN', KEYS[K_MSGS]), again}, turn, ''}
+  end
 end
-if appended then appended = {appended[1], appended[2]} end
+
+-- A fetch (nothing is written, but a bad position must be named, not fail in the walk).
+local len = redis.call('LLEN', KEYS[K_MSGS])
+local pins
+pins, bad = check_pins(len)
+if bad then return redis.error_reply(bad) end
 
 local budget = tonumber(ARGV[4])
-local counter = ARGV[1]
 local same_counter = counter == '' or redis.call('HGET', KEYS[K_META], 'counter') == counter
-local len = redis.call('LLEN', KEYS[K_MSGS])
-local total, first = 0, len
-local counts = {}
+local length = len + #fresh
+local total, first = 0, length
 local stop_count = -1
+local stopped = false
+-- the new messages first (their counts come with them), newest first
+for j = #fresh, 1, -1 do
+  local at = fresh[j]
+  local c = tonumber(ARGV[at + 2]) or -1
+  if counter == '' then c = -1 end
+  local cost = c
+  if cost < 0 then cost = math.max(1, math.floor((#ARGV[at + 1] - 120) / 8)) end
+  local seq = len + j - 1
+  if total + cost > budget and length - seq > min_messages then
+    stopped, stop_count = true, c
+    break
+  end
+  total = total + cost
+  first = seq
+end
+-- then the stored counts only; a record is read here just when its count is unknown
+-- (to estimate it), and the records of the window are read once, below.
+local counts = {}
 local step = 32
 local hi = len - 1
--- Walk the counts only; a record is read here just when its count is unknown
--- (to estimate it), and the records of the window are read once, below.
+if stopped then hi = -1 end
 while hi >= 0 do
   local lo = math.max(0, hi - step + 1)
   local toks = redis.call('LRANGE', KEYS[K_TOKS], lo, hi)
@@ -72,7 +131,7 @@ while hi >= 0 do
       if recs == nil then recs = redis.call('LRANGE', KEYS[K_MSGS], lo, hi) end
       cost = math.max(1, math.floor((#recs[i] - 120) / 8))
     end
-    if total + cost > budget and len - (lo + i - 1) > min_messages then
+    if total + cost > budget and length - (lo + i - 1) > min_messages then
       stop, stop_count = true, c
       break
     end
@@ -92,7 +151,6 @@ for i = #counts, 1, -1 do
 end
 
 local p_seqs, p_recs, p_counts = {}, {}, {}
-local pins = redis.call('LRANGE', KEYS[K_PINS], 0, -1)
 for _, s in ipairs(pins) do
   local seq = tonumber(s)
   if seq < first then
@@ -104,5 +162,5 @@ for _, s in ipairs(pins) do
   end
 end
 local summary = redis.call('GET', KEYS[K_SUM])
-return {appended, meta_flat(), summary, first, r_out, c_out, p_seqs, p_recs, p_counts,
-        redis.call('TTL', KEYS[K_META]), state_token(), stop_count}
+return {flags, meta_flat(), summary, first, r_out, c_out, p_seqs, p_recs, p_counts,
+        redis.call('TTL', KEYS[K_META]), state_token(), stop_count, len}

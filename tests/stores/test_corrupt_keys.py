@@ -1,0 +1,135 @@
+"""A damaged key of a session (written by something other than ctxguard) makes every
+script refuse before its first write, with CorruptRecordError naming the key.
+
+Run on real Redis and Redis Cluster (no fakeredis): each derived key is corrupted
+in turn, and prepare (fetching, and on a cached window), append and complete
+must raise CorruptRecordError while the message list stays as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from ctxguard import Guard
+from ctxguard.errors import CorruptRecordError
+from ctxguard.messages import Message
+from ctxguard.stores import open_store
+from ctxguard.stores.keys import SUFFIXES, KeySpace
+from tests.conftest import raw_client
+
+Corruption = Callable[[Any, dict[str, str]], None]
+
+
+def _wrong_type(suffix: str) -> Corruption:
+    def corrupt(client: Any, keys: dict[str, str]) -> None:
+        client.delete(keys[suffix])
+        if suffix in ("sum", "ids", "meta", "rids"):  # a string or hash key made a list
+            client.rpush(keys[suffix], "x")
+        else:
+            client.set(keys[suffix], "x")
+
+    return corrupt
+
+
+def _meta_field(field: str) -> Corruption:
+    return lambda client, keys: client.hset(keys["meta"], field, "abc")
+
+
+CORRUPTIONS: list[Any] = [
+    pytest.param(lambda c, k: c.rpush(k["pins"], "x"), "pins", id="pins-not-a-number"),
+    pytest.param(lambda c, k: c.rpush(k["pins"], 99), "pins", id="pins-beyond-history"),
+    pytest.param(lambda c, k: c.rpush(k["toks"], 5), "toks", id="toks-longer-than-msgs"),
+    pytest.param(lambda c, k: c.rpop(k["toks"]), "toks", id="toks-shorter-than-msgs"),
+    *(pytest.param(_meta_field(f), "meta", id=f"meta-{f}") for f in ("count", "tokens", "turns")),
+    pytest.param(_meta_field("ver"), "meta", id="meta-ver"),
+    *(
+        pytest.param(_wrong_type(s), s, id=f"{s}-wrong-type")
+        for s in ("meta", "toks", "ids", "pins", "sum", "audit", "rids")
+    ),
+]
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("cluster", marks=pytest.mark.cluster),
+    ]
+)
+def server(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield request.getfixturevalue(f"{request.param}_url")
+
+
+def said(text: str, role: str = "user") -> Message:
+    return Message(role=role, content=text)
+
+
+@pytest.mark.parametrize(("corrupt", "suffix"), CORRUPTIONS)
+def test_every_write_refuses_a_corrupt_key_and_writes_nothing(
+    server: str,
+    namespace: str,
+    purge_after: Callable[[str], None],
+    corrupt: Corruption,
+    suffix: str,
+) -> None:
+    purge_after(server)
+    guard = Guard(open_store(server, namespace=namespace), counter="approx", limit=4000)
+    fresh = Guard(open_store(server, namespace=namespace), counter="approx", limit=4000)
+    guard.append("s", [said("be brief", "system")])
+    guard.prepare("s", [said("hello")])
+    guard.complete("s", said("hi", "assistant"))
+    keys = dict(zip(SUFFIXES, KeySpace(namespace, "default").session_keys("s"), strict=True))
+    client = raw_client(server)
+    try:
+        corrupt(client, keys)
+        msgs = client.lrange(keys["msgs"], 0, -1)
+        calls = {
+            "prepare on a cached window": lambda: guard.prepare("s", [said("next")]),
+            "prepare with a fetch": lambda: fresh.prepare("s", [said("next")]),
+            "append": lambda: guard.append("s", [said("more")]),
+            "complete": lambda: guard.complete("s", said("reply", "assistant")),
+            "complete with usage": lambda: guard.complete(
+                "s", said("reply", "assistant"), usage={"prompt_tokens": 3}
+            ),
+        }
+        for name, call in calls.items():
+            with pytest.raises(CorruptRecordError) as caught:
+                call()
+            assert caught.value.key == keys[suffix], name
+            assert caught.value.session_id == "s"
+            assert keys[suffix] in str(caught.value) and "\n" not in str(caught.value)
+            assert client.lrange(keys["msgs"], 0, -1) == msgs, f"{name} wrote a message"
+    finally:
+        client.close()
+        guard.close()
+        fresh.close()
+
+
+def test_wrongtype_from_a_plain_command_names_the_key(
+    server: str, namespace: str, purge_after: Callable[[str], None]
+) -> None:
+    purge_after(server)
+    store = open_store(server, namespace=namespace)
+    guard = Guard(store, counter="approx", limit=4000)
+    guard.prepare("s", [said("hello")])
+    keys = KeySpace(namespace, "default").session_keys("s")
+    client = raw_client(server)
+    try:
+        client.delete(keys[6])
+        client.set(keys[6], "not a list")
+        with pytest.raises(CorruptRecordError) as caught:
+            store.read_audit("s")
+        assert caught.value.key == keys[6]
+        with pytest.raises(CorruptRecordError) as caught:
+            store.info("s")
+        assert caught.value.key == keys[6]
+        client.delete(keys[5])
+        client.rpush(keys[5], "x")
+        with pytest.raises(CorruptRecordError) as caught:
+            store.get_summary("s")
+        assert caught.value.key == keys[5]
+    finally:
+        client.close()
+        guard.close()
