@@ -158,6 +158,7 @@ def _connection_problem(
         return f"TLS handshake with {where} failed{shown}: is this a TLS port? {nothing}"
     if phase == "connect":
         tls_hint = " or finish the TLS handshake" if url is not None and url.tls else ""
+        handshake = "the connection or TLS handshake" if tls_hint else "the handshake"
         if timed_out and any(str(e).startswith("Timeout connecting") for e in chain):
             return (
                 f"could not connect to {where}{tls_hint} within {connect_s} (connect timeout; "
@@ -165,17 +166,17 @@ def _connection_problem(
             )
         if timed_out:
             return (
-                f"{where} accepted the connection but did not answer the handshake within "
+                f"{where} accepted the connection but did not answer {handshake} within "
                 f"{read_s} (read timeout; raise it with ?socket_timeout=...): is it a Redis "
                 f"server{_tls_question(url)}? {nothing}"
             )
         oserror = next((e for e in chain if isinstance(e, OSError) and e.strerror), None)
         if oserror is not None:
-            return f"could not connect to {where} ({oserror.strerror}); {nothing}"
+            return f"could not connect to {where}{tls_hint} ({oserror.strerror}); {nothing}"
         if isinstance(exc, RedisClusterException) and not isinstance(exc, RETRYABLE):
             return f"could not reach any node of {where}; {nothing}"
         return (
-            f"{where} closed the connection during the handshake ({type(exc).__name__}): "
+            f"{where} closed the connection during {handshake} ({type(exc).__name__}): "
             f"is it a Redis server{_tls_question(url)}? {nothing}"
         )
     if phase == "read":

@@ -3,8 +3,8 @@
 * ``silent``: accepts connections, reads everything, never answers.
 * ``closing``: accepts and closes at once.
 * ``handshake_then_silent`` / ``handshake_then_close``: answer redis-py's
-  connection handshake (``CLIENT SETINFO``, ``HELLO``, ``AUTH``, ``SELECT``,
-  ``PING``) with ``+OK``, then go silent / close on the first real command:
+  connection handshake (``HELLO`` with a RESP3 map; ``CLIENT SETINFO``,
+  ``AUTH``, ``SELECT``, ``PING`` with ``+OK``), then go silent / close on the first real command:
   a connection that was made and is then stalled or lost mid-operation.
 * ``backlog_full``: listens but never accepts, with its accept queue filled,
   so new connections are never established (a connect timeout).
@@ -99,7 +99,9 @@ class FakeServer:
                 command, buffer = _take_command(buffer)
                 if command is None:
                     break
-                if command.upper() in HANDSHAKE:
+                if command.upper() == b"HELLO":  # a RESP3 map, as a Redis 7 server answers
+                    conn.sendall(b"%1\r\n$5\r\nproto\r\n:3\r\n")
+                elif command.upper() in HANDSHAKE:
                     conn.sendall(b"+OK\r\n")
                 elif self.behaviour == "handshake_then_close":
                     conn.close()
