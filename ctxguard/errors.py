@@ -26,6 +26,10 @@ Each error's message says what was wrong and what to do about it.
 
 from __future__ import annotations
 
+from typing import Literal
+
+ConnectionPhase = Literal["connect", "tls", "read", "lost"]
+
 
 class CtxGuardError(Exception):
     """Root of every error raised by ctxguard."""
@@ -52,7 +56,24 @@ class StoreError(CtxGuardError):
 
 
 class StoreConnectionError(StoreError):
-    """The store could not be reached, or the connection was lost mid-operation."""
+    """The store could not be reached, or the connection was lost mid-operation.
+
+    ``phase`` says where: ``"connect"`` (no connection, or the server did not
+    complete the connection handshake) and ``"tls"`` (the TLS handshake
+    failed) mean the operation was never sent, so anything is safe to retry
+    (``never_reached``); ``"read"`` (no reply within the read timeout) and
+    ``"lost"`` (the connection dropped mid-operation) mean it may have run.
+    ``None`` when not known.
+    """
+
+    def __init__(self, message: str, *, phase: ConnectionPhase | None = None) -> None:
+        super().__init__(message)
+        self.phase = phase
+
+    @property
+    def never_reached(self) -> bool:
+        """True when the operation was certainly not sent to the store."""
+        return self.phase in ("connect", "tls")
 
 
 class CorruptRecordError(StoreError):

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any, NoReturn, ParamSpec, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, quote_plus
 
 import click
 from click.core import ParameterSource
@@ -24,6 +24,7 @@ from rich.text import Text
 
 from ctxguard.errors import (
     BudgetError,
+    ConfigError,
     CorruptRecordError,
     CtxGuardError,
     InvalidInputError,
@@ -33,7 +34,7 @@ from ctxguard.errors import (
 )
 from ctxguard.stores import open_store
 from ctxguard.stores.base import SessionStore
-from ctxguard.stores.urls import redact_url
+from ctxguard.stores.urls import parse_store_url, redact_url
 
 URL_ENV = "CTXGUARD_URL"
 NAMESPACE_ENV = "CTXGUARD_NAMESPACE"
@@ -89,15 +90,27 @@ def exit_code_for(exc: CtxGuardError) -> int:
 
 
 def scrub(text: str, url: str | None) -> str:
-    """``text`` with the store password (if any) replaced, whatever printed it."""
+    """``text`` with the store URL and its password hidden, whatever printed it.
+
+    The library's messages are already built from the redacted URL; this is
+    the second lock. The password is taken from the parsed URL (as given and
+    percent-encoded), and when the URL does not parse, the text between
+    ``://`` and its last ``@`` (where a password would be) is hidden.
+    """
     if not url:
         return text
+    secrets: list[str] = []
     try:
-        password = urlsplit(url).password
-    except ValueError:
-        password = None
-    if password:
-        text = text.replace(password, "***")
+        parsed = parse_store_url(url)
+    except ConfigError:
+        head = url.partition("://")[2].rpartition("@")[0]
+        secrets += [head, head.partition(":")[2]]
+    else:
+        for value in (parsed.password, *(v for _, v in parsed.secret_options)):
+            if value:
+                secrets += [value, quote(value, safe=""), quote_plus(value, safe="")]
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        text = text.replace(secret, "***")
     return text.replace(url, redact_url(url))
 
 

@@ -40,7 +40,13 @@ class AsyncGuard(GuardBase):
     ) -> None:
         super().__init__(counter=counter, limit=limit, config=config, settings=settings)
         self.store: AsyncSessionStore = (
-            open_async_store(store, namespace=namespace, tenant=tenant)
+            open_async_store(
+                store,
+                namespace=namespace,
+                tenant=tenant,
+                connect_timeout=self.config.connect_timeout,
+                read_timeout=self.config.read_timeout,
+            )
             if isinstance(store, str)
             else store
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -37,6 +38,10 @@ class GuardConfig:
     ``summarize_after`` is how many dropped, not-yet-summarized messages
     trigger the summarizer; ``oversized`` decides what happens to a single
     message over ``max_message_tokens``.
+
+    ``connect_timeout`` and ``read_timeout`` (seconds) bound every call to a
+    store the guard opens from a URL; ``None`` keeps the URL's
+    ``socket_connect_timeout`` / ``socket_timeout`` or the defaults (5 s, 10 s).
     """
 
     max_tokens: int = 1024
@@ -57,6 +62,8 @@ class GuardConfig:
     audit_mode: Literal["sync", "with_reply"] = "sync"
     window_cache_size: int = 1024
     window_cache_bytes: int = 64 << 20
+    connect_timeout: float | None = None
+    read_timeout: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -87,6 +94,8 @@ class GuardConfig:
             raise ConfigError(f"audit_mode must be 'sync' or 'with_reply', got {self.audit_mode!r}")
         if self.summary_role not in ("system", "user"):
             raise ConfigError(f"summary_role must be 'system' or 'user', got {self.summary_role!r}")
+        for name in ("connect_timeout", "read_timeout"):
+            _seconds_or_none(name, getattr(self, name))
         if self.summary_timeout <= 0 or self.summary_max_tokens <= 0:
             raise ConfigError("summary_timeout and summary_max_tokens must be positive")
 
@@ -108,6 +117,18 @@ def is_async_callable(fn: object) -> bool:
 def _non_negative(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ConfigError(f"{name} must be a non-negative int, got {value!r}")
+
+
+def _seconds_or_none(name: str, value: object) -> None:
+    if value is None:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(f"{name} must be a positive number of seconds or None, got {value!r}")
 
 
 def _name_of(fn: object) -> str | None:

@@ -50,7 +50,13 @@ class Guard(GuardBase):
     ) -> None:
         super().__init__(counter=counter, limit=limit, config=config, settings=settings)
         self.store: SessionStore = (
-            open_store(store, namespace=namespace, tenant=tenant)
+            open_store(
+                store,
+                namespace=namespace,
+                tenant=tenant,
+                connect_timeout=self.config.connect_timeout,
+                read_timeout=self.config.read_timeout,
+            )
             if isinstance(store, str)
             else store
         )

@@ -15,11 +15,11 @@ import re
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from ctxguard.errors import ConfigError
+from ctxguard.stores.urls import redact_url
 
 Response = tuple[int, str]
 Probe = Generator[str, Response, "ServerInfo"]
@@ -65,10 +65,8 @@ class ServerInfo:
 
 def redact(url: str) -> str:
     """Drop user:password and the query string, which may hold keys, before showing a URL."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+    scheme, sep, rest = redact_url(url).partition("?")[0].partition("://")
+    return f"{scheme}{sep}{rest.rpartition('@')[2]}".rstrip("/")
 
 
 def probe(base_url: str, model: str | None = None) -> Probe:

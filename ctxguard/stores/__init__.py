@@ -10,6 +10,10 @@ URL                                    store
 
 ``?namespace=app&tenant=acme`` (or the keyword arguments) isolate apps and
 tenants sharing one server. The same URL opens the sync and the async store.
+
+Every Redis connection has a connect timeout (5 s) and a read timeout (10 s):
+``?socket_connect_timeout=2&socket_timeout=30`` in the URL, or the
+``connect_timeout`` / ``read_timeout`` keyword arguments (which win), change them.
 """
 
 from __future__ import annotations
@@ -46,19 +50,33 @@ def _memory_store(name: str, namespace: str, tenant: str) -> MemoryStore:
         return _memory[key]
 
 
-def _parsed(url: str, namespace: str | None, tenant: str | None) -> StoreURL:
+def _parsed(
+    url: str,
+    namespace: str | None,
+    tenant: str | None,
+    connect_timeout: float | None,
+    read_timeout: float | None,
+) -> StoreURL:
     """The URL parsed, its namespace and tenant checked (they become key prefixes)."""
-    parsed = parse_store_url(url, namespace, tenant)
+    parsed = parse_store_url(
+        url, namespace, tenant, connect_timeout=connect_timeout, read_timeout=read_timeout
+    )
     validate_name(parsed.namespace, "namespace")
     validate_name(parsed.tenant, "tenant")
     return parsed
 
 
 def open_store(
-    url: str = "memory://", *, namespace: str | None = None, tenant: str | None = None, **kw: Any
+    url: str = "memory://",
+    *,
+    namespace: str | None = None,
+    tenant: str | None = None,
+    connect_timeout: float | None = None,
+    read_timeout: float | None = None,
+    **kw: Any,
 ) -> SessionStore:
     """Open a synchronous store for ``url`` (see the module docstring for the table)."""
-    parsed = _parsed(url, namespace, tenant)
+    parsed = _parsed(url, namespace, tenant, connect_timeout, read_timeout)
     if parsed.scheme == "memory":
         return _memory_store(parsed.name, parsed.namespace, parsed.tenant)
     from ctxguard.stores.redis import RedisStore
@@ -67,10 +85,16 @@ def open_store(
 
 
 def open_async_store(
-    url: str = "memory://", *, namespace: str | None = None, tenant: str | None = None, **kw: Any
+    url: str = "memory://",
+    *,
+    namespace: str | None = None,
+    tenant: str | None = None,
+    connect_timeout: float | None = None,
+    read_timeout: float | None = None,
+    **kw: Any,
 ) -> AsyncSessionStore:
     """Open an asynchronous store for ``url``; same table as :func:`open_store`."""
-    parsed = _parsed(url, namespace, tenant)
+    parsed = _parsed(url, namespace, tenant, connect_timeout, read_timeout)
     if parsed.scheme == "memory":
         return AsyncMemoryStore(sync=_memory_store(parsed.name, parsed.namespace, parsed.tenant))
     from ctxguard.stores.redis import AsyncRedisStore

@@ -34,6 +34,7 @@ So at the guard level ``prepare``, ``complete`` (with or without usage),
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from ctxguard.errors import ConfigError, StoreConnectionError, StoreError
+from ctxguard.errors import ConfigError, ConnectionPhase, StoreConnectionError, StoreError
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
@@ -94,18 +95,130 @@ class RetryPolicy:
             delay = min(delay * 2, self.max_delay)
 
 
-def _wrap(exc: RedisError | RedisClusterException, what: str, where: str) -> StoreError:
+def _wrap(
+    exc: RedisError | RedisClusterException, what: str, where: str, url: StoreURL | None = None
+) -> StoreError:
     # RedisClusterException is redis-py's "no node of the cluster can be reached".
+    # redis-py's texts for these errors hold host:port at most (never the URL),
+    # but the messages below are ctxguard's own: they never quote the backend.
     if isinstance(exc, AuthenticationError):
         return StoreConnectionError(
             f"{what} failed: {where} refused the credentials ({type(exc).__name__}); "
-            "check the user name and password in the store URL"
+            "check the user name and password in the store URL",
+            phase="connect",
         )
     if isinstance(exc, (*RETRYABLE, RedisClusterException)):
+        phase = _phase(exc)
         return StoreConnectionError(
-            f"{what} failed: lost the connection to {where} ({type(exc).__name__})"
+            f"{what} failed: {_connection_problem(exc, phase, where, url)}", phase=phase
         )
     return StoreError(f"{what} failed on {where}: {type(exc).__name__}: {exc}")
+
+
+# redis-py runs these while it opens a connection (TCP, TLS, AUTH/HELLO/SELECT):
+# an error raised inside them means our command was never sent.
+_CONNECT_FRAMES = frozenset({"connect_check_health", "on_connect_check_health", "_connect"})
+_TLS_FRAMES = frozenset({"_wrap_socket_with_ssl", "do_handshake", "wrap_socket"})
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    item: BaseException | None = exc
+    while item is not None and item not in seen:
+        seen.append(item)
+        item = item.__cause__ or item.__context__
+    return seen
+
+
+def _frames(chain: list[BaseException]) -> set[str]:
+    names: set[str] = set()
+    for item in chain:
+        tb = item.__traceback__
+        while tb is not None:
+            names.add(tb.tb_frame.f_code.co_name)
+            tb = tb.tb_next
+    return names
+
+
+def _phase(exc: RedisError | RedisClusterException) -> ConnectionPhase:
+    """Where the connection failed: see :class:`~ctxguard.errors.StoreConnectionError`."""
+    chain = _chain(exc)
+    frames = _frames(chain)
+    if any(isinstance(e, ssl.SSLError) for e in chain) or frames & _TLS_FRAMES:
+        return "tls"
+    if frames & _CONNECT_FRAMES:
+        return "connect"
+    if isinstance(exc, RedisClusterException) and not isinstance(exc, RETRYABLE):
+        return "connect"  # the cluster client could reach no startup node
+    if isinstance(exc, redis.TimeoutError):
+        return "read"
+    return "lost"
+
+
+def _connection_problem(
+    exc: RedisError | RedisClusterException,
+    phase: ConnectionPhase,
+    where: str,
+    url: StoreURL | None,
+) -> str:
+    connect_s = f"{url.connect_timeout:g} s" if url else "the connect timeout"
+    read_s = f"{url.read_timeout:g} s" if url else "the read timeout"
+    chain = _chain(exc)
+    timed_out = any(isinstance(e, (redis.TimeoutError, TimeoutError)) for e in chain)
+    nothing = "nothing was sent, safe to retry"
+    if phase == "tls":
+        bad_cert = next((e for e in chain if isinstance(e, ssl.SSLCertVerificationError)), None)
+        if bad_cert is not None:
+            return (
+                f"TLS handshake with {where} failed: the server's certificate was not accepted "
+                f"({bad_cert.verify_message}); set ssl_ca_certs in the URL; {nothing}"
+            )
+        if timed_out:
+            return (
+                f"TLS handshake with {where} got no answer within {read_s}: is this a TLS port? "
+                f"{nothing}"
+            )
+        reason = next((e.reason for e in chain if isinstance(e, ssl.SSLError) and e.reason), "")
+        shown = f" ({reason})" if reason else ""
+        return f"TLS handshake with {where} failed{shown}: is this a TLS port? {nothing}"
+    if phase == "connect":
+        tls_hint = " or finish the TLS handshake" if url is not None and url.tls else ""
+        handshake = "the connection or TLS handshake" if tls_hint else "the handshake"
+        if timed_out and any(str(e).startswith("Timeout connecting") for e in chain):
+            return (
+                f"could not connect to {where}{tls_hint} within {connect_s} (connect timeout; "
+                f"raise it with ?socket_connect_timeout=...); {nothing}"
+            )
+        if timed_out:
+            return (
+                f"{where} accepted the connection but did not answer {handshake} within "
+                f"{read_s} (read timeout; raise it with ?socket_timeout=...): is it a Redis "
+                f"server{_tls_question(url)}? {nothing}"
+            )
+        oserror = next((e for e in chain if isinstance(e, OSError) and e.strerror), None)
+        if oserror is not None:
+            return f"could not connect to {where}{tls_hint} ({oserror.strerror}); {nothing}"
+        if isinstance(exc, RedisClusterException) and not isinstance(exc, RETRYABLE):
+            return f"could not reach any node of {where}; {nothing}"
+        return (
+            f"{where} closed the connection during {handshake} ({type(exc).__name__}): "
+            f"is it a Redis server{_tls_question(url)}? {nothing}"
+        )
+    if phase == "read":
+        return (
+            f"no reply from {where} within {read_s} (read timeout; raise it with "
+            "?socket_timeout=...); the operation may or may not have run"
+        )
+    return (
+        f"lost the connection to {where} ({type(exc).__name__}); "
+        "the operation may or may not have run"
+    )
+
+
+def _tls_question(url: StoreURL | None) -> str:
+    if url is None:
+        return ""
+    return ", and is this a TLS port" if url.tls else " (a TLS port needs rediss://)"
 
 
 def _as_fetch(result: WindowFetch | WindowHit) -> WindowFetch:
@@ -116,7 +229,8 @@ def _as_fetch(result: WindowFetch | WindowHit) -> WindowFetch:
 
 
 def _client_kwargs(url: StoreURL) -> dict[str, Any]:
-    return {"retry": Retry(NoBackoff(), 0), "decode_responses": False}
+    """Credentials and timeouts go as arguments: the URL redis-py parses holds neither."""
+    return {"retry": Retry(NoBackoff(), 0), "decode_responses": False, **url.client_kwargs()}
 
 
 class _Base:
@@ -126,6 +240,12 @@ class _Base:
         self.retry_policy = retry or RetryPolicy()
         self.where = url.redacted
 
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.where!r}, namespace={self.namespace!r}, "
+            f"tenant={self.tenant!r})"
+        )
+
     def _error(
         self, exc: RedisError | RedisClusterException, what: str, keys: Sequence[str]
     ) -> StoreError:
@@ -134,7 +254,7 @@ class _Base:
             corrupt = self.protocol.corrupt_error(str(exc), keys)
             if corrupt is not None:
                 return corrupt
-        return _wrap(exc, what, self.where)
+        return _wrap(exc, what, self.where, self.url)
 
     @property
     def namespace(self) -> str:
@@ -158,15 +278,17 @@ class RedisStore(_Base):
 
     def _io(self, what: str, fn: Callable[[], T], idempotent: bool, keys: Sequence[str] = ()) -> T:
         delays = self.retry_policy.delays() if idempotent else iter(())
+        sent: RedisError | None = None  # the last attempt that may have run, if any
         while True:
             try:
                 return fn()
             except AuthenticationError as exc:
-                raise _wrap(exc, what, self.where) from exc
+                raise _wrap(exc, what, self.where, self.url) from exc
             except RETRYABLE as exc:
+                sent = exc if _phase(exc) in ("read", "lost") else sent
                 delay = next(delays, None)
-                if delay is None:
-                    raise _wrap(exc, what, self.where) from exc
+                if delay is None:  # report an attempt that may have run over a later refusal
+                    raise _wrap(sent or exc, what, self.where, self.url) from exc
                 time.sleep(delay)
             except (RedisError, RedisClusterException) as exc:
                 raise self._error(exc, what, keys) from exc
@@ -421,15 +543,17 @@ class AsyncRedisStore(_Base):
         keys: Sequence[str] = (),
     ) -> T:
         delays = self.retry_policy.delays() if idempotent else iter(())
+        sent: RedisError | None = None  # the last attempt that may have run, if any
         while True:
             try:
                 return await fn()
             except AuthenticationError as exc:
-                raise _wrap(exc, what, self.where) from exc
+                raise _wrap(exc, what, self.where, self.url) from exc
             except RETRYABLE as exc:
+                sent = exc if _phase(exc) in ("read", "lost") else sent
                 delay = next(delays, None)
-                if delay is None:
-                    raise _wrap(exc, what, self.where) from exc
+                if delay is None:  # report an attempt that may have run over a later refusal
+                    raise _wrap(sent or exc, what, self.where, self.url) from exc
                 await asyncio.sleep(delay)
             except (RedisError, RedisClusterException) as exc:
                 raise self._error(exc, what, keys) from exc
@@ -691,17 +815,11 @@ _CLUSTER_KWARGS = (
     "ssl_certfile",
     "ssl_keyfile",
     "ssl_check_hostname",
+    "ssl_min_version",
+    "ssl_ciphers",
+    "socket_keepalive",
+    "max_connections",
 )
-
-
-def _cluster_url(url: StoreURL) -> str:
-    host, port = url.hosts[0]
-    scheme = "rediss" if url.scheme.startswith("rediss") else "redis"
-    rest = url.backend_url.split("://", 1)[1]
-    auth = rest.split("?", 1)[0].rsplit("@", 1)
-    creds = auth[0] + "@" if len(auth) == 2 else ""
-    query = "?" + rest.split("?", 1)[1] if "?" in rest else ""
-    return f"{scheme}://{creds}{host}:{port}{query}"
 
 
 def _cluster_kwargs(url: StoreURL) -> dict[str, Any]:
@@ -713,14 +831,21 @@ def _cluster_kwargs(url: StoreURL) -> dict[str, Any]:
     its view of the topology before raising, and :class:`RetryPolicy` repeats
     what is safe to repeat.
     """
-    try:
-        base = redis.Redis.from_url(_cluster_url(url))
+    unsupported = [k for k, _ in (*url.options, *url.secret_options) if k not in _CLUSTER_KWARGS]
+    if unsupported:
+        raise ConfigError(
+            f"{', '.join(unsupported)} cannot be set on a cluster URL; it takes "
+            + ", ".join(_CLUSTER_KWARGS)
+        )
+    try:  # the URL redis-py parses holds no credentials: its message shows no secret
+        base = redis.Redis.from_url(url.redis_url())
     except ValueError as exc:  # a query parameter redis-py cannot parse
         raise ConfigError(f"bad cluster URL {url.redacted}: {exc}") from None
     given = base.connection_pool.connection_kwargs
     base.close()
     kwargs = {k: given[k] for k in _CLUSTER_KWARGS if k in given}
-    kwargs["ssl"] = url.scheme.startswith("rediss")
+    kwargs.update(url.client_kwargs())
+    kwargs["ssl"] = url.tls
     kwargs["retry"] = Retry(NoBackoff(), 0)
     return kwargs
 
@@ -734,7 +859,7 @@ def _sync_client(url: StoreURL) -> Any:
         try:  # the sync cluster client connects here, to learn the topology
             return RedisCluster(startup_nodes=nodes, **kwargs)
         except (RedisError, RedisClusterException) as exc:
-            raise _wrap(exc, "connect", url.redacted) from exc
+            raise _wrap(exc, "connect", url.redacted, url) from exc
     return _from_url(redis.Redis, url)
 
 
@@ -748,7 +873,7 @@ def _async_client(url: StoreURL) -> Any:
 
 
 def _from_url(cls: Any, url: StoreURL) -> Any:
-    try:
-        return cls.from_url(url.backend_url, **_client_kwargs(url))
+    try:  # the URL redis-py parses holds no credentials: its message shows no secret
+        return cls.from_url(url.redis_url(), **_client_kwargs(url))
     except ValueError as exc:  # a query parameter redis-py cannot parse
         raise ConfigError(f"bad store URL {url.redacted}: {exc}") from None

@@ -3,6 +3,12 @@
 Acknowledged messages survive a restart (append-only file, fsync always),
 the same store object reconnects, and a stalled server gives a typed
 StoreConnectionError within the socket timeout, then the store recovers.
+
+Nothing hangs: servers that accept and never answer, accept and close, answer
+the handshake and then stall or drop, never accept, or speak plain TCP to a
+``rediss://`` client give a StoreConnectionError that says which (connect,
+TLS, read, lost) from every entry point (Guard, AsyncGuard, the store, the
+CLI), bounded by the timeouts, which are on by default.
 """
 
 from __future__ import annotations
@@ -11,13 +17,20 @@ import asyncio
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
-from ctxguard.errors import StoreConnectionError
+from ctxguard.cli import cli
+from ctxguard.errors import ConfigError, StoreConnectionError
+from ctxguard.guard import AsyncGuard, Guard, GuardConfig
 from ctxguard.stores import WriteOptions, open_async_store, open_store
 from ctxguard.stores.redis import RetryPolicy
+from ctxguard.stores.urls import parse_store_url
 
+from .fake_servers import Behaviour, FakeServer, fake_server
 from .helpers import RecordingPolicy, append_until_stored, assert_once_in_order, new
 from .servers import RedisServer
 
@@ -96,10 +109,10 @@ def test_stalled_server_times_out_typed_then_recovers(private_redis: RedisServer
     store.append("s", [new("before", id="before")], OPTS)
 
     sleeper = _sleep_server(private_redis, 1.5)
-    started = time.monotonic()
-    with pytest.raises(StoreConnectionError, match="lost the connection"):
+    with pytest.raises(StoreConnectionError, match=r"no reply from .* within 0.25 s") as info:
         store.append("s", [new("during", id="during")], OPTS)
-    assert time.monotonic() - started < 1.2  # bounded by the timeout, not the stall
+    # the first attempt was sent: a later refused reconnect must not hide that
+    assert info.value.phase == "read" and not info.value.never_reached
     sleeper.join(10)
 
     # The timed-out append may have run once the server woke up; resending the
@@ -143,3 +156,189 @@ async def test_async_stalled_server_times_out_typed_then_recovers(
 
     assert [m.message.id for m in await store.read("s")] == ["before"]
     await store.close()
+
+
+# -- nothing hangs -------------------------------------------------------------
+
+FAST = "socket_timeout=0.3&socket_connect_timeout=0.3"
+USER = {"role": "user", "content": "hello"}
+# behaviour -> (phase, words the message must hold)
+EXPECTED: dict[Behaviour, tuple[set[str], str]] = {
+    "silent": ({"connect"}, "did not answer the handshake within 0.3 s (read timeout"),
+    "closing": ({"connect"}, "nothing was sent, safe to retry"),
+    "handshake_then_silent": ({"read"}, "no reply from"),
+    "handshake_then_close": ({"lost"}, "lost the connection to"),
+    "backlog_full": ({"connect"}, "within 0.3 s (connect timeout"),
+}
+
+
+def _sync_guard_prepare(url: str) -> None:
+    guard = Guard(url, counter="approx", limit=1000, max_tokens=10)
+    try:
+        guard.prepare("s", [USER])
+    finally:
+        guard.close()
+
+
+def _sync_guard_complete(url: str) -> None:
+    guard = Guard(url, counter="approx", limit=1000, max_tokens=10)
+    try:
+        guard.complete("s", {"role": "assistant", "content": "hi"})
+    finally:
+        guard.close()
+
+
+def _store_read(url: str) -> None:
+    store = open_store(url)
+    try:
+        store.read("s")
+    finally:
+        store.close()
+
+
+def _async_guard_prepare(url: str) -> None:
+    async def run() -> None:
+        guard = AsyncGuard(url, counter="approx", limit=1000, max_tokens=10)
+        try:
+            await guard.prepare("s", [USER])
+        finally:
+            await guard.aclose()
+
+    asyncio.run(run())
+
+
+ENTRY_POINTS: dict[str, Callable[[str], None]] = {
+    "Guard.prepare": _sync_guard_prepare,
+    "Guard.complete": _sync_guard_complete,
+    "store.read": _store_read,
+    "AsyncGuard.prepare": _async_guard_prepare,
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("behaviour", list(EXPECTED))
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_a_misbehaving_server_gives_a_typed_error_saying_which(
+    behaviour: Behaviour, entry: str
+) -> None:
+    phases, words = EXPECTED[behaviour]
+    with fake_server(behaviour) as server:
+        url = f"{server.url}?{FAST}"
+        with pytest.raises(StoreConnectionError) as info:
+            ENTRY_POINTS[entry](url)
+    assert info.value.phase in phases, str(info.value)
+    assert words in str(info.value)
+    assert info.value.never_reached == (info.value.phase == "connect")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("behaviour", list(EXPECTED))
+@pytest.mark.parametrize("how", ["--url", "env"])
+def test_cli_sessions_against_a_misbehaving_server_exits_3(behaviour: Behaviour, how: str) -> None:
+    with fake_server(behaviour) as server:
+        url = f"{server.url}?{FAST}"
+        args, env = (["--url", url], {}) if how == "--url" else ([], {"CTXGUARD_URL": url})
+        result = CliRunner().invoke(cli, ["sessions", *args], env=env)
+    assert result.exit_code == 3, result.output
+    assert "StoreConnectionError" in result.output and EXPECTED[behaviour][1] in result.output
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("behaviour", ["silent", "closing", "handshake_then_close"])
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_rediss_to_a_plain_port_is_a_tls_error(behaviour: Behaviour, entry: str) -> None:
+    with fake_server(behaviour) as server:
+        url = f"rediss://127.0.0.1:{server.port}/0?{FAST}"
+        with pytest.raises(StoreConnectionError) as info:
+            ENTRY_POINTS[entry](url)
+    text = str(info.value)
+    assert info.value.never_reached, text
+    # asyncio cannot tell a TLS handshake timeout from a TCP one: it says both
+    assert "TLS handshake" in text
+    if info.value.phase == "tls":
+        assert "is this a TLS port?" in text
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_rediss_to_a_real_plain_redis_port(private_redis: RedisServer, entry: str) -> None:
+    url = f"rediss://127.0.0.1:{private_redis.port}/0?{FAST}"
+    with pytest.raises(StoreConnectionError) as info:
+        ENTRY_POINTS[entry](url)
+    assert info.value.never_reached
+    assert "TLS handshake" in str(info.value)
+
+
+@pytest.mark.timeout(60)
+def test_cli_rediss_to_a_plain_redis_port(private_redis: RedisServer) -> None:
+    url = f"rediss://127.0.0.1:{private_redis.port}/0?{FAST}"
+    result = CliRunner().invoke(cli, ["sessions", "--url", url])
+    assert result.exit_code == 3 and "TLS handshake" in result.output, result.output
+
+
+def _timeouts(client: Any) -> tuple[float, float]:
+    pool = getattr(client, "connection_pool", None)
+    kwargs = pool.connection_kwargs if pool is not None else client.connection_kwargs
+    return kwargs["socket_connect_timeout"], kwargs["socket_timeout"]
+
+
+def test_every_client_has_timeouts_by_default(cluster_url: str) -> None:
+    plain = "redis://127.0.0.1:1/0"
+    assert _timeouts(open_store(plain).client) == (5.0, 10.0)  # type: ignore[attr-defined]
+    assert _timeouts(open_async_store(plain).client) == (5.0, 10.0)  # type: ignore[attr-defined]
+    async_cluster = open_async_store(cluster_url).client  # type: ignore[attr-defined]
+    assert _timeouts(async_cluster) == (5.0, 10.0)
+    cluster = open_store(cluster_url)
+    for node in cluster.client.get_nodes():  # type: ignore[attr-defined]
+        assert _timeouts(node.redis_connection) == (5.0, 10.0)
+    cluster.close()
+
+
+def test_timeouts_come_from_the_url_or_the_guard(cluster_url: str) -> None:
+    url = "redis://127.0.0.1:1/0?socket_timeout=2.5&socket_connect_timeout=1.5"
+    assert _timeouts(open_store(url).client) == (1.5, 2.5)  # type: ignore[attr-defined]
+    guard = Guard(url, counter="approx", limit=100, read_timeout=7, connect_timeout=3)
+    assert _timeouts(guard.store.client) == (3.0, 7.0)  # type: ignore[attr-defined]
+    aguard = AsyncGuard(url, counter="approx", limit=100, read_timeout=4)
+    assert _timeouts(aguard.store.client) == (1.5, 4.0)  # type: ignore[attr-defined]
+    cluster = open_store(cluster_url + "?socket_timeout=3", connect_timeout=2)
+    for node in cluster.client.get_nodes():  # type: ignore[attr-defined]
+        assert _timeouts(node.redis_connection) == (2.0, 3.0)
+    cluster.close()
+    assert _timeouts(open_async_store(cluster_url, read_timeout=6).client) == (5.0, 6.0)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), "5", True])
+def test_bad_timeouts_are_config_errors(value: object) -> None:
+    with pytest.raises(ConfigError, match="positive number of seconds"):
+        GuardConfig(read_timeout=value)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="positive number of seconds"):
+        Guard("memory://", counter="approx", limit=100, connect_timeout=value)
+    with pytest.raises(ConfigError, match="positive number of seconds"):
+        open_store("redis://h:1/0", read_timeout=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["socket_timeout=0", "socket_timeout=abc", "socket_connect_timeout=-1", "socket_timeout=nan"],
+)
+def test_bad_timeouts_in_the_url_are_config_errors(query: str) -> None:
+    with pytest.raises(ConfigError, match="positive number of seconds"):
+        parse_store_url(f"redis://h:1/0?{query}")
+    with pytest.raises(ConfigError, match="positive number of seconds"):
+        parse_store_url(f"redis+cluster://h:1,h:2?{query}")
+
+
+def test_a_fake_server_is_what_it_says() -> None:
+    """The fixtures themselves: the backlog server really never completes a connect."""
+    server = FakeServer("backlog_full").start()
+    try:
+        import socket
+
+        probe = socket.socket()
+        probe.settimeout(0.3)
+        with pytest.raises(OSError):
+            probe.connect(("127.0.0.1", server.port))
+        probe.close()
+    finally:
+        server.stop()

@@ -128,3 +128,103 @@ async def test_async_cluster_connection_error_is_typed_and_hides_the_password() 
         await store.info("s")
     assert SECRET not in _everything_printed(caught.value)
     await store.close()
+
+
+# -- issue 12: passwords with URL characters, ?password=, positional parse errors ------
+
+
+@pytest.mark.parametrize(
+    ("url", "secret"),
+    [
+        ("redis://127.0.0.1:6379/0?password=MyS3cretPass", "MyS3cretPass"),
+        ("redis://127.0.0.1:6379/0?username=u&password=MyS3cretPass", "MyS3cretPass"),
+        ("redis://:Ab:MyS3cret/x@127.0.0.1:6379/0", "MyS3cret"),
+        ("redis://:LongSecretPart#x@127.0.0.1:6379/0", "LongSecretPart"),
+        ("redis://admin:LongSecretPart?x@127.0.0.1:6379/0", "LongSecretPart"),
+        ("redis+cluster://:QxJ7w@Kv3Y:pNa8/9zRt@127.0.0.1:7000", "Kv3Y"),
+        ("redis+cluster://:QxJ7w@Kv3Y:pNa8/9zRt@127.0.0.1:7000", "pNa8"),
+        ("redis+cluster://:Sec9Pw@127.0.0.1:7000,:Sec9Pw@127.0.0.1:7001", "Sec9Pw"),
+        ("rediss://:p%40ss%2FSecWord@127.0.0.1:1/0", "SecWord"),
+        ("redis://127.0.0.1:1/0?ssl_password=CertSecret", "CertSecret"),
+    ],
+)
+def test_the_reported_urls_parse_and_print_redacted(url: str, secret: str) -> None:
+    parsed = parse_store_url(url)
+    for text in (str(parsed), repr(parsed), parsed.redacted, redact_url(url)):
+        assert secret not in text and "***" in text
+    assert parsed.password is not None or parsed.secret_options
+    assert secret in parsed.backend_url  # the client still gets it
+
+
+def test_raw_passwords_with_url_characters_reach_the_client_whole() -> None:
+    assert parse_store_url("redis://:Ab:MyS3cret/x@h:6379/0").password == "Ab:MyS3cret/x"
+    cluster = parse_store_url("redis+cluster://:QxJ7w@Kv3Y:pNa8/9zRt@host:7000")
+    assert (cluster.password, cluster.hosts) == ("QxJ7w@Kv3Y:pNa8/9zRt", (("host", 7000),))
+    query = parse_store_url("redis://h:1/0?username=u&password=a%26b%3Dc")
+    assert (query.username, query.password) == ("u", "a&b=c")
+    per_node = parse_store_url("redis+cluster://u:pw@a:1,u:pw@b:2")
+    assert (per_node.username, per_node.password, per_node.hosts) == (
+        "u",
+        "pw",
+        (("a", 1), ("b", 2)),
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis://:Ab:MyS3cret@127.0.0.1:notaport/0", "the port of the store URL is not a number"),
+        ("redis://h:0/0", "out of range"),
+        ("redis://h:65536/0", "out of range"),
+        ("redis://:MyS3cret@/0", "has no host"),
+        ("redis://h:1/MyS3cret", "not a database number"),
+        ("redis+cluster://:MyS3cret@h1:1,MyS3cret", "node 2 of the cluster URL has no port"),
+        ("redis+cluster://h1:1,h2:MyS3cret", "the port of node 2 of the cluster URL"),
+        ("redis+cluster://u:MyS3cret@h1:1,u:Other@h2:2", "different credentials"),
+        ("redis://h:1/0?MyS3cret=1", "query parameter 1 of the store URL"),
+        ("redis://h:1/0?password=x&MyS3cret", "query parameter 2 of the store URL"),
+        ("MyS3cret:x@h://1", "unknown store scheme in the store URL"),
+        ("redis+cluster://h:1/2", "database 0 only"),
+    ],
+)
+def test_parse_errors_name_the_part_never_the_text(url: str, says: str) -> None:
+    for opener in (open_store, open_async_store, parse_store_url):
+        with pytest.raises(ConfigError) as caught:
+            opener(url)
+        assert says in str(caught.value)
+        assert "MyS3cret" not in _everything_printed(caught.value)
+
+
+def test_redis_py_never_sees_the_credentials_in_a_url() -> None:
+    """What redis-py parses holds no secret, so none of its messages can show one."""
+    parsed = parse_store_url("redis://admin:Pw@h:1/3?password=Q&socket_timeout=2&client_name=c")
+    assert parsed.redis_url() == "redis://h:1/3?client_name=c"
+    assert parsed.client_kwargs() == {
+        "socket_connect_timeout": 5.0,
+        "socket_timeout": 2.0,
+        "username": "admin",
+        "password": "Pw",
+    }
+
+
+def test_store_and_url_reprs_are_redacted() -> None:
+    store = RedisStore(parse_store_url(CLOSED), retry=FAST)
+    assert repr(store) == (
+        "RedisStore('redis://user:***@127.0.0.1:1/0', namespace='ctxg', tenant='default')"
+    )
+    assert repr(store.url) == (
+        "StoreURL('redis://user:***@127.0.0.1:1/0', namespace='ctxg', tenant='default')"
+    )
+    store.close()
+
+
+def test_cluster_urls_refuse_options_the_cluster_client_lacks() -> None:
+    with pytest.raises(ConfigError, match="ssl_ca_path cannot be set on a cluster URL"):
+        open_async_store("redis+cluster://127.0.0.1:1,127.0.0.1:2?ssl_ca_path=/x")
+
+
+def test_redact_url_of_other_urls() -> None:
+    assert redact_url("http://u:p@w@host:8000/v1?api_key=K&x=1") == (
+        "http://***@host:8000/v1?api_key=***&x=1"
+    )
+    assert redact_url("not a url") == "<not a URL>"

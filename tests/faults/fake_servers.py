@@ -1,0 +1,154 @@
+"""TCP servers on 127.0.0.1 that misbehave in one way each, for timeout tests.
+
+* ``silent``: accepts connections, reads everything, never answers.
+* ``closing``: accepts and closes at once.
+* ``handshake_then_silent`` / ``handshake_then_close``: answer redis-py's
+  connection handshake (``HELLO`` with a RESP3 map; ``CLIENT SETINFO``,
+  ``AUTH``, ``SELECT``, ``PING`` with ``+OK``), then go silent / close on the first real command:
+  a connection that was made and is then stalled or lost mid-operation.
+* ``backlog_full``: listens but never accepts, with its accept queue filled,
+  so new connections are never established (a connect timeout).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Literal
+
+Behaviour = Literal[
+    "silent", "closing", "handshake_then_silent", "handshake_then_close", "backlog_full"
+]
+HANDSHAKE = {b"CLIENT", b"HELLO", b"AUTH", b"SELECT", b"PING"}
+
+
+class FakeServer:
+    def __init__(self, behaviour: Behaviour) -> None:
+        self.behaviour = behaviour
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = int(self.sock.getsockname()[1])
+        self._stop = threading.Event()
+        self._conns: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> FakeServer:
+        if self.behaviour == "backlog_full":
+            self.sock.listen(0)
+            self._fill_backlog()
+            return self
+        self.sock.listen(16)
+        self.sock.settimeout(0.05)
+        self._spawn(self._accept)
+        return self
+
+    def _fill_backlog(self) -> None:
+        """Connect (never accepted) until a connect does not complete: the queue is full."""
+        for _ in range(64):
+            probe = socket.socket()
+            probe.settimeout(0.3)
+            try:
+                probe.connect(("127.0.0.1", self.port))
+            except OSError:
+                probe.close()
+                return
+            self._conns.append(probe)  # holds a slot of the accept queue
+        raise RuntimeError("could not fill the accept queue")
+
+    def _spawn(self, target: object, *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
+        thread.start()
+        self._threads.append(thread)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self._conns.append(conn)
+            if self.behaviour == "closing":
+                conn.close()
+                continue
+            self._spawn(self._serve, conn)
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(0.05)
+        buffer = b""
+        while not self._stop.is_set():
+            try:
+                data = conn.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            if self.behaviour == "silent":
+                continue
+            buffer += data
+            while True:
+                command, buffer = _take_command(buffer)
+                if command is None:
+                    break
+                if command.upper() == b"HELLO":  # a RESP3 map, as a Redis 7 server answers
+                    conn.sendall(b"%1\r\n$5\r\nproto\r\n:3\r\n")
+                elif command.upper() in HANDSHAKE:
+                    conn.sendall(b"+OK\r\n")
+                elif self.behaviour == "handshake_then_close":
+                    conn.close()
+                    return
+                # handshake_then_silent: no answer from here on
+
+    def stop(self) -> None:
+        self._stop.set()
+        for conn in self._conns:
+            with suppress(OSError):
+                conn.close()
+        self.sock.close()
+        for thread in self._threads:
+            thread.join(2)
+
+
+def _take_command(buffer: bytes) -> tuple[bytes | None, bytes]:
+    """The first command name of a RESP array in ``buffer``, and what follows it."""
+    if not buffer.startswith(b"*"):
+        end = buffer.find(b"\r\n")  # an inline command
+        if end < 0:
+            return None, buffer
+        return (buffer[:end].split(b" ", 1)[0] or None), buffer[end + 2 :]
+    head_end = buffer.find(b"\r\n")
+    if head_end < 0:
+        return None, buffer
+    count = int(buffer[1:head_end])
+    pos = head_end + 2
+    name = None
+    for _ in range(count):
+        len_end = buffer.find(b"\r\n", pos)
+        if len_end < 0:
+            return None, buffer
+        length = int(buffer[pos + 1 : len_end])
+        start = len_end + 2
+        if len(buffer) < start + length + 2:
+            return None, buffer
+        if name is None:
+            name = buffer[start : start + length]
+        pos = start + length + 2
+    return name, buffer[pos:]
+
+
+@contextmanager
+def fake_server(behaviour: Behaviour) -> Iterator[FakeServer]:
+    server = FakeServer(behaviour).start()
+    try:
+        yield server
+    finally:
+        server.stop()
