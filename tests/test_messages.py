@@ -192,7 +192,7 @@ def test_validate_name_refuses(value: object) -> None:
 TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 BAD: list[tuple[Any, str]] = [
-    ({"role": "wizard", "content": "hi"}, "role must be one of"),
+    ({"role": "wizard", "content": "hi"}, "not a chat role; role must be one of system, developer"),
     ({"content": "hi"}, "role"),
     ({"role": "tool", "content": "42"}, "needs tool_call_id"),
     ({"role": "user", "content": "hi", "tool_call_id": "c1"}, "only allowed on tool"),
