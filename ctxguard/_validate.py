@@ -11,7 +11,7 @@ iteratively (no ``RecursionError``), to a depth of :data:`MAX_JSON_DEPTH`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ctxguard.errors import InvalidInputError, InvalidMessageError
@@ -117,7 +117,7 @@ def check_session_id(value: object) -> str:
     return validate_id(value, "session id")
 
 
-def check_message_batch(values: object, what: str = "new_messages") -> object:
+def check_message_batch(values: object, what: str = "new_messages") -> Iterable[Any]:
     """A batch of messages: any iterable of messages, but not one message or a string."""
     from ctxguard.messages import Message
 

@@ -287,7 +287,7 @@ def to_message(value: MessageLike) -> Message:
 def to_messages(values: Iterable[MessageLike], what: str = "messages") -> list[Message]:
     """Convert a batch, failing on the first bad message with its index."""
     out: list[Message] = []
-    for index, value in enumerate(check_message_batch(values, what)):  # type: ignore[call-overload]
+    for index, value in enumerate(check_message_batch(values, what)):
         try:
             out.append(to_message(value))
         except InvalidMessageError as exc:
