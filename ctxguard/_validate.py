@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ctxguard.errors import InvalidInputError, InvalidMessageError
+from ctxguard.errors import ConfigError, InvalidInputError, InvalidMessageError
 
 MAX_JSON_DEPTH = 64
 _JSON_TYPES = "str, int, float, bool, None, list or dict with str keys"
@@ -274,11 +274,9 @@ def check_new_messages(messages: object) -> None:
             )
         tokens = item.tokens
         if not isinstance(item.message, Message) or (
-            tokens is not None and (type(tokens) is not int or tokens < 0)
+            tokens is not None and type(tokens) is not int
         ):
-            raise InvalidInputError(
-                "a NewMessage needs a Message and a non-negative int (or None) token count"
-            )
+            raise InvalidInputError("a NewMessage needs a Message and an int (or None) token count")
 
 
 def check_options(options: object) -> None:
@@ -292,3 +290,91 @@ def check_options(options: object) -> None:
         value = getattr(options, name)
         if value is not None and (type(value) is not int or value < 0):
             raise InvalidInputError(f"WriteOptions.{name} must be a non-negative int or None")
+
+
+# -- constructors of limits --------------------------------------------------
+
+
+def check_arg_types(owner: str, **values: tuple[object, str]) -> None:
+    """``name=(value, kind)`` with kind "int", "number", "str" or "mapping"; a trailing
+    "?" allows None. Ranges are the constructor's own business; this makes them comparable."""
+    for name, (value, kind) in values.items():
+        optional = kind.endswith("?")
+        if optional and value is None:
+            continue
+        base = kind.rstrip("?")
+        if base == "int":
+            ok = type(value) is int
+        elif base == "number":
+            ok = type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
+        elif base == "str":
+            ok = type(value) is str
+        else:
+            ok = isinstance(value, Mapping)
+        if not ok:
+            expected = {"int": "an int", "number": "a number", "str": "a string"}.get(
+                base, "a dict"
+            )
+            none = " or None" if optional else ""
+            raise ConfigError(one_line(f"{owner}: {name} must be {expected}{none}, got {value!r}"))
+
+
+def check_store_args(
+    *,
+    new: object = (),
+    options: object = "unset",
+    write: object = None,
+    summary: object = None,
+    ints: Mapping[str, object] | None = None,
+    counts: object = None,
+    text: Mapping[str, object] | None = None,
+    record: object = None,
+) -> None:
+    """The store methods' own arguments (the session id is checked by the store)."""
+    from ctxguard.stores.base import RecordWrite, Summary
+
+    if new != ():
+        check_new_messages(new)
+    if options != "unset":
+        check_options(options)
+    if write is not None and type(write) is not RecordWrite:
+        raise InvalidInputError(f"write must be a RecordWrite or None, got {type_name(write)}")
+    if write is not None:
+        check_arg_types(
+            "RecordWrite",
+            counter=(write.counter, "str?"),
+            retention=(write.retention, "int"),
+            ttl=(write.ttl, "int"),
+        )
+        if write.counts:
+            check_counts(write.counts)
+        if write.audit is not None:
+            check_record(write.audit)
+    if summary is not None and not isinstance(summary, Summary):
+        raise InvalidInputError(f"summary must be a Summary, got {type_name(summary)}")
+    for name, value in (ints or {}).items():
+        if value is not None and type(value) is not int:
+            raise InvalidInputError(one_line(f"{name} must be an int, got {value!r}"))
+    for name, value in (text or {}).items():
+        if type(value) is not str:
+            raise InvalidInputError(f"{name} must be a string, got {type_name(value)}")
+    if counts is not None:
+        check_counts(counts)
+    if record is not None:
+        check_record(record)
+
+
+def check_counts(counts: object) -> None:
+    if not isinstance(counts, Mapping) or not all(
+        type(k) is int and type(n) is int for k, n in counts.items()
+    ):
+        raise InvalidInputError("counts must map message positions (int) to token counts (int)")
+
+
+def check_record(record: object) -> None:
+    """Only the shape: records are encoded with a ``str`` fallback, and the guard's own
+    records (one per turn) are not walked again."""
+    if not isinstance(record, Mapping) or not all(type(k) is str for k in record):
+        raise InvalidInputError(
+            f"an audit record must be a dict with string keys, got {type_name(record)}"
+        )

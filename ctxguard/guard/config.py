@@ -75,7 +75,7 @@ class GuardConfig:
             "max_window_messages",
         ):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value <= 0):
+            if value is not None and (type(value) is not int or value <= 0):
                 raise ConfigError(f"{name} must be a positive int or None, got {value!r}")
         if self.oversized not in ("reject", "truncate"):
             raise ConfigError(f"oversized must be 'reject' or 'truncate', got {self.oversized!r}")
@@ -87,8 +87,24 @@ class GuardConfig:
             raise ConfigError(f"audit_mode must be 'sync' or 'with_reply', got {self.audit_mode!r}")
         if self.summary_role not in ("system", "user"):
             raise ConfigError(f"summary_role must be 'system' or 'user', got {self.summary_role!r}")
-        if self.summary_timeout <= 0 or self.summary_max_tokens <= 0:
-            raise ConfigError("summary_timeout and summary_max_tokens must be positive")
+        timeout = self.summary_timeout
+        if type(timeout) not in (int, float) or not 0 < timeout < float("inf"):
+            raise ConfigError(
+                f"summary_timeout must be a positive number of seconds, got {timeout!r}"
+            )
+        if type(self.summary_max_tokens) is not int or self.summary_max_tokens <= 0:
+            raise ConfigError(
+                f"summary_max_tokens must be a positive int, got {self.summary_max_tokens!r}"
+            )
+        if type(self.degrade_tool_results) is not bool:
+            raise ConfigError(
+                f"degrade_tool_results must be True or False, got {self.degrade_tool_results!r}"
+            )
+        if self.summarizer is not None and not callable(self.summarizer):
+            raise ConfigError(
+                "summarizer must be a callable (previous_summary, messages) -> str, "
+                f"got {type(self.summarizer).__name__}"
+            )
 
     def describe(self) -> dict[str, Any]:
         """The settings as plain data (for audit records and replay); no callables."""

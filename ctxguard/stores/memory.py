@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from ctxguard._validate import check_prefix, check_range, check_store_args
 from ctxguard.errors import ConflictError, InvalidInputError, SessionFullError
 from ctxguard.ids import validate_id
 from ctxguard.stores.base import (
@@ -232,6 +233,7 @@ class MemoryStore:
         messages: Sequence[NewMessage],
         options: WriteOptions = WriteOptions(),  # noqa: B008 - frozen, shared safely
     ) -> AppendResult:
+        check_store_args(new=messages, options=options)
         with self._lock:
             if not messages:
                 found = self._live(session_id)
@@ -239,6 +241,7 @@ class MemoryStore:
             return self._append_checked(session_id, messages, options)[1]
 
     def read(self, session_id: str, start: int = 0, stop: int | None = None) -> list[StoredMessage]:
+        check_range(start, stop)
         with self._lock:
             session = self._live(session_id)
             if session is None:
@@ -269,6 +272,7 @@ class MemoryStore:
             return existed
 
     def list_sessions(self, prefix: str = "") -> Iterator[str]:
+        check_prefix(prefix)
         with self._lock:
             names = sorted(self._sessions)
         for name in names:
@@ -284,6 +288,7 @@ class MemoryStore:
         min_messages: int = 0,
     ) -> WindowFetch:
         check_window_args(budget, min_messages)
+        check_store_args(new=new, options=options)
         with self._lock:
             appended = None
             if new:
@@ -331,6 +336,7 @@ class MemoryStore:
         write: RecordWrite | None,
     ) -> WindowHit | WindowFetch:
         check_window_args(budget, min_messages)
+        check_store_args(new=new, options=options, write=write, text={"token": token})
         with self._lock:
             session = self._live(session_id)
             ids = [n.message.id for n in new]
@@ -349,6 +355,7 @@ class MemoryStore:
             return WindowHit(appended, turn, session.state_token)
 
     def set_token_counts(self, session_id: str, counter: str, counts: Mapping[int, int]) -> None:
+        check_store_args(text={"counter": counter}, counts=counts)
         with self._lock:
             session = self._live(session_id)
             if session is None or not counter:  # counts without a counter mean nothing
@@ -376,6 +383,7 @@ class MemoryStore:
         """Remove the newest ``count`` messages (explicit deletion, audited); returns them."""
         if not isinstance(count, int) or count < 0:
             raise InvalidInputError(f"count must be a non-negative int, got {count!r}")
+        check_store_args(ints={"expected_count": expected_count, "ttl": ttl})
         with self._lock:
             session = self._live(session_id)
             if session is None:
@@ -407,6 +415,7 @@ class MemoryStore:
         self, session_id: str, turns: int, summary: Summary | None, ttl: int = 0
     ) -> tuple[int, int]:
         """For import: raise the turn counter, set the summary if there is none yet."""
+        check_store_args(summary=summary, ints={"turns": turns, "ttl": ttl})
         with self._lock:
             session = self._live(session_id)
             if session is None:
@@ -420,6 +429,9 @@ class MemoryStore:
             return session.turns, session.summary_version
 
     def commit_summary(self, session_id: str, summary: Summary, expected_version: int) -> bool:
+        check_store_args(summary=summary, ints={"expected_version": expected_version})
+        if summary is None:
+            raise InvalidInputError("summary must be a Summary, got None")
         with self._lock:
             session = self._live(session_id)
             if session is None or session.summary_version != expected_version:
@@ -435,6 +447,7 @@ class MemoryStore:
         self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
     ) -> int:
         """Append an audit record; request records get the next turn number (returned)."""
+        check_store_args(record=record, ints={"retention": retention, "ttl": ttl})
         with self._lock:
             session = self._live(session_id)
             if session is None:
@@ -452,6 +465,9 @@ class MemoryStore:
             return turn
 
     def record(self, session_id: str, write: RecordWrite) -> int:
+        check_store_args(write=write)
+        if write is None:
+            raise InvalidInputError("write must be a RecordWrite, got None")
         with self._lock:
             if write.counts and write.counter:
                 self.set_token_counts(session_id, write.counter, write.counts)
@@ -466,6 +482,9 @@ class MemoryStore:
         options: WriteOptions,
         write: RecordWrite,
     ) -> AppendResult:
+        check_store_args(new=messages, options=options, write=write)
+        if write is None:
+            raise InvalidInputError("write must be a RecordWrite, got None")
         with self._lock:
             result = self.append(session_id, messages, options)
             self.record(session_id, write)
