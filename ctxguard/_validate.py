@@ -26,12 +26,26 @@ def one_line(text: str, limit: int = 300) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+def show(value: object, limit: int = 60) -> str:
+    """A short, safe rendering of a caller's value for an error message (no deep repr)."""
+    kind = type(value)
+    if value is None or kind is bool or kind is float:
+        return repr(value)
+    if kind is int:
+        bits = value.bit_length()  # type: ignore[attr-defined]
+        return repr(value) if bits < 128 else f"an int of {bits} bits"
+    if kind is str:
+        text: str = value  # type: ignore[assignment]
+        return repr(text[:limit]) + ("..." if len(text) > limit else "")
+    return f"a {kind.__name__}"
+
+
 def type_name(value: object) -> str:
     return "None" if value is None else type(value).__name__
 
 
 def _where(what: str, path: tuple[Any, ...]) -> str:
-    return what + "".join(f"[{p!r}]" for p in path)
+    return what + "".join(f"[{show(p, 20)}]" for p in path)
 
 
 def _bad_text(text: str) -> bool:
@@ -73,7 +87,7 @@ def json_problem(value: object, what: str, *, loose: bool = False) -> str | None
             for key, sub in item.items():  # type: ignore[attr-defined]
                 if type(key) is not str or _bad_text(key):
                     return (
-                        f"{_where(what, path)} has key {key!r} ({type_name(key)}); "
+                        f"{_where(what, path)} has key {show(key, 20)} ({type_name(key)}); "
                         "JSON object keys must be text"
                     )
                 push((sub, depth + 1, (*path, key)))
@@ -155,7 +169,7 @@ def check_max_tokens(value: object) -> None:
     if value is None or (type(value) is int and value >= 0):
         return
     raise InvalidInputError(
-        f"max_tokens must be a non-negative int or None (the guard's default), got {value!r}"[:300]
+        f"max_tokens must be a non-negative int or None (the guard's default), got {show(value)}"
     )
 
 
@@ -188,7 +202,7 @@ def check_usage(usage: object) -> None:
         count = usage.get(key)
         if count is not None and (type(count) is not int or count < 0):
             raise InvalidInputError(
-                one_line(f"usage[{key!r}] must be a non-negative int or None, got {count!r}")
+                one_line(f"usage[{key!r}] must be a non-negative int or None, got {show(count)}")
             )
 
 
@@ -219,6 +233,13 @@ def check_summary_request(request: object) -> None:
             "request must be the SummaryRequest a PreparedRequest's plan asked for, "
             f"got {type_name(request)}"
         )
+    check_arg_types(
+        "SummaryRequest",
+        previous_text=(request.previous_text, "str?"),
+        previous_version=(request.previous_version, "int"),
+        covers_from=(request.covers_from, "int"),
+        covers_to=(request.covers_to, "int"),
+    )
 
 
 def check_timeout(timeout: object) -> None:
@@ -227,7 +248,7 @@ def check_timeout(timeout: object) -> None:
     ):
         return
     raise InvalidInputError(
-        f"timeout must be a non-negative number of seconds or None, got {timeout!r}"
+        f"timeout must be a non-negative number of seconds or None, got {show(timeout)}"
     )
 
 
@@ -236,18 +257,18 @@ def check_timeout(timeout: object) -> None:
 
 def check_count(value: object, what: str) -> None:
     if type(value) is not int or value < 0:
-        raise InvalidInputError(one_line(f"{what} must be a non-negative int, got {value!r}"))
+        raise InvalidInputError(one_line(f"{what} must be a non-negative int, got {show(value)}"))
 
 
 def check_optional_int(value: object, what: str) -> None:
     if value is not None and type(value) is not int:
-        raise InvalidInputError(one_line(f"{what} must be an int or None, got {value!r}"))
+        raise InvalidInputError(one_line(f"{what} must be an int or None, got {show(value)}"))
 
 
 def check_range(start: object, stop: object) -> None:
     if type(start) is not int or (stop is not None and type(stop) is not int):
         raise InvalidInputError(
-            one_line(f"start and stop must be ints (stop may be None), got {start!r}, {stop!r}")
+            f"start and stop must be ints (stop may be None), got {show(start)}, {show(stop)}"
         )
 
 
@@ -316,7 +337,9 @@ def check_arg_types(owner: str, **values: tuple[object, str]) -> None:
                 base, "a dict"
             )
             none = " or None" if optional else ""
-            raise ConfigError(one_line(f"{owner}: {name} must be {expected}{none}, got {value!r}"))
+            raise ConfigError(
+                one_line(f"{owner}: {name} must be {expected}{none}, got {show(value)}")
+            )
 
 
 def check_store_args(
@@ -353,8 +376,8 @@ def check_store_args(
     if summary is not None and not isinstance(summary, Summary):
         raise InvalidInputError(f"summary must be a Summary, got {type_name(summary)}")
     for name, value in (ints or {}).items():
-        if value is not None and type(value) is not int:
-            raise InvalidInputError(one_line(f"{name} must be an int, got {value!r}"))
+        if type(value) is not int and (value is not None or name != "expected_count"):
+            raise InvalidInputError(one_line(f"{name} must be an int, got {show(value)}"))
     for name, value in (text or {}).items():
         if type(value) is not str:
             raise InvalidInputError(f"{name} must be a string, got {type_name(value)}")

@@ -19,7 +19,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 from pydantic_core import PydanticSerializationError, SchemaValidator
 
-from ctxguard._validate import check_message_batch, json_problem, one_line
+from ctxguard._validate import check_message_batch, json_problem, one_line, show
 from ctxguard.errors import InvalidMessageError
 from ctxguard.ids import MAX_ID_BYTES, new_message_id, validate_id
 
@@ -320,9 +320,8 @@ def _describe(exc: pydantic.ValidationError, data: Mapping[str, Any]) -> str:
         if err["loc"] == ("role",):
             if role is None:
                 return f"a message needs a role, one of {valid}"
-            shown = repr(role) if len(repr(role)) <= 40 else repr(role)[:37] + "..."
-            return f"role {shown} is not a chat role; role must be one of {valid}"
-    return one_line(f"invalid {role} message: {_first_error(exc)}")
+            return f"role {show(role, 30)} is not a chat role; role must be one of {valid}"
+    return one_line(f"invalid {show(role, 30)} message: {_first_error(exc)}")
 
 
 def system(content: str, **kw: Any) -> Message:

@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from ctxguard._validate import show
 from ctxguard.errors import ConfigError
 from ctxguard.messages import Message
 
@@ -76,29 +77,35 @@ class GuardConfig:
         ):
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value <= 0):
-                raise ConfigError(f"{name} must be a positive int or None, got {value!r}")
+                raise ConfigError(f"{name} must be a positive int or None, got {show(value)}")
         if self.oversized not in ("reject", "truncate"):
-            raise ConfigError(f"oversized must be 'reject' or 'truncate', got {self.oversized!r}")
+            raise ConfigError(
+                f"oversized must be 'reject' or 'truncate', got {show(self.oversized)}"
+            )
         if self.summary_mode not in ("inline", "background"):
             raise ConfigError(
-                f"summary_mode must be 'inline' or 'background', got {self.summary_mode!r}"
+                f"summary_mode must be 'inline' or 'background', got {show(self.summary_mode)}"
             )
         if self.audit_mode not in ("sync", "with_reply"):
-            raise ConfigError(f"audit_mode must be 'sync' or 'with_reply', got {self.audit_mode!r}")
+            raise ConfigError(
+                f"audit_mode must be 'sync' or 'with_reply', got {show(self.audit_mode)}"
+            )
         if self.summary_role not in ("system", "user"):
-            raise ConfigError(f"summary_role must be 'system' or 'user', got {self.summary_role!r}")
+            raise ConfigError(
+                f"summary_role must be 'system' or 'user', got {show(self.summary_role)}"
+            )
         timeout = self.summary_timeout
         if type(timeout) not in (int, float) or not 0 < timeout < float("inf"):
             raise ConfigError(
-                f"summary_timeout must be a positive number of seconds, got {timeout!r}"
+                f"summary_timeout must be a positive number of seconds, got {show(timeout)}"
             )
         if type(self.summary_max_tokens) is not int or self.summary_max_tokens <= 0:
             raise ConfigError(
-                f"summary_max_tokens must be a positive int, got {self.summary_max_tokens!r}"
+                f"summary_max_tokens must be a positive int, got {show(self.summary_max_tokens)}"
             )
         if type(self.degrade_tool_results) is not bool:
             raise ConfigError(
-                f"degrade_tool_results must be True or False, got {self.degrade_tool_results!r}"
+                f"degrade_tool_results must be True or False, got {show(self.degrade_tool_results)}"
             )
         if self.summarizer is not None and not callable(self.summarizer):
             raise ConfigError(
@@ -123,7 +130,7 @@ def is_async_callable(fn: object) -> bool:
 
 def _non_negative(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"{name} must be a non-negative int, got {value!r}")
+        raise ConfigError(f"{name} must be a non-negative int, got {show(value)}")
 
 
 def _name_of(fn: object) -> str | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ctxguard._validate import check_arg_types
+from ctxguard._validate import check_arg_types, show
 from ctxguard.errors import ConfigError
 from ctxguard.kv.architecture import KVArchitecture
 from ctxguard.kv.calculator import ServingSetup, plan_kv
@@ -34,7 +34,9 @@ class ContextLimit:
 
     def __post_init__(self) -> None:
         if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 1:
-            raise ConfigError(f"a context limit must be a positive integer, got {self.tokens!r}")
+            raise ConfigError(
+                f"a context limit must be a positive integer, got {show(self.tokens)}"
+            )
         check_arg_types("ContextLimit", source=(self.source, "str"), details=(self.details, "map"))
 
     def prompt_budget(self, max_tokens: int, safety_margin: int = 0) -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from ctxguard._validate import check_prefix, check_range, check_store_args
+from ctxguard._validate import check_count, check_prefix, check_range, check_store_args, show
 from ctxguard.errors import ConflictError, InvalidInputError, SessionFullError
 from ctxguard.ids import validate_id
 from ctxguard.stores.base import (
@@ -250,7 +250,7 @@ class MemoryStore:
             return [self._stored(session_id, session, seq) for seq in seqs]
 
     def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
-        check_window_args(0, count)
+        check_count(count, "count")
         with self._lock:
             session = self._live(session_id)
             if session is None or count == 0:
@@ -382,7 +382,7 @@ class MemoryStore:
     ) -> list[StoredMessage]:
         """Remove the newest ``count`` messages (explicit deletion, audited); returns them."""
         if not isinstance(count, int) or count < 0:
-            raise InvalidInputError(f"count must be a non-negative int, got {count!r}")
+            raise InvalidInputError(f"count must be a non-negative int, got {show(count)}")
         check_store_args(ints={"expected_count": expected_count, "ttl": ttl})
         with self._lock:
             session = self._live(session_id)

@@ -31,6 +31,7 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
+from ctxguard._validate import check_count
 from ctxguard.errors import ConfigError, StoreConnectionError, StoreError
 from ctxguard.stores.base import (
     AppendResult,
@@ -42,7 +43,6 @@ from ctxguard.stores.base import (
     WindowFetch,
     WindowHit,
     WriteOptions,
-    check_window_args,
     decode_summary,
 )
 from ctxguard.stores.keys import KeySpace
@@ -187,7 +187,7 @@ class RedisStore(_Base):
         )
 
     def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
-        check_window_args(0, count)
+        check_count(count, "count")
         if count == 0:
             return []
         return self.read(session_id, -count, None)
@@ -413,7 +413,7 @@ class AsyncRedisStore(_Base):
         return self.protocol.parse_read(session_id, reply)
 
     async def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
-        check_window_args(0, count)
+        check_count(count, "count")
         if count == 0:
             return []
         return await self.read(session_id, -count, None)
