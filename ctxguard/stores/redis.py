@@ -31,7 +31,7 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from ctxguard._validate import check_count
+from ctxguard._validate import check_count, check_prefix, check_store_args
 from ctxguard.errors import ConfigError, StoreConnectionError, StoreError
 from ctxguard.stores.base import (
     AppendResult,
@@ -172,6 +172,7 @@ class RedisStore(_Base):
         messages: Sequence[NewMessage],
         options: WriteOptions = _DEFAULT_OPTIONS,
     ) -> AppendResult:
+        check_store_args(new=messages, options=options)
         if not messages:
             return AppendResult((), (), self._count(session_id))
         reply = self._run(self.protocol.append_call(session_id, messages, options))
@@ -211,6 +212,7 @@ class RedisStore(_Base):
         return bool(self._io("delete", lambda: self.client.delete(*keys), True))
 
     def list_sessions(self, prefix: str = "") -> Iterator[str]:
+        check_prefix(prefix)
         pattern = self.protocol.keyspace.meta_pattern(prefix)
         seen: set[str] = set()
         for key in self._io("list", lambda: list(_scan(self.client, pattern)), True):
@@ -400,6 +402,7 @@ class AsyncRedisStore(_Base):
         messages: Sequence[NewMessage],
         options: WriteOptions = _DEFAULT_OPTIONS,
     ) -> AppendResult:
+        check_store_args(new=messages, options=options)
         if not messages:
             info = await self.info(session_id)
             return AppendResult((), (), 0 if info is None else info.message_count)
@@ -437,6 +440,7 @@ class AsyncRedisStore(_Base):
         return bool(await self._io("delete", lambda: self.client.delete(*keys), True))
 
     async def list_sessions(self, prefix: str = "") -> AsyncIterator[str]:
+        check_prefix(prefix)
         pattern = self.protocol.keyspace.meta_pattern(prefix)
 
         async def collect() -> list[bytes]:
