@@ -17,6 +17,8 @@ from typing import Any
 from ctxguard.errors import ConfigError, InvalidInputError, InvalidMessageError
 
 MAX_JSON_DEPTH = 64
+_UNSET: Any = object()  # "not passed" for check_store_args (None may be a bad value)
+MAX_INT = 2**63 - 1  # Redis integers are signed 64-bit; seconds past this overflow time math
 _JSON_TYPES = "str, int, float, bool, None, list or dict with str keys"
 
 
@@ -309,7 +311,7 @@ def check_options(options: object) -> None:
         raise InvalidInputError("WriteOptions.counter must be a string or None")
     for name in ("ttl_seconds", "max_messages"):
         value = getattr(options, name)
-        if value is not None and (type(value) is not int or value < 0):
+        if value is not None and (type(value) is not int or not 0 <= value <= MAX_INT):
             raise InvalidInputError(f"WriteOptions.{name} must be a non-negative int or None")
 
 
@@ -344,21 +346,21 @@ def check_arg_types(owner: str, **values: tuple[object, str]) -> None:
 
 def check_store_args(
     *,
-    new: object = (),
-    options: object = "unset",
+    new: object = _UNSET,
+    options: object = _UNSET,
     write: object = None,
     summary: object = None,
     ints: Mapping[str, object] | None = None,
-    counts: object = None,
+    counts: object = _UNSET,
     text: Mapping[str, object] | None = None,
     record: object = None,
 ) -> None:
     """The store methods' own arguments (the session id is checked by the store)."""
     from ctxguard.stores.base import RecordWrite, Summary
 
-    if new != ():
+    if new is not _UNSET:
         check_new_messages(new)
-    if options != "unset":
+    if options is not _UNSET:
         check_options(options)
     if write is not None and type(write) is not RecordWrite:
         raise InvalidInputError(f"write must be a RecordWrite or None, got {type_name(write)}")
@@ -369,6 +371,8 @@ def check_store_args(
             retention=(write.retention, "int"),
             ttl=(write.ttl, "int"),
         )
+        if not 0 <= write.retention <= MAX_INT or not 0 <= write.ttl <= MAX_INT:
+            raise InvalidInputError(f"RecordWrite retention and ttl must be 0 to {MAX_INT}")
         if write.counts:
             check_counts(write.counts)
         if write.audit is not None:
@@ -376,12 +380,17 @@ def check_store_args(
     if summary is not None and not isinstance(summary, Summary):
         raise InvalidInputError(f"summary must be a Summary, got {type_name(summary)}")
     for name, value in (ints or {}).items():
-        if type(value) is not int and (value is not None or name != "expected_count"):
-            raise InvalidInputError(one_line(f"{name} must be an int, got {show(value)}"))
+        if value is None and name == "expected_count":
+            continue
+        low = 0 if name in ("ttl", "retention", "turns") else -MAX_INT
+        if type(value) is not int or not low <= value <= MAX_INT:
+            raise InvalidInputError(
+                one_line(f"{name} must be an int from {low} to {MAX_INT}, got {show(value)}")
+            )
     for name, value in (text or {}).items():
         if type(value) is not str:
             raise InvalidInputError(f"{name} must be a string, got {type_name(value)}")
-    if counts is not None:
+    if counts is not _UNSET:
         check_counts(counts)
     if record is not None:
         check_record(record)
@@ -389,7 +398,8 @@ def check_store_args(
 
 def check_counts(counts: object) -> None:
     if not isinstance(counts, Mapping) or not all(
-        type(k) is int and type(n) is int for k, n in counts.items()
+        type(k) is int and type(n) is int and abs(k) <= MAX_INT and abs(n) <= MAX_INT
+        for k, n in counts.items()
     ):
         raise InvalidInputError("counts must map message positions (int) to token counts (int)")
 

@@ -76,7 +76,7 @@ class GuardConfig:
             "max_window_messages",
         ):
             value = getattr(self, name)
-            if value is not None and (type(value) is not int or value <= 0):
+            if value is not None and (type(value) is not int or not 0 < value < 2**63):
                 raise ConfigError(f"{name} must be a positive int or None, got {show(value)}")
         if self.oversized not in ("reject", "truncate"):
             raise ConfigError(
@@ -129,7 +129,7 @@ def is_async_callable(fn: object) -> bool:
 
 
 def _non_negative(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
         raise ConfigError(f"{name} must be a non-negative int, got {show(value)}")
 
 
