@@ -15,6 +15,7 @@ import threading
 import time
 import unicodedata
 
+from ctxguard._validate import show
 from ctxguard.errors import InvalidIdError
 
 MAX_ID_BYTES = 256
@@ -60,7 +61,7 @@ def validate_name(value: object, what: str) -> str:
     """
     if not isinstance(value, str) or not _NAME_RE.match(value):
         raise InvalidIdError(
-            f"{what} {value!r} is not allowed: use 1-64 characters from A-Z a-z 0-9 _ . -"
+            f"{what} {show(value)} is not allowed: use 1-64 characters from A-Z a-z 0-9 _ . -"
         )
     return value
 

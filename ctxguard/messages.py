@@ -16,9 +16,10 @@ from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 from pydantic_core import PydanticSerializationError, SchemaValidator
 
+from ctxguard._validate import check_message_batch, json_problem, one_line, show
 from ctxguard.errors import InvalidMessageError
 from ctxguard.ids import MAX_ID_BYTES, new_message_id, validate_id
 
@@ -31,7 +32,15 @@ _CTXGUARD_KEYS = frozenset({"id", "created_at", "metadata"})
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: text fields take text only (bytes would come back as str)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except pydantic.ValidationError as exc:
+            what = type(self).__name__
+            raise InvalidMessageError(f"invalid {what}: {_first_error(exc)}") from None
 
 
 class TextPart(_Frozen):
@@ -86,10 +95,10 @@ class Message(BaseModel):
 
     role: Role
     content: str | tuple[ContentPart, ...] | None = None
-    name: str | None = None
+    name: Annotated[str, Strict()] | None = None
     tool_calls: tuple[ToolCall, ...] | None = None
-    tool_call_id: str | None = None
-    id: str = Field(default_factory=new_message_id)
+    tool_call_id: Annotated[str, Strict()] | None = None
+    id: Annotated[str, Strict()] = Field(default_factory=new_message_id)
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     metadata: dict[str, Any] = Field(default_factory=dict)
     extra: dict[str, Any] = Field(default_factory=dict)
@@ -108,6 +117,23 @@ class Message(BaseModel):
         if value.isascii() and value.isprintable() and 0 < len(value) <= MAX_ID_BYTES:
             return value
         return validate_id(value, "message id")
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _role_is_text(cls, value: Any) -> Any:
+        if type(value) is not str:
+            raise ValueError("role must be text")
+        return value
+
+    @field_validator("metadata", "extra")
+    @classmethod
+    def _json_values(cls, value: dict[str, Any], info: pydantic.ValidationInfo) -> dict[str, Any]:
+        """Stored as JSON and read back: anything else (bytes, sets, NaN) would not round-trip."""
+        if value:
+            problem = json_problem(value, str(info.field_name))
+            if problem is not None:
+                raise ValueError(problem)
+        return value
 
     @field_validator("content", mode="before")
     @classmethod
@@ -240,8 +266,8 @@ def _record_validator() -> SchemaValidator:
 
     def without_custom_init(schema: Any) -> Any:
         if isinstance(schema, dict):
-            if schema.get("type") == "model" and schema.get("cls") is Message:
-                return {**schema, "custom_init": False}
+            if schema.get("type") == "model" and schema.get("custom_init"):
+                schema = {**schema, "custom_init": False}
             return {k: without_custom_init(v) for k, v in schema.items()}
         if isinstance(schema, list):
             return [without_custom_init(v) for v in schema]
@@ -258,10 +284,10 @@ def to_message(value: MessageLike) -> Message:
     return Message.from_openai(value)
 
 
-def to_messages(values: Iterable[MessageLike]) -> list[Message]:
+def to_messages(values: Iterable[MessageLike], what: str = "messages") -> list[Message]:
     """Convert a batch, failing on the first bad message with its index."""
     out: list[Message] = []
-    for index, value in enumerate(values):
+    for index, value in enumerate(check_message_batch(values, what)):
         try:
             out.append(to_message(value))
         except InvalidMessageError as exc:
@@ -275,15 +301,27 @@ def _content_out(content: str | tuple[TextPart | ImagePart, ...] | None) -> Any:
     return [p.model_dump(mode="json", exclude_none=True) for p in content]
 
 
+def _first_error(exc: pydantic.ValidationError) -> str:
+    """The first problem, on one line: where, then what (pydantic's dump is not for users)."""
+    err = exc.errors(include_url=False, include_context=False, include_input=False)[0]
+    where = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    if where and msg.startswith(where):  # our own checks name the place already
+        where = ""
+    more = len(exc.errors()) - 1
+    tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    return one_line(f"{where}: {msg}{tail}" if where else f"{msg}{tail}")
+
+
 def _describe(exc: pydantic.ValidationError, data: Mapping[str, Any]) -> str:
-    role = data.get("role", "?")
-    problems = []
+    role = data.get("role")
+    valid = ", ".join(ROLES)
     for err in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in err["loc"]) or "message"
-        problems.append(f"{where}: {err['msg']}")
-    if any(e["type"] == "literal_error" and e["loc"] == ("role",) for e in exc.errors()):
-        problems.append(f"role must be one of {', '.join(ROLES)}")
-    return f"invalid {role} message: " + "; ".join(problems)
+        if err["loc"] == ("role",):
+            if role is None:
+                return f"a message needs a role, one of {valid}"
+            return f"role {show(role, 30)} is not a chat role; role must be one of {valid}"
+    return one_line(f"invalid {show(role, 30)} message: {_first_error(exc)}")
 
 
 def system(content: str, **kw: Any) -> Message:

@@ -8,6 +8,8 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ctxguard.errors import CtxGuardError, InvalidIdError, InvalidMessageError
 from ctxguard.ids import MAX_ID_BYTES, new_message_id, validate_id, validate_name
@@ -192,7 +194,7 @@ def test_validate_name_refuses(value: object) -> None:
 TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 BAD: list[tuple[Any, str]] = [
-    ({"role": "wizard", "content": "hi"}, "role must be one of"),
+    ({"role": "wizard", "content": "hi"}, "not a chat role; role must be one of system, developer"),
     ({"content": "hi"}, "role"),
     ({"role": "tool", "content": "42"}, "needs tool_call_id"),
     ({"role": "user", "content": "hi", "tool_call_id": "c1"}, "only allowed on tool"),
@@ -254,3 +256,99 @@ def test_batch_errors_name_the_position() -> None:
 def test_from_record_refuses_what_is_not_a_record(raw: str | bytes) -> None:
     with pytest.raises(ValueError):  # the stores turn this into CorruptRecordError
         Message.from_record(raw)
+
+
+# -- issue 12, item 19: what is stored is JSON, so what comes back is what went in ------
+
+NOT_JSON_VALUES: dict[str, Any] = {
+    "bytes": b"raw",
+    "bytearray": bytearray(b"raw"),
+    "set": {1, 2},
+    "tuple": (1, 2),
+    "object": object(),
+    "nan": float("nan"),
+    "inf": float("inf"),
+    "complex": 1j,
+    "int-key": {1: "x"},
+    "surrogate": "a\ud800",
+}
+
+
+def _deep_list(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+NOT_JSON_VALUES["deep"] = _deep_list(5_000)
+
+
+@pytest.mark.parametrize("field", ["metadata", "extra"])
+@pytest.mark.parametrize("kind", sorted(NOT_JSON_VALUES))
+def test_non_json_values_in_message_fields_are_refused_naming_the_field(
+    field: str, kind: str
+) -> None:
+    value = NOT_JSON_VALUES[kind]
+    with pytest.raises(InvalidMessageError) as info:
+        if field == "metadata":
+            Message(role="user", content="x", metadata={"k": value})
+        else:
+            Message.from_openai({"role": "user", "content": "x", "vendor_field": value})
+    text = str(info.value)
+    assert field in text and "\n" not in text
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"role": "user", "content": "x", "name": b"raw"},
+        {"role": "tool", "content": "x", "tool_call_id": b"c1"},
+        {"role": "user", "content": "x", "id": b"id-1"},
+        {"role": b"user", "content": "x"},
+        {"role": "user", "content": [{"type": "text", "text": b"raw"}]},
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": b"c", "function": {"name": "f", "arguments": "{}"}}],
+        },
+    ],
+)
+def test_bytes_are_not_taken_as_text(data: dict[str, Any]) -> None:
+    with pytest.raises(InvalidMessageError) as info:
+        Message.from_openai(data)
+    assert "\n" not in str(info.value)
+
+
+def test_json_values_round_trip_exactly() -> None:
+    meta = {"a": [1, 2.5, None, True, "t", {"b": []}], "big": 10**30, "deep": _deep_list(60)}
+    message = Message(role="user", content="x", metadata=meta, extra={"vendor": {"k": [1]}})
+    back = Message.from_record(message.to_record())
+    assert back == message and back.metadata == meta
+
+
+_LEAF = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=8), st.binary(max_size=4)
+)
+_VALUE = st.recursive(
+    st.one_of(_LEAF, st.sets(st.integers(), max_size=2), st.tuples(st.integers())),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.one_of(st.text(max_size=4), st.integers()), inner, max_size=3),
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(metadata=st.dictionaries(st.text(max_size=6), _VALUE, max_size=4), extra=_VALUE)
+def test_any_metadata_is_refused_or_comes_back_unchanged(metadata: Any, extra: Any) -> None:
+    data = {"role": "user", "content": "x", "metadata": metadata, "vendor": extra}
+    try:
+        message = Message.from_openai(data)
+    except InvalidMessageError as exc:
+        assert "\n" not in str(exc)
+        return
+    back = Message.from_record(message.to_record())
+    assert back == message
+    assert back.metadata == metadata and back.to_openai()["vendor"] == extra
+    assert repr(back.metadata) == repr(metadata)  # no silent bytes->str, tuple->list, nan->None

@@ -56,6 +56,7 @@ class AsyncGuard(GuardBase):
 
     async def append(self, session_id: str, messages: Iterable[MessageLike]) -> AppendResult:
         """Store messages (each counted once, now) without preparing a request."""
+        self._prepare_args(session_id, messages, None, None, "messages")
         return await self._run(flows.append(self.core, session_id, messages))
 
     async def prepare(
@@ -67,6 +68,7 @@ class AsyncGuard(GuardBase):
         tools: Tools | None = None,
     ) -> PreparedRequest:
         """Append ``new_messages`` and return the request to send, within budget."""
+        self._prepare_args(session_id, new_messages, max_tokens, tools, "new_messages")
         flow = flows.prepare(self.core, session_id, new_messages, max_tokens, tools)
         return await self._run(flow)
 
@@ -79,12 +81,14 @@ class AsyncGuard(GuardBase):
         usage: Mapping[str, Any] | None = None,
     ) -> AppendResult:
         """Store the model's reply; with ``usage`` the server's prompt_tokens is audited."""
+        reply = self._complete_args(session_id, reply, prepared, usage)
         return await self._run(flows.complete(self.core, session_id, reply, prepared, usage))
 
     async def summarize(
         self, session_id: str, request: SummaryRequest
     ) -> tuple[Summary | None, str | None]:
         """Run the summarizer for ``request``, commit by compare-and-set, audit the outcome."""
+        self._summarize_args(session_id, request)
         return await self._run(flows.summarize(self.core, session_id, request))
 
     # -- running a flow -------------------------------------------------------------

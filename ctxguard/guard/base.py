@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any
 
-from ctxguard.errors import ConfigError
+from ctxguard import _validate as v
+from ctxguard.errors import ConfigError, InvalidMessageError
 from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.core import GuardCore
 from ctxguard.guard.setup import make_counter, make_limit
 from ctxguard.kv.limit import ContextLimit, LimitSource
+from ctxguard.messages import Message, to_message
 from ctxguard.tokens._protocol import TokenCounter
+
+_SETTINGS = frozenset(f.name for f in dataclasses.fields(GuardConfig))
 
 
 class GuardBase:
@@ -24,7 +29,7 @@ class GuardBase:
         config: GuardConfig | None,
         settings: dict[str, Any],
     ) -> None:
-        self.config = config or GuardConfig(**settings)
+        self.config = _config(config, settings)
         spec = counter if isinstance(counter, str) else None
         self.core = GuardCore(make_counter(counter), self.config, spec)
         self.limit_source = make_limit(limit)
@@ -32,6 +37,12 @@ class GuardBase:
     @staticmethod
     def _check_store(store: object, want_async: bool) -> None:
         """A sync store under AsyncGuard (or the reverse) fails at the first call; say so now."""
+        use = "open_async_store" if want_async else "open_store"
+        if not all(callable(getattr(store, m, None)) for m in ("append", "fetch_window", "read")):
+            raise ConfigError(
+                f"store must be a URL like 'redis://localhost:6379/0' or a session store "
+                f"from {use}(url), got {v.type_name(store)}"
+            )
         is_async = inspect.iscoroutinefunction(getattr(store, "fetch_window", None))
         if is_async != want_async:
             wanted, use = (
@@ -41,7 +52,58 @@ class GuardBase:
                 f"{type(store).__name__} is not {wanted} session store; pass a URL or {use}(url)"
             )
 
+    # -- the argument checks of the public methods (sync and async alike) -----------
+
+    @staticmethod
+    def _prepare_args(
+        session_id: object, new: object, max_tokens: object, tools: object, what: str
+    ) -> None:
+        v.check_session_id(session_id)
+        v.check_message_batch(new, what)
+        v.check_max_tokens(max_tokens)
+        v.check_tools(tools)
+
+    @staticmethod
+    def _complete_args(
+        session_id: object, reply: object, prepared: object, usage: object
+    ) -> Message:
+        """Checks ``complete``'s arguments; returns the reply as a Message."""
+        session = v.check_session_id(session_id)
+        v.check_reply(reply)
+        try:
+            message = to_message(reply)  # type: ignore[arg-type]
+        except InvalidMessageError as exc:
+            raise InvalidMessageError(f"reply: {exc}") from None
+        v.check_prepared(prepared, session)
+        v.check_usage(usage)
+        return message
+
+    @staticmethod
+    def _summarize_args(session_id: object, request: object) -> None:
+        v.check_session_id(session_id)
+        v.check_summary_request(request)
+
     @property
     def counter(self) -> TokenCounter:
         """The token counter every count of this guard comes from."""
         return self.core.counter
+
+
+def _config(config: object, settings: dict[str, Any]) -> GuardConfig:
+    """``config=GuardConfig(...)`` or the same settings as keywords, not both."""
+    unknown = sorted(set(settings) - _SETTINGS)
+    if unknown:
+        raise ConfigError(
+            f"unknown setting {', '.join(map(repr, unknown))}; "
+            f"the guard takes {', '.join(sorted(_SETTINGS))}"
+        )
+    if config is None:
+        return GuardConfig(**settings)
+    if not isinstance(config, GuardConfig):
+        raise ConfigError(f"config must be a GuardConfig, got {v.type_name(config)}")
+    if settings:
+        raise ConfigError(
+            f"pass settings either in config= or as keywords, not both (got config= and "
+            f"{', '.join(sorted(settings))}); use dataclasses.replace(config, ...)"
+        )
+    return config

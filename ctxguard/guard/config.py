@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from ctxguard._validate import show
 from ctxguard.errors import ConfigError
 from ctxguard.messages import Message
 
@@ -82,22 +83,44 @@ class GuardConfig:
             "max_window_messages",
         ):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value <= 0):
-                raise ConfigError(f"{name} must be a positive int or None, got {value!r}")
+            if value is not None and (type(value) is not int or not 0 < value < 2**63):
+                raise ConfigError(f"{name} must be a positive int or None, got {show(value)}")
         if self.oversized not in ("reject", "truncate"):
-            raise ConfigError(f"oversized must be 'reject' or 'truncate', got {self.oversized!r}")
+            raise ConfigError(
+                f"oversized must be 'reject' or 'truncate', got {show(self.oversized)}"
+            )
         if self.summary_mode not in ("inline", "background"):
             raise ConfigError(
-                f"summary_mode must be 'inline' or 'background', got {self.summary_mode!r}"
+                f"summary_mode must be 'inline' or 'background', got {show(self.summary_mode)}"
             )
         if self.audit_mode not in ("sync", "with_reply"):
-            raise ConfigError(f"audit_mode must be 'sync' or 'with_reply', got {self.audit_mode!r}")
+            raise ConfigError(
+                f"audit_mode must be 'sync' or 'with_reply', got {show(self.audit_mode)}"
+            )
         if self.summary_role not in ("system", "user"):
-            raise ConfigError(f"summary_role must be 'system' or 'user', got {self.summary_role!r}")
+            raise ConfigError(
+                f"summary_role must be 'system' or 'user', got {show(self.summary_role)}"
+            )
+        timeout = self.summary_timeout
+        if type(timeout) not in (int, float) or not 0 < timeout < float("inf"):
+            raise ConfigError(
+                f"summary_timeout must be a positive number of seconds, got {show(timeout)}"
+            )
+        if type(self.summary_max_tokens) is not int or self.summary_max_tokens <= 0:
+            raise ConfigError(
+                f"summary_max_tokens must be a positive int, got {show(self.summary_max_tokens)}"
+            )
+        if type(self.degrade_tool_results) is not bool:
+            raise ConfigError(
+                f"degrade_tool_results must be True or False, got {show(self.degrade_tool_results)}"
+            )
+        if self.summarizer is not None and not callable(self.summarizer):
+            raise ConfigError(
+                "summarizer must be a callable (previous_summary, messages) -> str, "
+                f"got {type(self.summarizer).__name__}"
+            )
         for name in ("connect_timeout", "read_timeout"):
             _seconds_or_none(name, getattr(self, name))
-        if self.summary_timeout <= 0 or self.summary_max_tokens <= 0:
-            raise ConfigError("summary_timeout and summary_max_tokens must be positive")
 
     def describe(self) -> dict[str, Any]:
         """The settings as plain data (for audit records and replay); no callables."""
@@ -115,8 +138,8 @@ def is_async_callable(fn: object) -> bool:
 
 
 def _non_negative(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"{name} must be a non-negative int, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
+        raise ConfigError(f"{name} must be a non-negative int, got {show(value)}")
 
 
 def _seconds_or_none(name: str, value: object) -> None:
@@ -128,7 +151,7 @@ def _seconds_or_none(name: str, value: object) -> None:
         or not math.isfinite(value)
         or value <= 0
     ):
-        raise ConfigError(f"{name} must be a positive number of seconds or None, got {value!r}")
+        raise ConfigError(f"{name} must be a positive number of seconds or None, got {show(value)}")
 
 
 def _name_of(fn: object) -> str | None:

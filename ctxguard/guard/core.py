@@ -89,9 +89,9 @@ class GuardCore:
 
     # -- new messages: validated, capped and counted exactly once ------------
 
-    def encode_new(self, values: Iterable[MessageLike]) -> list[NewMessage]:
+    def encode_new(self, values: Iterable[MessageLike], what: str = "messages") -> list[NewMessage]:
         out: list[NewMessage] = []
-        for message in to_messages(values):
+        for message in to_messages(values, what):
             tokens = self.counter.count_message(message)
             cap = self.config.max_message_tokens
             if cap is not None and tokens > cap:
@@ -127,13 +127,28 @@ class GuardCore:
         )
         if budget.prompt - budget.overhead <= 0:
             raise BudgetError(
-                "max_tokens and the safety margin leave no room for a prompt",
+                self._no_room(limit.tokens, max_tokens, reserved),
                 # the smallest prompt: the fixed overhead plus at least one token of messages
                 needed=budget.overhead + 1 + reserved + budget.safety_margin,
                 limit=limit.tokens,
                 reserved=reserved + budget.safety_margin,
             )
         return budget
+
+    def _no_room(self, limit: int, asked: int | None, reserved: int) -> str:
+        """Which setting ate the limit, and how to change it."""
+        margin = self.config.safety_margin
+        and_margin = f" plus safety_margin={margin}" if margin else ""
+        if asked is None:
+            return (
+                f"the default output reserve max_tokens={reserved}{and_margin} leaves no room "
+                f"for a prompt in the {limit}-token limit; pass max_tokens=... to prepare() "
+                "or set the guard's max_tokens= setting (GuardConfig.max_tokens) lower"
+            )
+        return (
+            f"max_tokens={reserved} passed to prepare(){and_margin} leaves no room for a "
+            f"prompt in the {limit}-token limit; ask for fewer output tokens"
+        )
 
     def items(self, stored: Iterable[StoredMessage], recounts: dict[int, int]) -> list[Item]:
         """Stored messages as items; counts missing or from another counter are made now

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ctxguard._validate import check_timeout
 from ctxguard.errors import SummarizerError
 from ctxguard.guard import flows
 from ctxguard.guard.base import GuardBase
@@ -68,6 +69,7 @@ class Guard(GuardBase):
 
     def append(self, session_id: str, messages: Iterable[MessageLike]) -> AppendResult:
         """Store messages (each counted once, now) without preparing a request."""
+        self._prepare_args(session_id, messages, None, None, "messages")
         return self._run(flows.append(self.core, session_id, messages))
 
     def prepare(
@@ -79,6 +81,7 @@ class Guard(GuardBase):
         tools: Tools | None = None,
     ) -> PreparedRequest:
         """Append ``new_messages`` and return the request to send, within budget."""
+        self._prepare_args(session_id, new_messages, max_tokens, tools, "new_messages")
         return self._run(flows.prepare(self.core, session_id, new_messages, max_tokens, tools))
 
     def complete(
@@ -90,12 +93,14 @@ class Guard(GuardBase):
         usage: Mapping[str, Any] | None = None,
     ) -> AppendResult:
         """Store the model's reply; with ``usage`` the server's prompt_tokens is audited."""
+        reply = self._complete_args(session_id, reply, prepared, usage)
         return self._run(flows.complete(self.core, session_id, reply, prepared, usage))
 
     def summarize(
         self, session_id: str, request: SummaryRequest
     ) -> tuple[Summary | None, str | None]:
         """Run the summarizer for ``request``, commit by compare-and-set, audit the outcome."""
+        self._summarize_args(session_id, request)
         return self._run(flows.summarize(self.core, session_id, request))
 
     # -- running a flow -------------------------------------------------------------
@@ -167,6 +172,7 @@ class Guard(GuardBase):
 
     def wait_for_summaries(self, timeout: float | None = None) -> None:
         """Block until background summaries finish (tests, shutdown)."""
+        check_timeout(timeout)
         concurrent.futures.wait(list(self._background), timeout=timeout)
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ctxguard._validate import check_arg_types, show
 from ctxguard.errors import ConfigError
 from ctxguard.kv.architecture import KVArchitecture
 from ctxguard.kv.calculator import ServingSetup, plan_kv
@@ -34,7 +35,10 @@ class ContextLimit:
 
     def __post_init__(self) -> None:
         if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 1:
-            raise ConfigError(f"a context limit must be a positive integer, got {self.tokens!r}")
+            raise ConfigError(
+                f"a context limit must be a positive integer, got {show(self.tokens)}"
+            )
+        check_arg_types("ContextLimit", source=(self.source, "str"), details=(self.details, "map"))
 
     def prompt_budget(self, max_tokens: int, safety_margin: int = 0) -> int:
         """Tokens left for the prompt; negative means even an empty prompt is over."""
@@ -98,6 +102,25 @@ class ModelLimit:
         allow_long_max_model_len: bool = False,
         disable_hybrid_kv_cache_manager: bool = False,
     ) -> None:
+        if not isinstance(model, str | Path | KVArchitecture):
+            raise ConfigError(
+                "ModelLimit: model must be a catalogue name, a model directory or config.json "
+                f"path, or a KVArchitecture, got {type(model).__name__}"
+            )
+        check_arg_types(
+            "ModelLimit",
+            max_model_len=(max_model_len, "int?"),
+            gpu_memory_gib=(gpu_memory_gib, "number?"),
+            available_kv_gib=(available_kv_gib, "number?"),
+            tensor_parallel=(tensor_parallel, "int"),
+            pipeline_parallel=(pipeline_parallel, "int"),
+            gpu_memory_utilization=(gpu_memory_utilization, "number"),
+            concurrency=(concurrency, "int?"),
+            weights_gib=(weights_gib, "number?"),
+            reserve_gib=(reserve_gib, "number"),
+            block_size=(block_size, "int?"),
+            max_num_batched_tokens=(max_num_batched_tokens, "int"),
+        )
         if not isinstance(allow_long_max_model_len, bool):
             raise ConfigError(
                 f"allow_long_max_model_len must be True or False, got {allow_long_max_model_len!r}"
@@ -202,6 +225,15 @@ class ServerLimit:
         cache_seconds: float = 60.0,
         headers: Mapping[str, str] | None = None,
     ) -> None:
+        check_arg_types(
+            "ServerLimit",
+            base_url=(base_url, "str"),
+            model=(model, "str?"),
+            timeout=(timeout, "number"),
+            concurrency=(concurrency, "int?"),
+            cache_seconds=(cache_seconds, "number"),
+            headers=(headers, "map?"),
+        )
         if concurrency is not None and concurrency < 1:
             raise ConfigError(f"concurrency must be at least 1, got {concurrency}")
         if timeout <= 0 or cache_seconds < 0:

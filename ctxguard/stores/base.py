@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 import pydantic
 import pydantic_core
 
+from ctxguard._validate import show
 from ctxguard.errors import CorruptRecordError, InvalidInputError
 from ctxguard.ids import new_message_id
 from ctxguard.messages import Message
@@ -425,9 +426,9 @@ def ms_to_datetime(ms: int | float) -> datetime:
 
 def check_window_args(budget: int, count: int | None = None) -> None:
     if not isinstance(budget, int) or budget < 0:
-        raise InvalidInputError(f"budget must be a non-negative int, got {budget!r}")
+        raise InvalidInputError(f"budget must be a non-negative int, got {show(budget)}")
     if count is not None and (not isinstance(count, int) or count < 0):
-        raise InvalidInputError(f"count must be a non-negative int, got {count!r}")
+        raise InvalidInputError(f"count must be a non-negative int, got {show(count)}")
 
 
 def walk_back(

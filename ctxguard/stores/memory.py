@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from ctxguard._validate import check_count, check_prefix, check_range, check_store_args, show
 from ctxguard.errors import ConflictError, InvalidInputError, SessionFullError
 from ctxguard.ids import validate_id
 from ctxguard.stores.base import (
@@ -246,6 +247,7 @@ class MemoryStore:
         messages: Sequence[NewMessage],
         options: WriteOptions = WriteOptions(),  # noqa: B008 - frozen, shared safely
     ) -> AppendResult:
+        check_store_args(new=messages, options=options)
         with self._lock:
             if not messages:
                 found = self._live(session_id)
@@ -253,6 +255,7 @@ class MemoryStore:
             return self._append_checked(session_id, messages, options)[1]
 
     def read(self, session_id: str, start: int = 0, stop: int | None = None) -> list[StoredMessage]:
+        check_range(start, stop)
         with self._lock:
             session = self._live(session_id)
             if session is None:
@@ -261,7 +264,7 @@ class MemoryStore:
             return [self._stored(session_id, session, seq) for seq in seqs]
 
     def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
-        check_window_args(0, count)
+        check_count(count, "count")
         with self._lock:
             session = self._live(session_id)
             if session is None or count == 0:
@@ -283,6 +286,7 @@ class MemoryStore:
             return existed
 
     def list_sessions(self, prefix: str = "") -> Iterator[str]:
+        check_prefix(prefix)
         with self._lock:
             names = sorted(self._sessions)
         for name in names:
@@ -299,6 +303,7 @@ class MemoryStore:
     ) -> WindowFetch:
         """The window as if ``new`` were appended; writes nothing (see WindowFetch)."""
         check_window_args(budget, min_messages)
+        check_store_args(new=new, options=options)
         with self._lock:
             self._check_cap(session_id, new, options)
             session = self._live(session_id)
@@ -386,6 +391,7 @@ class MemoryStore:
         record) if the session's state token is ``token`` ('' = no session yet) and
         no id of ``new`` is stored; else answer as :meth:`fetch_window` (no write)."""
         check_window_args(budget, min_messages)
+        check_store_args(new=new, options=options, write=write, text={"token": token})
         with self._lock:
             self._check_cap(session_id, new, options)
             session = self._live(session_id)
@@ -423,6 +429,7 @@ class MemoryStore:
             return WindowHit(appended, turn, after)
 
     def set_token_counts(self, session_id: str, counter: str, counts: Mapping[int, int]) -> None:
+        check_store_args(text={"counter": counter}, counts=counts)
         with self._lock:
             session = self._live(session_id)
             if session is None or not counter:  # counts without a counter mean nothing
@@ -449,7 +456,8 @@ class MemoryStore:
     ) -> list[StoredMessage]:
         """Remove the newest ``count`` messages (explicit deletion, audited); returns them."""
         if not isinstance(count, int) or count < 0:
-            raise InvalidInputError(f"count must be a non-negative int, got {count!r}")
+            raise InvalidInputError(f"count must be a non-negative int, got {show(count)}")
+        check_store_args(ints={"expected_count": expected_count, "ttl": ttl})
         with self._lock:
             session = self._live(session_id)
             if session is None:
@@ -488,6 +496,7 @@ class MemoryStore:
     ) -> tuple[int, int]:
         """For import: raise the turn counter, set the summary if there is none yet,
         and move the creation time back to ``created_at`` when that is earlier."""
+        check_store_args(summary=summary, ints={"turns": turns, "ttl": ttl})
         with self._lock:
             session = self._live(session_id)
             if session is None:
@@ -503,6 +512,9 @@ class MemoryStore:
             return session.turns, session.summary_version
 
     def commit_summary(self, session_id: str, summary: Summary, expected_version: int) -> bool:
+        check_store_args(summary=summary, ints={"expected_version": expected_version})
+        if summary is None:
+            raise InvalidInputError("summary must be a Summary, got None")
         with self._lock:
             session = self._live(session_id)
             if session is None:
@@ -524,6 +536,7 @@ class MemoryStore:
         self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
     ) -> int:
         """Append an audit record; request records get the next turn number (returned)."""
+        check_store_args(record=record, ints={"retention": retention, "ttl": ttl})
         with self._lock:
             session = self._live(session_id)
             if session is None:
@@ -559,6 +572,9 @@ class MemoryStore:
         return session.audit_rids.get(rid)
 
     def record(self, session_id: str, write: RecordWrite) -> int:
+        check_store_args(write=write)
+        if write is None:
+            raise InvalidInputError("write must be a RecordWrite, got None")
         with self._lock:
             if write.counts and write.counter:
                 self.set_token_counts(session_id, write.counter, write.counts)
@@ -573,6 +589,9 @@ class MemoryStore:
         options: WriteOptions,
         write: RecordWrite,
     ) -> AppendResult:
+        check_store_args(new=messages, options=options, write=write)
+        if write is None:
+            raise InvalidInputError("write must be a RecordWrite, got None")
         with self._lock:
             result = self.append(session_id, messages, options)
             self.record(session_id, write)

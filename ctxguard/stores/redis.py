@@ -56,6 +56,7 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
+from ctxguard._validate import check_count, check_prefix, check_store_args
 from ctxguard.errors import ConfigError, ConnectionPhase, StoreConnectionError, StoreError
 from ctxguard.stores.base import (
     AppendResult,
@@ -67,7 +68,6 @@ from ctxguard.stores.base import (
     WindowFetch,
     WindowHit,
     WriteOptions,
-    check_window_args,
     decode_summary,
 )
 from ctxguard.stores.integrity import RawSession, RepairPlan
@@ -336,6 +336,7 @@ class RedisStore(_Base):
         messages: Sequence[NewMessage],
         options: WriteOptions = _DEFAULT_OPTIONS,
     ) -> AppendResult:
+        check_store_args(new=messages, options=options)
         if not messages:
             return AppendResult((), (), self._count(session_id))
         reply = self._run(self.protocol.append_call(session_id, messages, options))
@@ -351,7 +352,7 @@ class RedisStore(_Base):
         )
 
     def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
-        check_window_args(0, count)
+        check_count(count, "count")
         if count == 0:
             return []
         return self.read(session_id, -count, None)
@@ -375,6 +376,7 @@ class RedisStore(_Base):
         return bool(self._io("delete", lambda: self.client.delete(*keys), True))
 
     def list_sessions(self, prefix: str = "") -> Iterator[str]:
+        check_prefix(prefix)
         pattern = self.protocol.keyspace.meta_pattern(prefix)
         seen: set[str] = set()
         for key in self._io("list", lambda: list(_scan(self.client, pattern)), True):
@@ -598,6 +600,7 @@ class AsyncRedisStore(_Base):
         messages: Sequence[NewMessage],
         options: WriteOptions = _DEFAULT_OPTIONS,
     ) -> AppendResult:
+        check_store_args(new=messages, options=options)
         if not messages:
             info = await self.info(session_id)
             return AppendResult((), (), 0 if info is None else info.message_count)
@@ -611,7 +614,7 @@ class AsyncRedisStore(_Base):
         return self.protocol.parse_read(session_id, reply)
 
     async def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
-        check_window_args(0, count)
+        check_count(count, "count")
         if count == 0:
             return []
         return await self.read(session_id, -count, None)
@@ -635,6 +638,7 @@ class AsyncRedisStore(_Base):
         return bool(await self._io("delete", lambda: self.client.delete(*keys), True))
 
     async def list_sessions(self, prefix: str = "") -> AsyncIterator[str]:
+        check_prefix(prefix)
         pattern = self.protocol.keyspace.meta_pattern(prefix)
 
         async def collect() -> list[bytes]:

@@ -77,6 +77,11 @@ def load_counter(spec: str, **options: Any) -> TokenCounter:
     Options: ``like=`` for a tiktoken file of unknown hash; ``chat_template=`` and
     ``template_kwargs=`` for ``hf:``.
     """
+    if not isinstance(spec, str):
+        raise ConfigError(
+            f"a token counter spec is a string such as 'approx' or 'tiktoken:cl100k_base', "
+            f"got {type(spec).__name__}"
+        )
     kind, _, rest = spec.partition(":")
     builder = _BUILDERS.get(kind)
     if builder is None or (kind != "approx" and not rest):
