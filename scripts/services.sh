@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Redis services for the test suite: a standalone server and a 6-node cluster.
 #
-#   scripts/services.sh start STATE_DIR   prints `export ...` lines for pytest
+#   scripts/services.sh start STATE_DIR [all|standalone|cluster]
+#                                         prints `export ...` lines for pytest
 #   scripts/services.sh stop STATE_DIR    stops every server started into STATE_DIR
 #
-# A server that is already reachable is reused and never stopped:
-#   standalone: $CTXGUARD_TEST_REDIS_URL, else 127.0.0.1:6379 if it answers PING;
-#   cluster:    $CTXGUARD_TEST_CLUSTER_URL if every node answers PING.
-# Otherwise servers are started on free ports, keep nothing on disk but their
-# cluster config and logs in STATE_DIR, and are stopped by `stop`.
+# Servers are started on free ports (never 6379, never a server that happens
+# to be running), keep nothing on disk but their cluster config and logs in
+# STATE_DIR, and are stopped by `stop`. Only a server the user names is reused,
+# and it is never stopped:
+#   standalone: $CTXGUARD_TEST_REDIS_URL, if it answers PING;
+#   cluster:    $CTXGUARD_TEST_CLUSTER_URL, if every node answers PING.
+# CTXGUARD_TEST_REDIS_PRIVATE / CTXGUARD_TEST_CLUSTER_PRIVATE are exported as
+# 1 for a server started here and 0 for a reused one: tests marked
+# `destructive` (SCRIPT FLUSH, CONFIG SET, CLIENT KILL, ...) only touch a
+# private server (see tests/conftest.py).
 # Progress goes to stderr; stdout holds only the export lines.
 set -euo pipefail
 
@@ -35,7 +41,6 @@ ping_url() {
   [[ $(timeout 2 redis-cli -u "$1" ping 2>/dev/null) == PONG ]]
 }
 
-ping_port() { [[ $(timeout 2 redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null) == PONG ]]; }
 
 # free_port: a port P such that P and P+10000 (the cluster bus) can both be bound now.
 free_port() {
@@ -56,9 +61,15 @@ else:
 EOF
 }
 
+# server_pid PORT: the process id the server on PORT reports.
+server_pid() {
+  timeout 2 redis-cli -h 127.0.0.1 -p "$1" info server 2>/dev/null | tr -d '\r' |
+    awk -F: '$1 == "process_id" {print $2}'
+}
+
 # start_server DIR EXTRA_ARGS...: start redis-server on a free port, print the port.
 start_server() {
-  local dir=$1 port attempt
+  local dir=$1 port attempt pid
   shift
   mkdir -p "$dir"
   for attempt in 1 2 3 4 5; do
@@ -66,14 +77,19 @@ start_server() {
     redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
       --daemonize yes --dir "$dir" --pidfile "$dir/redis-$port.pid" \
       --logfile "$dir/redis-$port.log" "$@" >&2 || true
+    # The port was free a moment ago: the server answering must be the one we
+    # started (the pid in its pid file), never someone else's that took the port.
     for _ in $(seq 1 50); do
-      if ping_port "$port"; then
+      pid=$(cat "$dir/redis-$port.pid" 2>/dev/null || true)
+      if [[ -n $pid ]] && [[ $(server_pid "$port") == "$pid" ]]; then
         echo "$port" >>"$dir/../ports"
         echo "$port"
         return 0
       fi
       sleep 0.1
     done
+    pid=$(cat "$dir/redis-$port.pid" 2>/dev/null || true)
+    [[ -z $pid ]] || kill "$pid" 2>/dev/null || true
     log "redis-server did not come up on port $port (attempt $attempt); see $dir/redis-$port.log"
   done
   die "could not start redis-server"
@@ -125,33 +141,42 @@ start_cluster() {
 }
 
 cmd_start() {
-  local state=$1 url cluster
+  local state=$1 what=${2:-all} url cluster private
+  case $what in all | standalone | cluster) ;; *) die "start: unknown service set '$what'" ;; esac
   mkdir -p "$state"
   : >"$state/ports"
 
-  if [[ -n ${CTXGUARD_TEST_REDIS_URL:-} ]] && ping_url "$CTXGUARD_TEST_REDIS_URL"; then
-    url=$CTXGUARD_TEST_REDIS_URL
-    log "standalone: reusing \$CTXGUARD_TEST_REDIS_URL"
-  elif ping_url "redis://127.0.0.1:6379/0"; then
-    url="redis://127.0.0.1:6379/0"
-    log "standalone: reusing 127.0.0.1:6379"
-  else
-    need_binaries
-    [[ -n ${CTXGUARD_TEST_REDIS_URL:-} ]] && log "\$CTXGUARD_TEST_REDIS_URL does not answer; starting our own"
-    url="redis://127.0.0.1:$(start_server "$state/standalone")/0"
-    log "standalone: started ${url}"
+  if [[ $what != cluster ]]; then
+    private=1
+    if [[ -n ${CTXGUARD_TEST_REDIS_URL:-} ]] && ping_url "$CTXGUARD_TEST_REDIS_URL"; then
+      url=$CTXGUARD_TEST_REDIS_URL
+      private=0
+      log "standalone: reusing \$CTXGUARD_TEST_REDIS_URL (destructive tests use their own server)"
+    else
+      need_binaries
+      [[ -n ${CTXGUARD_TEST_REDIS_URL:-} ]] && log "\$CTXGUARD_TEST_REDIS_URL does not answer; starting our own"
+      url="redis://127.0.0.1:$(start_server "$state/standalone")/0"
+      log "standalone: started ${url}"
+    fi
+    printf 'export CTXGUARD_TEST_REDIS_URL=%q\n' "$url"
+    printf 'export CTXGUARD_TEST_REDIS_PRIVATE=%s\n' "$private"
   fi
 
-  if [[ -n ${CTXGUARD_TEST_CLUSTER_URL:-} ]] && cluster_url_ok "$CTXGUARD_TEST_CLUSTER_URL"; then
-    cluster=$CTXGUARD_TEST_CLUSTER_URL
-    log "cluster: reusing \$CTXGUARD_TEST_CLUSTER_URL"
-  else
-    need_binaries
-    cluster=$(start_cluster "$state")
-    log "cluster: started $cluster"
+  if [[ $what != standalone ]]; then
+    private=1
+    if [[ -n ${CTXGUARD_TEST_CLUSTER_URL:-} ]] && cluster_url_ok "$CTXGUARD_TEST_CLUSTER_URL"; then
+      cluster=$CTXGUARD_TEST_CLUSTER_URL
+      private=0
+      log "cluster: reusing \$CTXGUARD_TEST_CLUSTER_URL (destructive tests use their own cluster)"
+    else
+      need_binaries
+      [[ -n ${CTXGUARD_TEST_CLUSTER_URL:-} ]] && log "\$CTXGUARD_TEST_CLUSTER_URL does not answer; starting our own"
+      cluster=$(start_cluster "$state")
+      log "cluster: started $cluster"
+    fi
+    printf 'export CTXGUARD_TEST_CLUSTER_URL=%q\n' "$cluster"
+    printf 'export CTXGUARD_TEST_CLUSTER_PRIVATE=%s\n' "$private"
   fi
-  printf 'export CTXGUARD_TEST_REDIS_URL=%q\n' "$url"
-  printf 'export CTXGUARD_TEST_CLUSTER_URL=%q\n' "$cluster"
 }
 
 cmd_stop() {
@@ -172,7 +197,7 @@ cmd_stop() {
 }
 
 case ${1:-} in
-  start) cmd_start "${2:?usage: services.sh start STATE_DIR}" ;;
+  start) cmd_start "${2:?usage: services.sh start STATE_DIR [all|standalone|cluster]}" "${3:-all}" ;;
   stop) cmd_stop "${2:?usage: services.sh stop STATE_DIR}" ;;
-  *) die "usage: services.sh start|stop STATE_DIR" ;;
+  *) die "usage: services.sh start STATE_DIR [all|standalone|cluster] | stop STATE_DIR" ;;
 esac

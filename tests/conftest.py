@@ -1,10 +1,18 @@
 """Fixtures shared by every test directory.
 
-Servers come from the environment that ``scripts/test`` sets up:
-``CTXGUARD_TEST_REDIS_URL`` (else 127.0.0.1:6379 if it answers) and
-``CTXGUARD_TEST_CLUSTER_URL``. A missing server skips the tests that need it,
-except under ``CI=true``, where it fails them. Each test gets a random key
-namespace, so tests never need FLUSHALL; its keys are deleted afterwards.
+Servers come from the environment that ``scripts/services.sh`` sets up
+(``scripts/test`` runs it): ``CTXGUARD_TEST_REDIS_URL`` and
+``CTXGUARD_TEST_CLUSTER_URL``; no default, never 127.0.0.1:6379 by chance. A
+missing server skips the tests that need it, except under ``CI=true``, where it
+fails them. Each test gets a random key namespace, so tests never need
+FLUSHALL; its keys are deleted afterwards.
+
+Tests that change a server's global state (SCRIPT FLUSH, CONFIG SET, DEBUG,
+CLIENT KILL/PAUSE, SHUTDOWN, killing the process) are marked ``destructive``
+and only ever touch a server this test run started: ``scratch_redis_url``, or
+``redis_url``/``cluster_url`` when ``CTXGUARD_TEST_REDIS_PRIVATE=1`` /
+``CTXGUARD_TEST_CLUSTER_PRIVATE=1`` say services.sh started them. A
+destructive test asking for a server the user named is skipped.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ from __future__ import annotations
 import inspect
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -35,7 +43,41 @@ if os.environ.get("CI") == "true":
 
 REDIS_ENV = "CTXGUARD_TEST_REDIS_URL"
 CLUSTER_ENV = "CTXGUARD_TEST_CLUSTER_URL"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# "1" when scripts/services.sh started the server for this run (not one the user named).
+PRIVATE_ENV = {
+    "redis_url": "CTXGUARD_TEST_REDIS_PRIVATE",
+    "cluster_url": "CTXGUARD_TEST_CLUSTER_PRIVATE",
+}
+DESTRUCTIVE = "destructive"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{DESTRUCTIVE}: changes a server's global state (SCRIPT FLUSH, CONFIG SET, DEBUG, "
+        "CLIENT KILL/PAUSE, SHUTDOWN, kills): runs only on a server this test run started",
+    )
+
+
+def shared_servers_refused(
+    markers: set[str], fixtures: set[str], env: Mapping[str, str]
+) -> list[str]:
+    """The shared-server fixtures a test may not use: a destructive test gets none
+    that services.sh did not start itself."""
+    if DESTRUCTIVE not in markers:
+        return []
+    return sorted(f for f, flag in PRIVATE_ENV.items() if f in fixtures and env.get(flag) != "1")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    markers = {mark.name for mark in item.iter_markers()}
+    fixtures = set(getattr(item, "fixturenames", ()))
+    refused = shared_servers_refused(markers, fixtures, os.environ)
+    if refused:
+        pytest.skip(
+            f"destructive test on a server this run did not start ({', '.join(refused)}); "
+            "use scratch_redis_url or let scripts/services.sh start the servers"
+        )
 
 
 # -- servers -------------------------------------------------------------------
@@ -72,7 +114,9 @@ def _answers(url: str) -> bool:
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     """URL of a standalone Redis server."""
-    url = os.environ.get(REDIS_ENV) or DEFAULT_REDIS_URL
+    url = os.environ.get(REDIS_ENV)
+    if not url:
+        _unavailable(f"${REDIS_ENV} is not set")
     if not _answers(url):
         _unavailable(f"no Redis server answers at {parse_store_url(url).redacted} (${REDIS_ENV})")
     return url
@@ -87,6 +131,25 @@ def cluster_url() -> str:
     if not _answers(url):
         _unavailable(f"no Redis Cluster answers at {parse_store_url(url).redacted}")
     return url
+
+
+@pytest.fixture(scope="session")
+def scratch_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A standalone server this run started, for destructive tests: the shared one
+    when services.sh started it, else a private redis-server for this session."""
+    if os.environ.get(PRIVATE_ENV["redis_url"]) == "1" and os.environ.get(REDIS_ENV):
+        url = os.environ[REDIS_ENV]
+        if not _answers(url):
+            _unavailable(f"no Redis server answers at {parse_store_url(url).redacted}")
+        yield url
+        return
+    from faults.servers import RedisServer
+
+    server = RedisServer(tmp_path_factory.mktemp("scratch-redis")).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
 
 
 def purge_namespace(url: str, namespace: str) -> int:

@@ -292,6 +292,13 @@ class RedisStore(_Base):
                 time.sleep(delay)
             except (RedisError, RedisClusterException) as exc:
                 raise self._error(exc, what, keys) from exc
+            except CLIENT_INTERNAL_ERRORS as exc:
+                if not _raised_in_client(exc):
+                    raise  # our own bug: never disguised as a connection problem
+                delay = next(delays, None)
+                if delay is None:
+                    raise _client_failure(exc, what, self.where) from exc
+                time.sleep(delay)
 
     def _run(self, call: Call, idempotent: bool = True) -> Any:
         script = self._scripts[call.script]
@@ -533,6 +540,7 @@ class AsyncRedisStore(_Base):
         super().__init__(url, retry)
         self.client = client if client is not None else _async_client(url)
         self._direct = type(self.client) is aredis.Redis
+        self._cluster = isinstance(self.client, aredis.RedisCluster)
         self._scripts = {
             name: self.client.register_script(load_script(name)) for name in SCRIPT_NAMES
         }
@@ -548,6 +556,14 @@ class AsyncRedisStore(_Base):
         sent: RedisError | None = None  # the last attempt that may have run, if any
         while True:
             try:
+                if self._cluster:
+                    # Learn the slot map before sending: redis-py routes a keyed
+                    # command sent while it knows no node (first use, or after it
+                    # reset itself) to a random node; concurrent tasks then meet
+                    # MOVED, and every 5th MOVED makes redis-py close all its
+                    # connections, including those other tasks are writing on.
+                    # A no-op once the client knows the cluster.
+                    await self.client.initialize()
                 return await fn()
             except AuthenticationError as exc:
                 raise _wrap(exc, what, self.where, self.url) from exc
@@ -559,6 +575,13 @@ class AsyncRedisStore(_Base):
                 await asyncio.sleep(delay)
             except (RedisError, RedisClusterException) as exc:
                 raise self._error(exc, what, keys) from exc
+            except CLIENT_INTERNAL_ERRORS as exc:
+                if not _raised_in_client(exc):
+                    raise  # our own bug: never disguised as a connection problem
+                delay = next(delays, None)
+                if delay is None:
+                    raise _client_failure(exc, what, self.where) from exc
+                await asyncio.sleep(delay)
 
     async def _run(self, call: Call, idempotent: bool = True) -> Any:
         script = self._scripts[call.script]
@@ -785,6 +808,42 @@ def _queue_eval(pipe: Any, script: str, call: Call) -> None:
     # Not ``pipe.eval``: redis-py's sync ClusterPipeline refuses eval() outright,
     # while a plain EVAL command is routed by its keys like any other.
     pipe.execute_command("EVAL", script, len(call.keys), *call.keys, *call.args)
+
+
+# What redis-py (and the asyncio streams under it) raise from its own internals
+# when a connection is torn down under a call, instead of a ConnectionError: for
+# example AttributeError "'NoneType' object has no attribute 'writelines'" when
+# a connection is closed while a command is being written on it.
+CLIENT_INTERNAL_ERRORS = (
+    AttributeError,
+    TypeError,
+    KeyError,
+    IndexError,
+    ValueError,
+    RuntimeError,
+    EOFError,
+    OSError,
+)
+
+
+def _raised_in_client(exc: BaseException) -> bool:
+    """True when ``exc`` was raised inside redis-py, not in ctxguard's own code."""
+    tb = exc.__traceback__
+    while tb is not None:
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if module == "redis" or module.startswith("redis."):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _client_failure(exc: BaseException, what: str, where: str) -> StoreConnectionError:
+    # The connection was dropped under the call: whether it was applied is unknown.
+    return StoreConnectionError(
+        f"{what} failed: the Redis client lost its connection to {where} mid-call "
+        f"({type(exc).__name__} inside redis-py)",
+        phase="lost",
+    )
 
 
 def _scan(client: Any, pattern: str) -> Iterator[bytes]:

@@ -31,13 +31,19 @@ CHROMIUM_FLAGS = (
 )
 
 
+# What scripts/install-chromium.sh installs, lightest first; $CTXGUARD_CHROMIUM overrides.
+BROWSERS = ("chromium-headless-shell", "chromium")
+
+
 @pytest.fixture(scope="session")
 def chromium() -> str:
-    """Path to Chromium (scripts/install-chromium.sh); missing is a failure under CI=true."""
-    path = "/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else None
-    path = path or shutil.which("chromium")
+    """Path to a headless Chromium; missing is a failure under CI=true."""
+    candidates = [os.environ.get("CTXGUARD_CHROMIUM", "")]
+    candidates += [f"/usr/bin/{name}" for name in BROWSERS]
+    candidates += [shutil.which(name) or "" for name in BROWSERS]
+    path = next((c for c in candidates if c and os.access(c, os.X_OK)), None)
     if path is None:
-        message = "chromium is not installed (run scripts/install-chromium.sh)"
+        message = "no headless Chromium is installed (run scripts/install-chromium.sh)"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)

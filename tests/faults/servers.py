@@ -147,7 +147,7 @@ class PrivateCluster:
         env = dict(os.environ)
         env.pop("CTXGUARD_TEST_CLUSTER_URL", None)  # never reuse the shared cluster
         out = subprocess.run(
-            ["bash", str(SERVICES), "start", str(self.state)],
+            ["bash", str(SERVICES), "start", str(self.state), "cluster"],
             env=env,
             capture_output=True,
             text=True,

@@ -22,7 +22,12 @@ from ctxguard.stores import WriteOptions, open_store
 from .helpers import RecordingPolicy, append_until_stored, assert_once_in_order, new
 from .servers import PrivateCluster, RedisServer
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [
+    pytest.mark.redis,
+    pytest.mark.slow,
+    pytest.mark.timeout(240),
+    pytest.mark.destructive,
+]
 WRITERS = 16
 PER_WRITER = 1000
 KILL_EVERY = 100

@@ -20,7 +20,7 @@ from ctxguard.stores.base import RecordWrite
 from .helpers import RecordingPolicy, kill_blocked, new, run_killed
 from .servers import RedisServer
 
-pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60), pytest.mark.destructive]
 OPTS = WriteOptions(counter="c1")
 SID = "s1"
 

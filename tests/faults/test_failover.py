@@ -20,7 +20,12 @@ from ctxguard.stores import WriteOptions, open_async_store, open_store
 from .helpers import aappend_until_stored, append_until_stored, assert_once_in_order, new
 from .servers import PrivateCluster
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(150)]
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.slow,
+    pytest.mark.timeout(150),
+    pytest.mark.destructive,
+]
 OPTS = WriteOptions(counter="c1")
 PER_WRITER = 300
 

@@ -34,7 +34,7 @@ from .fake_servers import Behaviour, FakeServer, fake_server
 from .helpers import RecordingPolicy, append_until_stored, assert_once_in_order, new
 from .servers import RedisServer
 
-pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(90), pytest.mark.destructive]
 OPTS = WriteOptions(counter="c1")
 
 

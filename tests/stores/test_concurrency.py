@@ -45,6 +45,7 @@ async def test_threads_and_tasks_append_to_one_session(server_url: str, namespac
     sync_store = open_store(server_url, namespace=namespace)
     async_store = open_async_store(server_url, namespace=namespace)
     go = threading.Event()
+    stop = threading.Event()  # set when the test fails early: threads end before the test does
     sent: dict[str, list[str]] = defaultdict(list)
     errors: list[BaseException] = []
     duplicates_seen: list[str] = []
@@ -57,6 +58,8 @@ async def test_threads_and_tasks_append_to_one_session(server_url: str, namespac
         try:
             go.wait(10)
             for i in range(PER_WRITER):
+                if stop.is_set():
+                    return
                 new = _message(writer, i)
                 sync_store.append(SESSION, [new])
                 retried = sync_store.append(SESSION, [new]) if _is_retry(i) else None
@@ -78,9 +81,16 @@ async def test_threads_and_tasks_append_to_one_session(server_url: str, namespac
     for thread in threads:
         thread.start()
     go.set()
-    await asyncio.gather(*(task_writer(f"task-{n}") for n in range(WRITERS)))
-    for thread in threads:
-        await asyncio.to_thread(thread.join, 120)
+    try:
+        await asyncio.gather(*(task_writer(f"task-{n}") for n in range(WRITERS)))
+    except BaseException:
+        # Never leave writer threads running past a failed test: a daemon thread
+        # still inside the client at interpreter exit can crash the interpreter.
+        stop.set()
+        raise
+    finally:
+        for thread in threads:
+            await asyncio.to_thread(thread.join, 120)
     assert not errors, errors
     assert not any(thread.is_alive() for thread in threads)
 
@@ -125,3 +135,34 @@ def _assert_writers_interleaved(stored: list[StoredMessage]) -> None:
     kinds = [s.message.metadata["writer"].split("-")[0] for s in stored]
     switches = sum(1 for a, b in itertools.pairwise(kinds) if a != b)
     assert switches > 1, "threads and tasks did not run at the same time"
+
+
+@pytest.mark.cluster
+async def test_first_concurrent_calls_on_a_new_cluster_store_go_to_the_right_node(
+    cluster_url: str, namespace: str, purge_after: Callable[[str], None]
+) -> None:
+    """redis-py routes a keyed command it sends before it knows the cluster to a
+    random node: many tasks starting at once then meet MOVED, and its 5th MOVED
+    closes every connection, under the feet of the other tasks (the writelines
+    AttributeError of issue 12). The store learns the slot map first."""
+    purge_after(cluster_url)
+    store = open_async_store(cluster_url, namespace=namespace)
+    client = store.client  # type: ignore[attr-defined]
+    resets: list[int] = []
+    close = client.aclose
+
+    async def counting_close() -> None:
+        resets.append(1)
+        await close()
+
+    client.aclose = counting_close
+    try:
+        await asyncio.gather(
+            *(store.append(SESSION, [_message(f"task-{n}", 0)]) for n in range(2 * WRITERS))
+        )
+        assert client.reinitialize_counter == 0, "calls were sent to a node not serving the slot"
+        assert not resets, "the client closed its connections under the running tasks"
+        assert len(await store.read(SESSION)) == 2 * WRITERS
+    finally:
+        client.aclose = close
+        await store.close()

@@ -1,7 +1,12 @@
 """The plain-Redis stores send EVALSHA on a pooled connection themselves (speed):
-they must still survive a flushed script cache and error replies, sync and async."""
+they must still survive a flushed script cache and error replies, sync and async.
+
+SCRIPT FLUSH empties the whole server's script cache: these tests run only on a
+server this test run started (``scratch_redis_url``), never on one the user named."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 
@@ -11,7 +16,7 @@ from ctxguard.stores import NewMessage, WriteOptions, open_async_store, open_sto
 from ctxguard.stores.keys import KeySpace
 from tests.conftest import raw_client
 
-pytestmark = pytest.mark.redis
+pytestmark = [pytest.mark.redis, pytest.mark.destructive]
 OPTIONS = WriteOptions(counter="c")
 
 
@@ -20,8 +25,10 @@ def new(text: str) -> NewMessage:
 
 
 def test_sync_store_reloads_flushed_scripts_and_survives_error_replies(
-    redis_url: str, namespace: str
+    scratch_redis_url: str, namespace: str, purge_after: Callable[[str], None]
 ) -> None:
+    redis_url = scratch_redis_url
+    purge_after(redis_url)
     store = open_store(redis_url, namespace=namespace)
     assert store._direct  # type: ignore[attr-defined]
     client = raw_client(redis_url)
@@ -43,8 +50,10 @@ def test_sync_store_reloads_flushed_scripts_and_survives_error_replies(
 
 
 async def test_async_store_reloads_flushed_scripts_and_survives_error_replies(
-    redis_url: str, namespace: str
+    scratch_redis_url: str, namespace: str, purge_after: Callable[[str], None]
 ) -> None:
+    redis_url = scratch_redis_url
+    purge_after(redis_url)
     store = open_async_store(redis_url, namespace=namespace)
     assert store._direct  # type: ignore[attr-defined]
     client = raw_client(redis_url)

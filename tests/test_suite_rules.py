@@ -1,0 +1,260 @@
+"""The suite's own ground rules: tests never run a destructive command on a server
+they did not start, and ``scripts/services.sh`` never picks up a server by chance.
+
+* every test module that sends a destructive command (SCRIPT FLUSH, FLUSHALL,
+  CONFIG SET, DEBUG, SHUTDOWN, CLIENT KILL/PAUSE, FAILOVER, kill signals) is
+  marked ``destructive``;
+* a destructive test asking for a server the user named is refused
+  (``shared_servers_refused``), and the real ones leave such a server untouched;
+* ``services.sh start`` with nothing named never talks to 6379, and says which
+  servers it started (``CTXGUARD_TEST_*_PRIVATE``).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Collection, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import DESTRUCTIVE, shared_servers_refused
+from faults.servers import RedisServer
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+SERVICES = ROOT / "scripts" / "services.sh"
+
+# redis-py methods and raw commands that change a server's global state.
+DESTRUCTIVE_METHODS = {
+    "script_flush", "flushall", "flushdb", "config_set", "config_resetstat", "config_rewrite",
+    "debug_sleep", "debug_object", "debug_segfault", "shutdown", "client_kill",
+    "client_kill_filter", "client_pause", "client_unpause", "cluster_failover", "cluster_reset",
+    "failover", "replicaof", "slaveof", "send_signal", "kill",
+}  # fmt: skip
+DESTRUCTIVE_COMMANDS = {
+    ("SCRIPT", "FLUSH"), ("CONFIG", "SET"), ("CONFIG", "RESETSTAT"), ("CONFIG", "REWRITE"),
+    ("CLIENT", "KILL"), ("CLIENT", "PAUSE"), ("CLUSTER", "FAILOVER"), ("CLUSTER", "RESET"),
+    ("FLUSHALL",), ("FLUSHDB",), ("DEBUG",), ("SHUTDOWN",), ("FAILOVER",), ("REPLICAOF",),
+    ("SLAVEOF",),
+}  # fmt: skip
+# Signals that stop or kill a process.
+KILL_SIGNALS = {"SIGKILL", "SIGTERM", "SIGSTOP", "SIGINT"}
+
+
+def _command_words(call: ast.Call) -> tuple[str, ...]:
+    """The leading command words of execute_command("CLIENT", "KILL", ...) or ("CLIENT KILL")."""
+    words: list[str] = []
+    for arg in call.args:
+        if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
+            break
+        words += arg.value.upper().split()
+    return tuple(words)
+
+
+def destructive_uses(tree: ast.AST, helpers: Collection[str] = ()) -> list[str]:
+    """Every destructive command a module's code sends (docstrings and comments ignored)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in KILL_SIGNALS:
+            found.append(f"line {node.lineno}: signal.{node.attr}")
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if name in DESTRUCTIVE_METHODS:
+            found.append(f"line {node.lineno}: {name}()")
+        elif name in helpers:
+            found.append(f"line {node.lineno}: {name}() (a destructive helper)")
+        elif name == "execute_command":
+            words = _command_words(node)
+            if any(words[: len(c)] == c for c in DESTRUCTIVE_COMMANDS):
+                found.append(f"line {node.lineno}: {' '.join(words[:2])}")
+    return found
+
+
+def _destructive_helpers() -> set[str]:
+    """Module-level functions of the tests' helper modules that send destructive commands."""
+    names = set()
+    for path in TESTS.rglob("*.py"):
+        if path.name.startswith("test_") or path.name == "conftest.py":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and destructive_uses(node):
+                names.add(node.name)
+    return names
+
+
+def _marked_destructive(tree: ast.Module) -> bool:
+    return any(
+        isinstance(node, ast.Attribute) and node.attr == DESTRUCTIVE for node in ast.walk(tree)
+    )
+
+
+def test_the_scan_sees_every_form_of_a_destructive_command() -> None:
+    source = """
+client.script_flush()
+admin.execute_command("CLIENT", "KILL", "ID", 3)
+admin.execute_command("CONFIG SET", "maxmemory", 1)
+admin.execute_command("DEBUG", "SLEEP", 1)
+proc.send_signal(signal.SIGKILL)
+client.execute_command("GET", "k")
+"""
+    uses = destructive_uses(ast.parse(source))
+    assert {u.split(": ", 1)[1] for u in uses} == {
+        "script_flush()",
+        "CLIENT KILL",
+        "CONFIG SET",
+        "DEBUG SLEEP",
+        "send_signal()",
+        "signal.SIGKILL",
+    }
+
+
+def test_every_module_sending_destructive_commands_is_marked_destructive() -> None:
+    helpers = _destructive_helpers()
+    assert {"kill_blocked", "run_killed"} <= helpers  # the scan finds the fault helpers
+    unmarked = {}
+    for path in sorted(TESTS.rglob("test_*.py")):
+        if path == Path(__file__).resolve():
+            continue  # this module only names the commands
+        tree = ast.parse(path.read_text(), str(path))
+        uses = destructive_uses(tree, helpers)
+        if uses and not _marked_destructive(tree):
+            unmarked[str(path.relative_to(ROOT))] = uses
+    assert not unmarked, f"mark these with pytest.mark.{DESTRUCTIVE}: {unmarked}"
+
+
+@pytest.mark.parametrize(
+    ("markers", "fixtures", "env", "refused"),
+    [
+        ({"redis"}, {"redis_url", "cluster_url"}, {}, []),
+        ({DESTRUCTIVE}, {"scratch_redis_url"}, {}, []),
+        ({DESTRUCTIVE}, {"redis_url"}, {}, ["redis_url"]),
+        ({DESTRUCTIVE}, {"redis_url"}, {"CTXGUARD_TEST_REDIS_PRIVATE": "0"}, ["redis_url"]),
+        ({DESTRUCTIVE}, {"redis_url"}, {"CTXGUARD_TEST_REDIS_PRIVATE": "1"}, []),
+        (
+            {DESTRUCTIVE},
+            {"redis_url", "cluster_url"},
+            {"CTXGUARD_TEST_REDIS_PRIVATE": "1"},
+            ["cluster_url"],
+        ),
+        ({DESTRUCTIVE}, {"cluster_url"}, {"CTXGUARD_TEST_CLUSTER_PRIVATE": "1"}, []),
+    ],
+)
+def test_destructive_tests_get_only_servers_this_run_started(
+    markers: set[str], fixtures: set[str], env: dict[str, str], refused: list[str]
+) -> None:
+    assert shared_servers_refused(markers, fixtures, env) == refused
+
+
+def _test_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTXGUARD_TEST_")}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def named_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A server "the user named": the tests must leave its global state alone."""
+    server = RedisServer(tmp_path / "named").start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(180)
+def test_destructive_tests_leave_a_server_the_user_named_untouched(
+    named_server: RedisServer, tmp_path: Path
+) -> None:
+    client = named_server.client()
+    try:
+        sha = client.script_load("return 'a script of the user'")
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        inner = subprocess.run(
+            [
+                sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                "tests/stores/test_direct_evalsha.py",
+            ],
+            cwd=ROOT,
+            env=_test_env(CTXGUARD_TEST_REDIS_URL=named_server.url),
+            capture_output=True,
+            text=True,
+            timeout=150,
+            check=False,
+        )  # fmt: skip
+        assert inner.returncode == 0, inner.stdout[-3000:] + inner.stderr[-2000:]
+        assert "passed" in inner.stdout  # they ran, on a server of their own
+        assert client.script_exists(sha) == [True], "a test flushed the user's script cache"
+        assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "allkeys-lru"}
+    finally:
+        client.close()
+
+
+def _fake_redis_cli(bin_dir: Path, calls: Path) -> None:
+    """A redis-cli that logs its arguments, then runs the real one."""
+    real = shutil.which("redis-cli")
+    if real is None:
+        pytest.skip("redis-cli is not installed")
+    bin_dir.mkdir()
+    fake = bin_dir / "redis-cli"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {shlex.quote(str(calls))}\nexec {real} "$@"\n')
+    fake.chmod(0o755)
+
+
+def _services(args: list[str], env: dict[str, str]) -> dict[str, str]:
+    out = subprocess.run(
+        ["bash", str(SERVICES), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    exports = {}
+    for line in out.splitlines():
+        name, _, value = line.removeprefix("export ").partition("=")
+        exports[name] = shlex.split(value)[0]
+    return exports
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(120)
+def test_services_start_private_servers_and_never_probe_6379(
+    named_server: RedisServer, tmp_path: Path
+) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    calls = tmp_path / "calls.log"
+    _fake_redis_cli(tmp_path / "bin", calls)
+    env = _test_env(PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", PYTHON=sys.executable)
+    state = tmp_path / "state"
+
+    started = _services(["start", str(state), "standalone"], env)
+    try:
+        assert "6379" not in calls.read_text(), "services.sh talked to 127.0.0.1:6379"
+        port = int(started["CTXGUARD_TEST_REDIS_URL"].rsplit(":", 1)[1].split("/")[0])
+        assert port != 6379
+        assert started["CTXGUARD_TEST_REDIS_PRIVATE"] == "1"
+        assert "CTXGUARD_TEST_CLUSTER_URL" not in started  # only what was asked for
+    finally:
+        subprocess.run(["bash", str(SERVICES), "stop", str(state)], env=env, timeout=60)
+
+    # A server the user names is reused, said to be shared, and never stopped.
+    env["CTXGUARD_TEST_REDIS_URL"] = named_server.url
+    reused = _services(["start", str(state), "standalone"], env)
+    subprocess.run(["bash", str(SERVICES), "stop", str(state)], env=env, timeout=60)
+    assert reused == {
+        "CTXGUARD_TEST_REDIS_URL": named_server.url,
+        "CTXGUARD_TEST_REDIS_PRIVATE": "0",
+    }
+    client = named_server.client()
+    try:
+        assert client.ping()
+    finally:
+        client.close()
