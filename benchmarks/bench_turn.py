@@ -195,6 +195,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 elapsed = time.perf_counter_ns() - t0
             meter.active = False
             packets = meter.take()
+            out = system.outcome(out)
             after = commandstats(admin)  # between turns, not timed; INFO itself left out
             checks.setdefault(key, Check()).add(out, user)
             if timed:

@@ -175,6 +175,48 @@ def script_floor(admin: Any, keys: list[str], args: list[str], calls: int) -> li
     return out
 
 
+def step_times(guard: Any, one: Any, turns: int) -> list[str]:
+    """Wall time inside the guard's steps over ``turns`` warm turns (timers, no profiler)."""
+    core, store = guard.core, guard.store
+    spent: dict[str, float] = {}
+    patched: list[tuple[Any, str, Any]] = []
+
+    def wrap(obj: Any, attr: str, label: str) -> None:
+        orig = getattr(obj, attr)
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return orig(*a, **k)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t0
+
+        setattr(obj, attr, timed)
+        patched.append((obj, attr, orig))
+
+    wrap(core.counter, "count_message", "  of which counting (tiktoken, cookbook rule)")
+    wrap(core, "encode_new", "encode_new: validate, id, count the 2 new messages")
+    wrap(core, "plan", "  of which plan (pinning, admission, window)")
+    wrap(core, "finalize", "  of which finalize (exact count, post-checks)")
+    wrap(core, "audit_record", "  of which the audit record")
+    wrap(core, "speculate", "speculate: plan on the cached window + audit record")
+    wrap(store, "commit_if_unchanged", "store: window script (round trip 1)")
+    wrap(store, "append_with_audit", "store: append script (round trip 2)")
+    t0 = time.perf_counter()
+    for _ in range(turns):
+        one()
+    total = time.perf_counter() - t0
+    for obj, attr, orig in patched:
+        if attr in vars(obj):
+            delattr(obj, attr)
+        if getattr(obj, attr) is not orig:
+            setattr(obj, attr, orig)
+    out = [f"  {total / turns * 1e6:6.0f} us  whole turn (wall)"]
+    for label, value in spent.items():
+        out.append(f"  {value / turns * 1e6:6.0f} us  {label}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--redis-url", required=True)
@@ -264,6 +306,9 @@ def main() -> None:
             f"{c} {calls:.2f} / {usec:.1f}" for c, (calls, usec) in sorted(stats.items())
         )
         print(f"  {name:10} {top}")
+
+    print("\n4a. Wall time inside the guard's steps, 2,000 warm turns (timers, no profiler)")
+    print("\n".join(step_times(systems["warm"].guard, turner("warm"), 2000)))  # type: ignore[attr-defined]
 
     print(f"\n4. cProfile of {args.turns:,} warm turns (client), top 25 by tottime")
     warm = turner("warm")
