@@ -277,11 +277,9 @@ def main() -> None:
         print(f"  {name:10} total {total[len(total) // 2]:>4} us: " + "; ".join(cols))
 
     print("\n2b. What a script call costs before it does anything (commandstats, 2,000 calls)")
-    call = systems["warm"].guard.store.protocol.window_call(  # type: ignore[attr-defined]
-        sessions[0],
-        4000,
-        systems["warm"].guard.core.write_options,
-        [],  # type: ignore[attr-defined]
+    warm_guard = systems["warm"].guard  # type: ignore[attr-defined]
+    call = warm_guard.store.protocol.window_call(
+        sessions[0], 4000, warm_guard.core.write_options, []
     )
     user = pool[0][0]["content"]
     args_like = [str(a) for a in call.args[:6]] + ["x" * 1400, "1000", "1", "id", user, "60", "0"]
@@ -320,8 +318,7 @@ def main() -> None:
     profiler.disable()
     wall = time.perf_counter() - t0
     buf = io.StringIO()
-    stats = pstats.Stats(profiler, stream=buf)
-    stats.sort_stats("tottime").print_stats(25)
+    pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(25)
     print(f"  {wall / args.turns * 1e6:.0f} us per turn under the profiler")
     print("\n".join(buf.getvalue().splitlines()[4:]))
     buf = io.StringIO()

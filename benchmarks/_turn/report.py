@@ -12,8 +12,13 @@ TARGET_SCALING = 1.2  # p50 at the largest H / p50 at the smallest
 
 WARM = ("ctxguard", "ctxguard-with-reply", "ctxguard-async")
 COLD = ("ctxguard-cold", "ctxguard-async-cold")
-CTXGUARD_SYSTEMS = ("ctxguard", "ctxguard-cold", "ctxguard-with-reply", "ctxguard-async")
-CTXGUARD_SYSTEMS += ("ctxguard-async-cold",)
+CTXGUARD_SYSTEMS = (
+    "ctxguard",
+    "ctxguard-cold",
+    "ctxguard-with-reply",
+    "ctxguard-async",
+    "ctxguard-async-cold",
+)
 ASYNC_SYSTEMS = ("floor-min-async", "floor-async", "ctxguard-async", "ctxguard-async-cold")
 FLOORS = ("floor-min", "floor-min-async", "floor", "floor-async")
 SYSTEMS = (*FLOORS, *CTXGUARD_SYSTEMS, "langchain", "llamaindex")
@@ -177,7 +182,7 @@ def render(report: dict[str, Any], output: Path) -> None:
     total = sum(v["turns"] for k, v in checks.items() if k.startswith("ctxguard"))
     if bad:
         print(f"  [FAIL] ctxguard correctness: {bad}")
-    else:
+    elif total:
         print(
             f"  [OK] correctness: all {total:,} ctxguard requests (incl. warm-up) had "
             "tokens + reserved <= limit, the pinned system message first and the newest user "
