@@ -1,28 +1,35 @@
-"""Load: N concurrent asyncio clients over M sessions doing full turns.
+"""Load: concurrent asyncio clients doing full turns, AsyncGuard against the async minimal floor.
 
-A turn is ``AsyncGuard.prepare`` followed by ``AsyncGuard.complete`` (one
-script: append the reply). With the session's window cached, prepare is one
-script (append the user message + the audit record, if the session is
-unchanged); otherwise one script appends and fetches the window, and one more
-writes the audit record. Client c's t-th turn goes to session (c + t * clients)
-mod sessions; clients drift apart, so two of them sometimes meet on one
-session, and the one that commits second re-plans on a fetch.
-Targets: a single Redis and a Redis Cluster (when a URL is given), in the same
-run, each next to ``redis-benchmark``'s figure for the closest stock mix.
+A turn is what bench_turn times: append the user message, build the request under a
+4,096-token prompt budget with the system message pinned, append the reply. Two
+systems run on one Redis in the same run, in alternating segments (A B, then B A,
+...), so drift on the machine hits both alike:
 
-Why RPUSH + LRANGE_100: on the server a turn costs about three list appends
-(user message and its token count, reply; the audit push) and one range read of
-the recent window (up to ~100 records at these sizes). ``redis-benchmark -t
-rpush,lrange_100`` with the same client count measures both commands; the
-"server ceiling" column is 1 / (3/RPUSH + 1/LRANGE_100), the turns per second
-Redis itself could serve if a turn cost exactly that mix and the clients were free.
-It is an upper bound: the scripts do more (HSETNX for idempotency, meta
-updates) and the guard counts tokens in Python.
+* ``ctxguard``: one :class:`ctxguard.AsyncGuard` shared by every client (window
+  cache on: a session this guard wrote last plans locally and commits in one script);
+* ``floor-min-async``: bench_turn's minimal floor on ``redis.asyncio`` (one list
+  element ``tokens|role|content`` per message; RPUSH + LRANGE 64 + GET pipelined,
+  trim on the client, RPUSH the reply).
+
+Client c's t-th turn goes to session (c + t * clients) mod sessions; with as many
+sessions as clients (the default, 64 and 64) each client owns one session. Every
+session starts with the system message and ``--history`` synthetic messages
+(``_synthetic.py``); turns use synthetic messages too (p50 ~79 cl100k tokens).
+
+Per system: turns per second; p50 / p99 turn time; client CPU per turn (this
+process's CPU time over the segments / turns); Redis server time per turn from
+INFO commandstats deltas (the usec of the commands the client sends: EVALSHA/EVAL
+for ctxguard, which sends nothing else (bench_turn counts it), every command for the
+floor; a script's inner commands are inside its EVALSHA's usec); and the Redis
+process's CPU per turn (INFO cpu deltas: networking and parsing included). Target
+(issue 16): ctxguard at least 0.8x the floor's turns per second.
+
+With ``--cluster-url`` ctxguard also runs on a Redis Cluster (no floor there), and
+``redis-benchmark`` gives RPUSH and LRANGE_100 rates for scale.
 
 Run: ``python benchmarks/bench_load.py [--redis-url URL] [--cluster-url URL]
-[--clients 32] [--sessions 64] [--approx] [--quick]``. Each target runs at most
-``--seconds`` (default 45 s; 8 s with --quick). Prints a table and writes
-``benchmarks/results/load.json``. Keys go under a fresh namespace, deleted after.
+[--clients 64] [--sessions 64] [--seconds S] [--rounds R] [--quick]``. Writes
+``benchmarks/results/load.json``. Keys go under fresh prefixes, deleted after.
 """
 
 from __future__ import annotations
@@ -38,18 +45,26 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from ctxguard.guard import AsyncGuard
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _synthetic import HistoryGenerator
+from _turn.meters import commandstats
+from _turn.systems import CtxGuardAsync, FloorMinAsync, System
+from _turn.workload import Cl100k, build_size
+
 from ctxguard.stores.urls import parse_store_url
 
 RESULTS = Path(__file__).resolve().parent / "results" / "load.json"
-USER = "Could you look at the numbers from yesterday's run and tell me what changed? " * 2
-REPLY = "The p99 moved because the window grew; the median stayed flat. " * 3
+TARGET_THROUGHPUT = 0.8
+SCRIPT_COMMANDS = ("evalsha", "eval", "evalsha_ro", "eval_ro")
+Turn = Callable[[str, dict[str, str], dict[str, str]], Awaitable[Any]]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -57,32 +72,139 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def load(
-    url: str, counter: str, clients: int, sessions: int, seconds: float
+def server_cpu(client: Any) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+async def segment(
+    turn: Turn,
+    pool: list[tuple[dict[str, str], dict[str, str]]],
+    clients: int,
+    sessions: int,
+    seconds: float,
+    admin: Any,
 ) -> dict[str, Any]:
-    namespace = "bench" + uuid.uuid4().hex[:8]
-    guard = AsyncGuard(url, namespace=namespace, counter=counter, limit=8192, max_tokens=256)
-    for s in range(sessions):
-        await guard.append(f"s{s}", [{"role": "system", "content": "You are a careful analyst."}])
+    """Run ``clients`` concurrent clients for ``seconds``; what it cost."""
     latencies: list[float] = []
+    stats0, cpu0 = commandstats(admin), server_cpu(admin)
+    proc0 = time.process_time()
     stop_at = time.perf_counter() + seconds
 
     async def client(c: int) -> None:
-        turn = 0
+        t = 0
         while time.perf_counter() < stop_at:
-            sid = f"s{(c + turn * clients) % sessions}"
+            sid = f"s{(c + t * clients) % sessions}"
+            user, reply = pool[(c * 7919 + t) % len(pool)]
             t0 = time.perf_counter()
-            req = await guard.prepare(sid, [{"role": "user", "content": f"{turn}: {USER}"}])
-            await guard.complete(sid, {"role": "assistant", "content": REPLY}, prepared=req)
+            await turn(sid, user, reply)
             latencies.append(time.perf_counter() - t0)
-            turn += 1
+            t += 1
 
     started = time.perf_counter()
     await asyncio.gather(*(client(c) for c in range(clients)))
     elapsed = time.perf_counter() - started
-    await guard.aclose()
+    proc = time.process_time() - proc0
+    stats1, cpu1 = commandstats(admin), server_cpu(admin)
+    usec = {c: u - stats0.get(c, (0, 0))[1] for c, (_, u) in stats1.items()}
+    calls = sum(n - stats0.get(c, (0, 0))[0] for c, (n, _) in stats1.items())
+    scripted = any(usec.get(c, 0) > 0 for c in SCRIPT_COMMANDS)
+    top = sum(usec.get(c, 0) for c in SCRIPT_COMMANDS) if scripted else sum(usec.values())
+    return {
+        "turns": len(latencies),
+        "seconds": elapsed,
+        "latencies": latencies,
+        "client_cpu_s": proc,
+        "server_us": top,
+        "server_cpu_s": cpu1 - cpu0,
+        "commands": calls,
+    }
+
+
+def combine(name: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    turns = sum(p["turns"] for p in parts)
+    seconds = sum(p["seconds"] for p in parts)
+    lat = [x for p in parts for x in p["latencies"]]
+    n = max(1, turns)
+    return {
+        "system": name,
+        "segments": len(parts),
+        "turns": turns,
+        "seconds": round(seconds, 2),
+        "turns_per_s": round(turns / seconds, 1),
+        "p50_ms": round(statistics.median(lat) * 1000, 2),
+        "p99_ms": round(percentile(lat, 0.99) * 1000, 2),
+        "client_cpu_us_per_turn": round(sum(p["client_cpu_s"] for p in parts) / n * 1e6, 1),
+        "server_us_per_turn": round(sum(p["server_us"] for p in parts) / n, 1),
+        "server_cpu_us_per_turn": round(sum(p["server_cpu_s"] for p in parts) / n * 1e6, 1),
+        "commands_per_turn": round(sum(p["commands"] for p in parts) / n, 1),
+    }
+
+
+async def compare(args: argparse.Namespace, seconds: float) -> list[dict[str, Any]]:
+    """ctxguard and the async minimal floor on one Redis, alternating segments."""
+    prefix = f"ctxguard-load-{uuid.uuid4().hex[:8]}"
+    tok = Cl100k()
+    data = build_size(args.history + 1, 11, tok)
+    sessions = [f"s{i}" for i in range(args.sessions)]
+    systems: dict[str, System] = {
+        "ctxguard": CtxGuardAsync(args.redis_url, f"{prefix}-guard"),
+        "floor-min-async": FloorMinAsync(args.redis_url, prefix, tok),
+    }
+    for system in systems.values():
+        for sid in sessions:
+            system.load(data, sid)
+    pool = HistoryGenerator(20262).turns(2048)
+    admin = redis.Redis.from_url(args.redis_url)
+    parts: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+    # one short untimed pass each: connections, scripts, the guard's window cache
+    for system in systems.values():
+        await segment(system.aturn, pool, args.clients, args.sessions, 1.0, admin)
+    names = list(systems)
+    for r in range(args.rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            part = await segment(
+                systems[name].aturn, pool, args.clients, args.sessions, seconds, admin
+            )
+            parts[name].append(part)
+            print(f"  round {r + 1} {name:16} {part['turns'] / part['seconds']:8.1f} turns/s")
+    for system in systems.values():
+        await system.aclose()
+        system.cleanup()
+    admin.close()
+    return [combine(name, p) for name, p in parts.items()]
+
+
+async def cluster_load(url: str, args: argparse.Namespace, seconds: float) -> dict[str, Any]:
+    """ctxguard alone on a Redis Cluster."""
+    namespace = "bench" + uuid.uuid4().hex[:8]
+    system = CtxGuardAsync(url, namespace)
+    tok = Cl100k()
+    data = build_size(args.history + 1, 11, tok)
+    for s in range(args.sessions):
+        system.load(data, f"s{s}")
+    pool = HistoryGenerator(20262).turns(2048)
+    latencies: list[float] = []
+    turns = 0
+    stop_at = time.perf_counter() + seconds
+
+    async def client(c: int) -> None:
+        nonlocal turns
+        t = 0
+        while time.perf_counter() < stop_at:
+            user, reply = pool[(c * 7919 + t) % len(pool)]
+            t0 = time.perf_counter()
+            await system.aturn(f"s{(c + t * args.clients) % args.sessions}", user, reply)
+            latencies.append(time.perf_counter() - t0)
+            t += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client(c) for c in range(args.clients)))
+    elapsed = time.perf_counter() - started
+    await system.aclose()
     purge(url, namespace)
     return {
+        "system": "ctxguard (cluster)",
         "turns": len(latencies),
         "seconds": round(elapsed, 2),
         "turns_per_s": round(len(latencies) / elapsed, 1),
@@ -122,8 +244,6 @@ def redis_benchmark(url: str, clients: int, requests: int) -> dict[str, float]:
         m = re.match(r"^\s*(RPUSH|LRANGE_100)[^:]*:\s*([\d.]+) requests per second", line)
         if m:
             found[m.group(1).lower()] = float(m.group(2))
-    if "rpush" in found and "lrange_100" in found:
-        found["ceiling_turns_per_s"] = round(1 / (3 / found["rpush"] + 1 / found["lrange_100"]), 1)
     return found
 
 
@@ -137,45 +257,75 @@ def parsed_host(backend_url: str) -> tuple[str, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--redis-url", default=os.environ.get("CTXGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+        "--redis-url",
+        default=os.environ.get("CTXGUARD_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
     )
-    ap.add_argument("--cluster-url", default=os.environ.get("CTXGUARD_TEST_CLUSTER_URL", ""))
-    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--cluster-url", default="")
+    ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--sessions", type=int, default=64)
-    ap.add_argument("--seconds", type=float, default=None)
-    ap.add_argument("--approx", action="store_true", help='counter "approx" instead of tiktoken')
+    ap.add_argument("--history", type=int, default=200, help="messages stored per session")
+    ap.add_argument("--seconds", type=float, default=None, help="per segment")
+    ap.add_argument("--rounds", type=int, default=None, help="segments per system")
+    ap.add_argument("--redis-benchmark", action="store_true", help="also run redis-benchmark")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
-    seconds = args.seconds or (8.0 if args.quick else 45.0)
-    counter = "approx" if args.approx else "tiktoken:cl100k_base"
-    requests = 5000 if args.quick else 20000
-    targets = [("redis", args.redis_url)] + (
-        [("cluster", args.cluster_url)] if args.cluster_url else []
-    )
-    rows = []
-    for name, url in targets:
-        result = asyncio.run(load(url, counter, args.clients, args.sessions, seconds))
-        result |= {"target": name, "url": parse_store_url(url).redacted}
-        result["redis_benchmark"] = redis_benchmark(url, args.clients, requests)
-        rows.append(result)
-    report = {
+    seconds = args.seconds or (3.0 if args.quick else 8.0)
+    args.rounds = args.rounds or (2 if args.quick else 4)
+    rows = asyncio.run(compare(args, seconds))
+    by = {r["system"]: r for r in rows}
+    ratio = by["ctxguard"]["turns_per_s"] / by["floor-min-async"]["turns_per_s"]
+    report: dict[str, Any] = {
         "clients": args.clients,
         "sessions": args.sessions,
-        "counter": counter,
+        "history": args.history,
+        "seconds_per_segment": seconds,
+        "rounds": args.rounds,
         "python": sys.version.split()[0],
         "machine": f"{platform.machine()} x{os.cpu_count()}",
+        "redis_url": parse_store_url(args.redis_url).redacted,
         "rows": rows,
+        "throughput_ratio": round(ratio, 3),
+        "target": {"bound": TARGET_THROUGHPUT, "pass": ratio >= TARGET_THROUGHPUT},
     }
+    if args.cluster_url:
+        report["cluster"] = asyncio.run(cluster_load(args.cluster_url, args, seconds))
+    if args.redis_benchmark:
+        report["redis_benchmark"] = redis_benchmark(args.redis_url, args.clients, 20000)
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2))
-    print(f"{args.clients} asyncio clients, {args.sessions} sessions, counter {counter}")
-    head = f"{'target':8} {'turns':>7} {'turns/s':>8} {'p50 ms':>7} {'p99 ms':>7} | "
-    print(head + f"{'RPUSH/s':>9} {'LRANGE_100/s':>12} {'ceiling turns/s':>15}")
+    print()
+    print(
+        f"{args.clients} asyncio clients, {args.sessions} sessions of {args.history} messages, "
+        f"{args.rounds} x {seconds:g}s per system, alternating"
+    )
+    print(
+        f"{'system':16} {'turns':>7} {'turns/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'client CPU us':>14} {'server us':>10} {'redis CPU us':>13} {'cmds':>5}  (per turn)"
+    )
     for r in rows:
-        b = r["redis_benchmark"]
-        left = f"{r['target']:8} {r['turns']:>7} {r['turns_per_s']:>8} {r['p50_ms']:>7} "
-        right = f"{b.get('rpush', 0):>9.0f} {b.get('lrange_100', 0):>12.0f} "
-        print(left + f"{r['p99_ms']:>7} | " + right + f"{b.get('ceiling_turns_per_s', 0):>15}")
+        print(
+            f"{r['system']:16} {r['turns']:>7} {r['turns_per_s']:>8} {r['p50_ms']:>7} "
+            f"{r['p99_ms']:>7} {r['client_cpu_us_per_turn']:>14} {r['server_us_per_turn']:>10} "
+            f"{r['server_cpu_us_per_turn']:>13} {r['commands_per_turn']:>5}"
+        )
+    verdict = "PASS" if ratio >= TARGET_THROUGHPUT else "MISS"
+    print(
+        f"  [{verdict}] ctxguard turns/s / floor-min-async turns/s >= {TARGET_THROUGHPUT}: "
+        f"{ratio:.2f}x"
+    )
+    f, g = by["floor-min-async"], by["ctxguard"]
+    for what, key in (
+        ("client CPU per turn", "client_cpu_us_per_turn"),
+        ("server time per turn", "server_us_per_turn"),
+        ("Redis CPU per turn", "server_cpu_us_per_turn"),
+    ):
+        if f[key]:
+            print(f"  [info] ctxguard {what} / floor-min-async's: {g[key] / f[key]:.2f}x")
+    if "cluster" in report:
+        c = report["cluster"]
+        print(f"cluster: ctxguard {c['turns_per_s']} turns/s, p50 {c['p50_ms']} ms")
+    if "redis_benchmark" in report:
+        print(f"redis-benchmark (-c {args.clients}): {report['redis_benchmark']}")
     print(f"wrote {RESULTS}")
 
 

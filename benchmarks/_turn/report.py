@@ -1,0 +1,208 @@
+"""bench_turn's report: targets (issue 16) and the printed tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+TARGET_WARM = 1.5  # p50 / minimal floor p50, window cache warm
+TARGET_COLD = 2.0  # p50 / minimal floor p50, window cache cold
+TARGET_SERVER = 3.0  # Redis server time per turn / the minimal floor's
+TARGET_SCALING = 1.2  # p50 at the largest H / p50 at the smallest
+
+WARM = ("ctxguard", "ctxguard-with-reply", "ctxguard-async")
+COLD = ("ctxguard-cold", "ctxguard-async-cold")
+CTXGUARD_SYSTEMS = (
+    "ctxguard",
+    "ctxguard-cold",
+    "ctxguard-with-reply",
+    "ctxguard-async",
+    "ctxguard-async-cold",
+)
+ASYNC_SYSTEMS = ("floor-min-async", "floor-async", "ctxguard-async", "ctxguard-async-cold")
+FLOORS = ("floor-min", "floor-min-async", "floor", "floor-async")
+SYSTEMS = (*FLOORS, *CTXGUARD_SYSTEMS, "langchain", "llamaindex")
+# what each row is divided by, first one that ran
+BASES_SYNC = ("floor-min", "floor")
+BASES_ASYNC = ("floor-min-async", "floor-min", "floor-async", "floor")
+
+
+def baseline(name: str, size: int, ran: set[tuple[str, int]]) -> str | None:
+    """The floor a row is divided by: the minimal floor of its I/O model when it ran."""
+    for base in BASES_ASYNC if name in ASYNC_SYSTEMS else BASES_SYNC:
+        if (base, size) in ran:
+            return base
+    return None
+
+
+def evaluate(report: dict[str, Any]) -> dict[str, Any]:
+    """Targets (PASS/MISS) for the ctxguard rows; other ratios as information."""
+    p50 = {(r["system"], r["size"]): r["p50_ms"] for r in report["results"]}
+    cost = {tuple(k.split("@")): v for k, v in report["costs"].items()}
+    server = {(n, int(s)): c["server_us_per_turn"] for (n, s), c in cost.items()}
+    sizes = sorted({r["size"] for r in report["results"]})
+    ran = set(p50)
+    targets: list[dict[str, Any]] = []
+    info: list[dict[str, Any]] = []
+
+    def line(what: str, value: float, bound: float | None) -> None:
+        if bound is None:
+            info.append({"what": what, "value": value})
+        else:
+            targets.append({"target": f"{what} <= {bound}", "value": value, "pass": value <= bound})
+
+    for name in CTXGUARD_SYSTEMS:
+        bound = TARGET_WARM if name in WARM else TARGET_COLD
+        for size in sizes:
+            base = baseline(name, size, ran)
+            if base is None or (name, size) not in p50:
+                continue
+            judged = base.startswith("floor-min")
+            line(
+                f"{name} p50 / {base} p50 at {size:,}",
+                p50[(name, size)] / p50[(base, size)],
+                bound if judged else None,
+            )
+            if (name, size) in server and server.get((base, size)):
+                line(
+                    f"{name} server time / {base}'s at {size:,}",
+                    server[(name, size)] / server[(base, size)],
+                    TARGET_SERVER if judged else None,
+                )
+        lo, hi = min(sizes), max(sizes)
+        if lo != hi and (name, lo) in p50 and (name, hi) in p50:
+            scaling = p50[(name, hi)] / p50[(name, lo)]
+            line(
+                f"{name} p50 {hi:,} / p50 {lo:,}", scaling, TARGET_SCALING if name in WARM else None
+            )
+    for size in sizes:  # the floors against each other
+        for a, b in (
+            ("floor", "floor-min"),
+            ("floor-async", "floor-min-async"),
+            ("floor-min-async", "floor-min"),
+        ):
+            if (a, size) in p50 and (b, size) in p50:
+                line(f"{a} p50 / {b} p50 at {size:,}", p50[(a, size)] / p50[(b, size)], None)
+    report["targets"] = targets
+    report["info"] = info
+    return report
+
+
+def render(report: dict[str, Any], output: Path) -> None:
+    rows = report["results"]
+    sizes = sorted({r["size"] for r in rows})
+    by = {(r["system"], r["size"]): r for r in rows}
+    ran = set(by)
+    p50 = {k: r["p50_ms"] for k, r in by.items()}
+    meta = report["meta"]
+    lengths = meta["turn_message_lengths"]
+    print()
+    print(
+        f"One turn (append user, prepare under {meta['prompt_budget']:,} prompt tokens with the "
+        f"system pinned, append reply) on Redis {meta['redis']}, {meta['machine']}, "
+        f"Python {meta['python']}"
+    )
+    print(
+        f"Synthetic messages: p50 {lengths['p50']:.0f} cl100k tokens, "
+        f"{lengths['share_chinese']:.0%} Chinese, {lengths['share_code']:.0%} code"
+    )
+    header = f"{'system':<20}" + "".join(f"{f'H={s:,}':>34}" for s in sizes)
+    print()
+    print(header)
+    sub = f"{'p50 ms':>9}{'p99 ms':>9}{'x base':>11}{'n':>5}"
+    print(f"{'':<20}" + sub * len(sizes))
+    print("-" * len(header))
+    for name in SYSTEMS:
+        cells = []
+        for s in sizes:
+            r = by.get((name, s))
+            if r is None:
+                cells.append(f"{'not run':>34}")
+                continue
+            base = baseline(name, s, ran)
+            ratio = r["p50_ms"] / p50[(base, s)] if base else float("nan")
+            cells.append(
+                f"{_ms(r['p50_ms']):>9}{_ms(r['p99_ms']):>9}{ratio:>10.2f}x{r['turns']:>5}"
+            )
+        if any(c.strip() != "not run" for c in cells):
+            print(f"{name:<20}" + "".join(cells))
+    print(
+        "x base: p50 / the p50 of the minimal floor of the same I/O model at the same H "
+        "(sync rows / floor-min, async rows / floor-min-async)"
+    )
+    print()
+    if any(n == "llamaindex" for n, _ in ran):
+        print(f"note: {meta['llamaindex_sizes_note']}")
+    for name, why in meta["skipped"].items():
+        print(f"note: {name} skipped: {why}")
+    print()
+    print("Redis cost per timed turn (INFO commandstats deltas around every turn; round trips")
+    print("= packets sent; commands = every call Redis counted, scripts' included; server us =")
+    print("usec of the commands the client sent, scripts' work inside them):")
+    print(
+        f"  {'system@H':<26}{'rt':>5}{'cmds':>7}{'sent':>6}{'server us':>11}{'p50 us':>8}"
+        f"{'x base':>8}{'in Lua us':>11}"
+    )
+    costs = report["costs"]
+    for name in SYSTEMS:
+        for s in sizes:
+            c = costs.get(f"{name}@{s}")
+            if c is None:
+                continue
+            base = baseline(name, s, ran)
+            bc = costs.get(f"{base}@{s}") if base else None
+            ratio = (
+                c["server_us_per_turn"] / bc["server_us_per_turn"]
+                if bc and bc["server_us_per_turn"]
+                else float("nan")
+            )
+            print(
+                f"  {f'{name}@{s}':<26}{c['round_trips_per_turn']:>5.2f}"
+                f"{c['commands_per_turn']:>7.1f}{c['sent_per_turn']:>6.2f}"
+                f"{c['server_us_per_turn']:>11.1f}{c['server_us_p50']:>8}{ratio:>7.2f}x"
+                f"{c['script_inner_us_per_turn']:>11.1f}"
+            )
+    print()
+    print(f"Commands per turn at H={max(sizes):,} (as Redis counts them):")
+    for name in SYSTEMS:
+        c = costs.get(f"{name}@{max(sizes)}")
+        if c is None:
+            continue
+        cmds = ", ".join(f"{k} {v:.2f}" for k, v in c["calls_per_turn"].items())
+        print(f"  {name:<20} {cmds}")
+    print()
+    for t in report["targets"]:
+        verdict = "PASS" if t["pass"] else "MISS"
+        print(f"  [{verdict}] {t['target']}: {t['value']:.2f}x")
+    for i in report.get("info", []):
+        print(f"  [info] {i['what']}: {i['value']:.2f}x")
+    print()
+    checks = report["checks"]
+    bad = {k: v for k, v in checks.items() if k.startswith("ctxguard") and not v["ok"]}
+    total = sum(v["turns"] for k, v in checks.items() if k.startswith("ctxguard"))
+    if bad:
+        print(f"  [FAIL] ctxguard correctness: {bad}")
+    elif total:
+        print(
+            f"  [OK] correctness: all {total:,} ctxguard requests (incl. warm-up) had "
+            "tokens + reserved <= limit, the pinned system message first and the newest user "
+            "message last"
+        )
+    for k, v in checks.items():
+        if not k.startswith("ctxguard") and not v["ok"]:
+            print(f"  note: {k}: {v}")
+    print()
+    print(
+        f"timed phase {meta['timed_phase_seconds']}s, total {meta['total_seconds']}s; "
+        f"JSON: {output}"
+    )
+
+
+def _ms(value: float) -> str:
+    if value >= 1000:
+        return f"{value / 1000:.2f}s"
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
