@@ -6,6 +6,9 @@ a bad value is an :class:`~ctxguard.errors.InvalidInputError` saying what was
 wrong and what to do, never a ``TypeError`` from deep inside. Checks are type
 tests first; JSON values (tools, usage, message metadata) are walked once,
 iteratively (no ``RecursionError``), to a depth of :data:`MAX_JSON_DEPTH`.
+
+Kept whole past ~400 lines on purpose: it is the one place every door's checks live, so
+a rule is written once.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@
   input) into the budget, so it also works behind ``RunnableWithMessageHistory``.
 * ``CtxGuardMiddleware`` (needs ``langchain>=1.0``) does the same for ``create_agent``
   through ``wrap_model_call``: it changes what the model is sent, never the agent state.
+
+Kept whole past ~400 lines for now: it is imported only on use, and its one clean seam
+(the message conversion, ``to_ctxguard``/``to_langchain``) is left for a later split.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ multimodal checkpoints, and describe interleaved layers in half a dozen shapes
 :func:`architecture_from_config` reads them all into one :class:`KVArchitecture`
 so the calculator never looks at a raw config. The rules follow vLLM's
 ``ModelConfig.get_total_num_kv_heads`` / ``get_head_size``.
+
+Kept whole past ~400 lines on purpose: it is one normalisation whose rules read each
+other's results, in vLLM's order.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ engine's token capacity is one rank's capacity, never multiplied by TP. Sources:
 ``vllm/v1/core/kv_cache_utils.py`` (grouping, ``get_num_blocks``,
 ``_check_enough_kv_cache_memory``, ``estimate_max_model_len``, ``unify_hybrid_kv_cache_specs``).
 Setups vLLM refuses outright (TP vs heads, max_model_len vs positions) are in ``refusals``.
+
+Kept whole at ~400 lines on purpose: it follows vLLM's arithmetic step by step, one
+function per vLLM function, easier to check against vLLM in one file.
 """
 
 from __future__ import annotations

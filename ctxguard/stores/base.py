@@ -1,526 +1,77 @@
-"""The store contract: what every session store (memory, Redis, Redis Cluster) does.
+"""The store contract and the helpers every backend shares, under one import path.
 
-A store keeps, per session: the ordered raw history (never destroyed by
-trimming), one token count per message tagged by the counter that produced it,
-the positions of pinned (system/developer) messages, a rolling summary with a
-version for compare-and-set, and a capped list of audit records. Sync and async
-stores have the same methods; :func:`ctxguard.stores.open_store` picks one by URL.
-
-Positions (``seq``) count from 0 in append order and never change.
+``contract.py`` holds the contract (the :class:`SessionStore` /
+:class:`AsyncSessionStore` protocols and the data they exchange), ``records.py``
+how records are encoded and decoded, ``walk.py`` the window walk. Import them
+from here.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import re
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Protocol, runtime_checkable
-
-import pydantic
-import pydantic_core
-
-from ctxguard._validate import show
-from ctxguard.errors import CorruptRecordError, InvalidInputError
-from ctxguard.ids import new_message_id
-from ctxguard.messages import Message
-
-UNKNOWN_TOKENS = -1
-# bytes of a stored record that are not content (id, created_at, keys): see window.lua
-RECORD_SKELETON_BYTES = 120
-
-
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
-    """A message as stored: its position, and its token count (if known)."""
-
-    seq: int
-    message: Message
-    tokens: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    """What an append did. Retried ids land in ``duplicates`` and store nothing."""
-
-    stored: tuple[str, ...]
-    duplicates: tuple[str, ...]
-    message_count: int
-    # The session's state token before and after the append (see WindowFetch.token);
-    # a cached window is extended only when ``token_before`` is the one it holds.
-    token_before: str | None = field(default=None, compare=False)
-    token_after: str | None = field(default=None, compare=False)
-
-    @property
-    def all_duplicates(self) -> bool:
-        return not self.stored and bool(self.duplicates)
-
-
-@dataclass(frozen=True, slots=True)
-class SessionInfo:
-    """A session's metadata, readable without reading its messages."""
-
-    session_id: str
-    message_count: int
-    token_total: int
-    counter: str | None
-    created_at: datetime
-    updated_at: datetime
-    ttl_seconds: float | None
-    summary_version: int
-    audit_count: int = 0
-
-
-class Summary(pydantic.BaseModel):
-    """A rolling summary that stands for messages ``[0, covers_to)``.
-
-    ``from_id``/``to_id`` name the first and last message it covers so an audit
-    can show the id range; ``version`` increases by one per commit.
-    """
-
-    model_config = pydantic.ConfigDict(frozen=True)
-
-    version: int
-    text: str
-    covers_to: int
-    from_id: str | None = None
-    to_id: str | None = None
-    tokens: int | None = None
-    counter: str | None = None
-    created_at: datetime = pydantic.Field(default_factory=lambda: datetime.now(UTC))
-
-
-@dataclass(frozen=True, slots=True)
-class WindowFetch:
-    """Everything one prepare needs, fetched in one round trip.
-
-    A fetch never writes. Given new messages, it answers as if they were
-    appended at the end of the history (an id already stored, or repeated in the
-    batch, is not appended twice): ``recent`` and ``pinned`` may hold them with
-    the positions they would get, ``info`` counts them, and ``appended`` says
-    which would be stored (``stored``) and which are there already
-    (``duplicates``); its ``token_after`` is None. :meth:`commit_if_unchanged`
-    with ``token`` then stores them, if the session is still in that state.
-
-    ``recent`` holds the newest messages, oldest first, walking back until their
-    stored token counts exceed the requested budget (unknown counts are
-    under-estimated so the walk fetches enough); ``reached_start`` says whether
-    it reached the oldest message. ``pinned`` holds pinned messages older than
-    ``recent``.
-
-    ``token`` names the session's state after the fetch: every change to what
-    a window can hold (messages, counts, counter, summary) gives a new one, so a
-    guard that cached this fetch can later ask the store to commit a request
-    planned on it only if the token still holds (:meth:`commit_if_unchanged`).
-    ``stop_tokens`` is the stored count of the message just older than
-    ``recent`` (the one that stopped the walk), or None when there is none or it
-    is unknown: with it the walk can be re-run on a cached copy exactly.
-    """
-
-    info: SessionInfo
-    pinned: tuple[StoredMessage, ...]
-    recent: tuple[StoredMessage, ...]
-    summary: Summary | None
-    reached_start: bool
-    appended: AppendResult | None = None
-    token: str | None = field(default=None, compare=False)
-    stop_tokens: int | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class WindowHit:
-    """:meth:`commit_if_unchanged` found the session as the caller's token says.
-
-    The new messages were appended and the audit record (if any) written, in
-    the same atomic step; ``turn`` is the record's number (0 without one) and
-    ``token`` the session's state token afterwards.
-    """
-
-    appended: AppendResult
-    turn: int
-    token: str
-
-
-@dataclass(frozen=True, slots=True)
-class NewMessage:
-    """A message ready to append: its record and (optionally) its token count."""
-
-    message: Message
-    tokens: int | None = None
-    record: str = field(default="", compare=False)
-
-    def encoded(self) -> str:
-        return self.record or self.message.to_record()
-
-
-@dataclass(frozen=True, slots=True)
-class WriteOptions:
-    """Per-write settings shared by every mutating operation."""
-
-    counter: str | None = None
-    ttl_seconds: int | None = None
-    max_messages: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RecordWrite:
-    """What a prepare writes back: lazily recounted tokens and/or one audit record."""
-
-    counter: str | None = None
-    counts: Mapping[int, int] = field(default_factory=dict)
-    audit: Mapping[str, Any] | None = None
-    retention: int = 0
-    ttl: int = 0
-
-
-@runtime_checkable
-class SessionStore(Protocol):
-    """Synchronous session store."""
-
-    def append(
-        self,
-        session_id: str,
-        messages: Sequence[NewMessage],
-        options: WriteOptions = ...,
-    ) -> AppendResult: ...
-    def read(
-        self, session_id: str, start: int = 0, stop: int | None = None
-    ) -> list[StoredMessage]: ...
-    def read_last(self, session_id: str, count: int) -> list[StoredMessage]: ...
-    def info(self, session_id: str) -> SessionInfo | None: ...
-    def delete(self, session_id: str) -> bool: ...
-    def list_sessions(self, prefix: str = "") -> Iterator[str]: ...
-    def fetch_window(
-        self,
-        session_id: str,
-        budget: int,
-        options: WriteOptions = ...,
-        new: Sequence[NewMessage] = (),
-        min_messages: int = 0,
-    ) -> WindowFetch: ...
-    def commit_if_unchanged(
-        self,
-        session_id: str,
-        token: str,
-        budget: int,
-        options: WriteOptions,
-        new: Sequence[NewMessage],
-        min_messages: int,
-        write: RecordWrite | None,
-    ) -> WindowHit | WindowFetch:
-        """Commit a request planned on a cached window, if the session is unchanged.
-
-        When the session's state token is ``token`` and no id of ``new`` is
-        stored yet, append ``new`` and write ``write`` (its audit record) in
-        one atomic step and return a :class:`WindowHit`. Otherwise do exactly
-        what :meth:`fetch_window` does with the same arguments (``write`` is
-        not applied) and return its :class:`WindowFetch`, to plan again on;
-        except when ``write``'s audit record (by its ``rid``) is already in
-        the trail: the call is a repeat of one that committed, and answers a
-        :class:`WindowHit` with that record's turn and an empty token.
-        """
-        ...
-
-    def set_token_counts(
-        self, session_id: str, counter: str, counts: Mapping[int, int]
-    ) -> None: ...
-    def get_summary(self, session_id: str) -> Summary | None: ...
-    def commit_summary(self, session_id: str, summary: Summary, expected_version: int) -> bool: ...
-    def retract(
-        self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
-    ) -> list[StoredMessage]: ...
-    def restore(
-        self,
-        session_id: str,
-        turns: int,
-        summary: Summary | None,
-        ttl: int = 0,
-        *,
-        created_at: datetime | None = None,
-    ) -> tuple[int, int]: ...
-    def add_audit(
-        self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
-    ) -> int:
-        """Append ``record`` (given a ``rid`` by :func:`with_rid`), keeping the newest
-        ``retention``; a request record gets the next turn (returned). A record whose
-        rid is in the trail already is not written again: its turn is returned."""
-        ...
-
-    def read_audit(self, session_id: str) -> list[dict[str, Any]]: ...
-    def record(self, session_id: str, write: RecordWrite) -> int: ...
-    def append_with_audit(
-        self,
-        session_id: str,
-        messages: Sequence[NewMessage],
-        options: WriteOptions,
-        write: RecordWrite,
-    ) -> AppendResult: ...
-    def close(self) -> None: ...
-
-
-@runtime_checkable
-class AsyncSessionStore(Protocol):
-    """Asynchronous session store: the same methods as :class:`SessionStore`."""
-
-    async def append(
-        self,
-        session_id: str,
-        messages: Sequence[NewMessage],
-        options: WriteOptions = ...,
-    ) -> AppendResult: ...
-    async def read(
-        self, session_id: str, start: int = 0, stop: int | None = None
-    ) -> list[StoredMessage]: ...
-    async def read_last(self, session_id: str, count: int) -> list[StoredMessage]: ...
-    async def info(self, session_id: str) -> SessionInfo | None: ...
-    async def delete(self, session_id: str) -> bool: ...
-    def list_sessions(self, prefix: str = "") -> AsyncIterator[str]: ...
-    async def fetch_window(
-        self,
-        session_id: str,
-        budget: int,
-        options: WriteOptions = ...,
-        new: Sequence[NewMessage] = (),
-        min_messages: int = 0,
-    ) -> WindowFetch: ...
-    async def commit_if_unchanged(
-        self,
-        session_id: str,
-        token: str,
-        budget: int,
-        options: WriteOptions,
-        new: Sequence[NewMessage],
-        min_messages: int,
-        write: RecordWrite | None,
-    ) -> WindowHit | WindowFetch: ...
-    async def set_token_counts(
-        self, session_id: str, counter: str, counts: Mapping[int, int]
-    ) -> None: ...
-    async def get_summary(self, session_id: str) -> Summary | None: ...
-    async def commit_summary(
-        self, session_id: str, summary: Summary, expected_version: int
-    ) -> bool: ...
-    async def retract(
-        self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
-    ) -> list[StoredMessage]: ...
-    async def restore(
-        self,
-        session_id: str,
-        turns: int,
-        summary: Summary | None,
-        ttl: int = 0,
-        *,
-        created_at: datetime | None = None,
-    ) -> tuple[int, int]: ...
-    async def add_audit(
-        self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
-    ) -> int: ...
-    async def read_audit(self, session_id: str) -> list[dict[str, Any]]: ...
-    async def record(self, session_id: str, write: RecordWrite) -> int: ...
-    async def append_with_audit(
-        self,
-        session_id: str,
-        messages: Sequence[NewMessage],
-        options: WriteOptions,
-        write: RecordWrite,
-    ) -> AppendResult: ...
-    async def close(self) -> None: ...
-
-
-# -- decoding shared by every backend ---------------------------------------
-
-
-@functools.lru_cache(maxsize=8192)
-def decode_record(raw: str | bytes) -> Message:
-    """Records are immutable and so are messages: consecutive turns fetch mostly the
-    same window, so each record is validated once, not once per turn."""
-    return Message.from_record(raw)
-
-
-def decode_message(session_id: str, seq: int, raw: str | bytes) -> Message:
-    """Decode one stored record, or raise :class:`CorruptRecordError` naming it."""
-    try:
-        return decode_record(raw)
-    except (pydantic.ValidationError, ValueError, InvalidInputError) as exc:
-        detail = str(exc).splitlines()[0][:200]
-        raise CorruptRecordError(session_id, seq, detail) from None
-
-
-def decode_summary(session_id: str, raw: str | bytes | None) -> Summary | None:
-    if raw is None:
-        return None
-    try:
-        return Summary.model_validate_json(raw)
-    except (pydantic.ValidationError, ValueError) as exc:
-        raise CorruptRecordError(session_id, "summary", str(exc).splitlines()[0][:200]) from None
-
-
-REQUEST_RECORD_HEAD = '{"turn":0,'
-RID_PATTERN = r"[0-9A-Za-z_.:\-]{1,64}"
-_RID = re.compile(RID_PATTERN)
-# as record_rid in _lib.lua: the rid right after the opening brace or a leading "turn"
-_RAW_RID = re.compile(r'\{(?:"turn":-?\d+,)?"rid":"(' + RID_PATTERN + ')"')
-
-
-def with_rid(record: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``record`` with its audit record id (``rid``) where the stores look for it.
-
-    Every audit record carries a rid, made once per logical record (the guard
-    makes it; a record without one gets a new one here, before the first send),
-    so a store writes a record at most once however often it is sent: a retry
-    after a lost reply finds the rid in the trail and writes nothing. The rid
-    goes first, or right after a leading ``turn`` (request records).
-    """
-    keys = iter(record)
-    first = next(keys, None)
-    second = next(keys, None)
-    rid = record.get("rid")
-    if rid is not None:
-        if not isinstance(rid, str) or not _RID.fullmatch(rid):
-            raise InvalidInputError(
-                f"audit record rid {rid!r} is not 1-64 characters of A-Z a-z 0-9 _ . : -"
-            )
-        if first == "rid" or (first == "turn" and second == "rid"):
-            return record
-    out: dict[str, Any] = {"turn": record["turn"]} if first == "turn" else {}
-    out["rid"] = rid if rid is not None else new_message_id()
-    out.update((k, v) for k, v in record.items() if k not in out)
-    return out
-
-
-def audit_rid(raw: str) -> str | None:
-    """The rid of an encoded audit record (as the Lua scripts read it), if it has one."""
-    found = _RAW_RID.match(raw)
-    return found.group(1) if found else None
-
-
-def encode_audit(record: Mapping[str, Any]) -> str:
-    """Compact JSON for an audit record (one per turn: pydantic-core's encoder is ~4x
-    json's); request records (``turn`` first, 0) get numbered by the store."""
-    try:
-        return pydantic_core.to_json(record, fallback=str).decode()
-    except (pydantic_core.PydanticSerializationError, ValueError, UnicodeError):
-        # e.g. a lone surrogate in a summarizer's error text: escaped JSON still round-trips
-        return json.dumps(record, default=str, ensure_ascii=True, separators=(",", ":"))
-
-
-def decode_audit(session_id: str, index: int, raw: str | bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        raise CorruptRecordError(session_id, f"audit {index}", str(exc)) from None
-    if not isinstance(value, dict):
-        raise CorruptRecordError(session_id, f"audit {index}", "not a JSON object")
-    return value
-
-
-def tokens_or_none(value: int) -> int | None:
-    return None if value < 0 else value
-
-
-def ms_to_datetime(ms: int | float) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, UTC)
-
-
-def check_window_args(budget: int, count: int | None = None) -> None:
-    if not isinstance(budget, int) or budget < 0:
-        raise InvalidInputError(f"budget must be a non-negative int, got {show(budget)}")
-    if count is not None and (not isinstance(count, int) or count < 0):
-        raise InvalidInputError(f"count must be a non-negative int, got {show(count)}")
-
-
-def walk_back(
-    costs: Iterable[tuple[int, int]], length: int, budget: int, min_messages: int
-) -> tuple[int, bool]:
-    """The window walk of ``window.lua``, over ``(seq, tokens)`` pairs newest first.
-
-    Stops before the first message that would push the running total over
-    ``budget``, but always takes the newest ``min_messages``. Returns the first
-    position taken and whether the walk stopped (False: it ran out of pairs).
-    """
-    total = 0
-    first = length
-    for seq, cost in costs:
-        if total + cost > budget and length - seq > min_messages:
-            return first, True
-        total += cost
-        first = seq
-    return first, False
-
-
-def estimate_unknown_tokens(record_bytes: int) -> int:
-    """A deliberate under-estimate for a message whose count is not stored yet.
-
-    The window walk uses it so that it fetches at least enough messages; the
-    guard then counts them exactly and writes the counts back.
-    """
-    return max(1, (record_bytes - RECORD_SKELETON_BYTES) // 8)
-
-
-def check_summary(
-    session_id: str, summary: Summary | None, stored_count: int, key: str = "sum"
-) -> Summary | None:
-    """A summary may cover at most the stored history; one beyond it is corrupt.
-
-    Sending it would stand in for messages that do not exist, and the window
-    after it would start past the newest message (the request would go out
-    without the user's new message).
-    """
-    if summary is not None and not 0 <= summary.covers_to <= stored_count:
-        raise CorruptRecordError(
-            session_id,
-            "sum",
-            f"the summary covers messages up to position {summary.covers_to}, "
-            f"but the session holds {stored_count}",
-            key=key,
-        )
-    return summary
-
-
-def virtual_window(
-    info: SessionInfo,
-    stored_count: int,
-    first: int,
-    recent: tuple[StoredMessage, ...],
-    pinned: tuple[StoredMessage, ...],
-    summary: Summary | None,
-    token: str | None,
-    stop_tokens: int | None,
-    new: Sequence[NewMessage],
-    flags: Sequence[int],
-    counted: bool,
-) -> WindowFetch:
-    """A fetch's answer with the new messages put where an append would put them.
-
-    ``recent``/``pinned`` are the stored part of the walk (which started at
-    ``first``, counting the new messages flagged 1 as if stored after
-    ``stored_count``); ``flags[i]`` says whether ``new[i]`` would be stored.
-    Shared by every backend so they compose the window the same way.
-    """
-    if not new:
-        return WindowFetch(info, pinned, recent, summary, first == 0, None, token, stop_tokens)
-    fresh = [n for n, f in zip(new, flags, strict=True) if f]
-    duplicates = tuple(n.message.id for n, f in zip(new, flags, strict=True) if not f)
-    tail = tuple(
-        StoredMessage(stored_count + i, n.message, n.tokens if counted else None)
-        for i, n in enumerate(fresh)
-    )
-    if tail:
-        recent = recent + tuple(s for s in tail if s.seq >= first)
-        pinned = pinned + tuple(s for s in tail if s.seq < first and s.message.is_pinned_role)
-    count = stored_count + len(tail)
-    appended = AppendResult(tuple(n.message.id for n in fresh), duplicates, count, token, None)
-    grown = SessionInfo(
-        info.session_id,
-        count,
-        info.token_total + sum([s.tokens or 0 for s in tail]),
-        info.counter,
-        info.created_at,
-        info.updated_at,
-        info.ttl_seconds,
-        info.summary_version,
-        info.audit_count,
-    )
-    return WindowFetch(grown, pinned, recent, summary, first == 0, appended, token, stop_tokens)
+from ctxguard.stores.contract import (
+    UNKNOWN_TOKENS,
+    AppendResult,
+    AsyncSessionStore,
+    NewMessage,
+    RecordWrite,
+    SessionInfo,
+    SessionStore,
+    StoredMessage,
+    Summary,
+    WindowFetch,
+    WindowHit,
+    WriteOptions,
+)
+from ctxguard.stores.records import (
+    REQUEST_RECORD_HEAD,
+    RID_PATTERN,
+    audit_rid,
+    decode_audit,
+    decode_message,
+    decode_record,
+    decode_summary,
+    encode_audit,
+    ms_to_datetime,
+    tokens_or_none,
+    with_rid,
+)
+from ctxguard.stores.walk import (
+    RECORD_SKELETON_BYTES,
+    check_summary,
+    check_window_args,
+    estimate_unknown_tokens,
+    virtual_window,
+    walk_back,
+)
+
+__all__ = [
+    "RECORD_SKELETON_BYTES",
+    "REQUEST_RECORD_HEAD",
+    "RID_PATTERN",
+    "UNKNOWN_TOKENS",
+    "AppendResult",
+    "AsyncSessionStore",
+    "NewMessage",
+    "RecordWrite",
+    "SessionInfo",
+    "SessionStore",
+    "StoredMessage",
+    "Summary",
+    "WindowFetch",
+    "WindowHit",
+    "WriteOptions",
+    "audit_rid",
+    "check_summary",
+    "check_window_args",
+    "decode_audit",
+    "decode_message",
+    "decode_record",
+    "decode_summary",
+    "encode_audit",
+    "estimate_unknown_tokens",
+    "ms_to_datetime",
+    "tokens_or_none",
+    "virtual_window",
+    "walk_back",
+    "with_rid",
+]

@@ -24,7 +24,12 @@ from ctxguard.stores import open_store
 from .helpers import RecordingPolicy
 from .servers import RedisServer
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.destructive]
+pytestmark = [
+    pytest.mark.redis,
+    pytest.mark.slow,
+    pytest.mark.timeout(180),
+    pytest.mark.destructive,
+]
 THREADS = 6
 TURNS = 120
 SESSIONS = ("a", "b", "c", "shared")

@@ -1,0 +1,115 @@
+"""Stored records in and out, shared by every backend: messages, summaries, audit records.
+
+A stored message record decodes once (cached); a damaged one raises
+:class:`~ctxguard.errors.CorruptRecordError` naming it. Audit records carry a
+``rid`` where the Lua scripts look for it (see :func:`with_rid`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import pydantic
+import pydantic_core
+
+from ctxguard.errors import CorruptRecordError, InvalidInputError
+from ctxguard.ids import new_message_id
+from ctxguard.messages import Message
+from ctxguard.stores.contract import Summary
+
+
+@functools.lru_cache(maxsize=8192)
+def decode_record(raw: str | bytes) -> Message:
+    """Records are immutable and so are messages: consecutive turns fetch mostly the
+    same window, so each record is validated once, not once per turn."""
+    return Message.from_record(raw)
+
+
+def decode_message(session_id: str, seq: int, raw: str | bytes) -> Message:
+    """Decode one stored record, or raise :class:`CorruptRecordError` naming it."""
+    try:
+        return decode_record(raw)
+    except (pydantic.ValidationError, ValueError, InvalidInputError) as exc:
+        detail = str(exc).splitlines()[0][:200]
+        raise CorruptRecordError(session_id, seq, detail) from None
+
+
+def decode_summary(session_id: str, raw: str | bytes | None) -> Summary | None:
+    if raw is None:
+        return None
+    try:
+        return Summary.model_validate_json(raw)
+    except (pydantic.ValidationError, ValueError) as exc:
+        raise CorruptRecordError(session_id, "summary", str(exc).splitlines()[0][:200]) from None
+
+
+REQUEST_RECORD_HEAD = '{"turn":0,'
+RID_PATTERN = r"[0-9A-Za-z_.:\-]{1,64}"
+_RID = re.compile(RID_PATTERN)
+# as record_rid in _lib.lua: the rid right after the opening brace or a leading "turn"
+_RAW_RID = re.compile(r'\{(?:"turn":-?\d+,)?"rid":"(' + RID_PATTERN + ')"')
+
+
+def with_rid(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``record`` with its audit record id (``rid``) where the stores look for it.
+
+    Every audit record carries a rid, made once per logical record (the guard
+    makes it; a record without one gets a new one here, before the first send),
+    so a store writes a record at most once however often it is sent: a retry
+    after a lost reply finds the rid in the trail and writes nothing. The rid
+    goes first, or right after a leading ``turn`` (request records).
+    """
+    keys = iter(record)
+    first = next(keys, None)
+    second = next(keys, None)
+    rid = record.get("rid")
+    if rid is not None:
+        if not isinstance(rid, str) or not _RID.fullmatch(rid):
+            raise InvalidInputError(
+                f"audit record rid {rid!r} is not 1-64 characters of A-Z a-z 0-9 _ . : -"
+            )
+        if first == "rid" or (first == "turn" and second == "rid"):
+            return record
+    out: dict[str, Any] = {"turn": record["turn"]} if first == "turn" else {}
+    out["rid"] = rid if rid is not None else new_message_id()
+    out.update((k, v) for k, v in record.items() if k not in out)
+    return out
+
+
+def audit_rid(raw: str) -> str | None:
+    """The rid of an encoded audit record (as the Lua scripts read it), if it has one."""
+    found = _RAW_RID.match(raw)
+    return found.group(1) if found else None
+
+
+def encode_audit(record: Mapping[str, Any]) -> str:
+    """Compact JSON for an audit record (one per turn: pydantic-core's encoder is ~4x
+    json's); request records (``turn`` first, 0) get numbered by the store."""
+    try:
+        return pydantic_core.to_json(record, fallback=str).decode()
+    except (pydantic_core.PydanticSerializationError, ValueError, UnicodeError):
+        # e.g. a lone surrogate in a summarizer's error text: escaped JSON still round-trips
+        return json.dumps(record, default=str, ensure_ascii=True, separators=(",", ":"))
+
+
+def decode_audit(session_id: str, index: int, raw: str | bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise CorruptRecordError(session_id, f"audit {index}", str(exc)) from None
+    if not isinstance(value, dict):
+        raise CorruptRecordError(session_id, f"audit {index}", "not a JSON object")
+    return value
+
+
+def tokens_or_none(value: int) -> int | None:
+    return None if value < 0 else value
+
+
+def ms_to_datetime(ms: int | float) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)

@@ -1,0 +1,329 @@
+"""The asynchronous Redis store (``redis.asyncio``), twin of :mod:`ctxguard.stores.redis`.
+
+Each method mirrors :class:`~ctxguard.stores.redis.RedisStore` line for line
+(the retry rules in that module's docstring hold here unchanged); keep the two
+in step. Imported as ``from ctxguard.stores.redis import AsyncRedisStore``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import redis.asyncio as aredis
+from redis.exceptions import (
+    AuthenticationError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
+
+from ctxguard._validate import check_count, check_prefix, check_store_args
+from ctxguard.stores.base import (
+    AppendResult,
+    NewMessage,
+    RecordWrite,
+    SessionInfo,
+    StoredMessage,
+    Summary,
+    WindowFetch,
+    WindowHit,
+    WriteOptions,
+    decode_summary,
+)
+from ctxguard.stores.integrity import RawSession, RepairPlan
+from ctxguard.stores.redis_clients import (
+    RedisStoreBase,
+    RetryPolicy,
+    as_fetch,
+    ascan_keys,
+    async_client,
+    queue_eval,
+)
+from ctxguard.stores.redis_errors import (
+    CLIENT_INTERNAL_ERRORS,
+    RETRYABLE,
+    client_failure,
+    connection_phase,
+    raised_in_client,
+    wrap_error,
+)
+from ctxguard.stores.redis_protocol import SCRIPT_NAMES, Call, load_script
+from ctxguard.stores.urls import StoreURL
+
+T = TypeVar("T")
+_DEFAULT_OPTIONS = WriteOptions()
+
+
+class AsyncRedisStore(RedisStoreBase):
+    """Asynchronous twin of :class:`~ctxguard.stores.redis.RedisStore` (``redis.asyncio``)."""
+
+    def __init__(self, url: StoreURL, client: Any = None, retry: RetryPolicy | None = None) -> None:
+        super().__init__(url, retry)
+        self.client = client if client is not None else async_client(url)
+        self._direct = type(self.client) is aredis.Redis
+        self._cluster = isinstance(self.client, aredis.RedisCluster)
+        self._scripts = {
+            name: self.client.register_script(load_script(name)) for name in SCRIPT_NAMES
+        }
+
+    async def _io(
+        self,
+        what: str,
+        fn: Callable[[], Awaitable[T]],
+        idempotent: bool,
+        keys: Sequence[str] = (),
+    ) -> T:
+        delays = self.retry_policy.delays() if idempotent else iter(())
+        sent: RedisError | None = None  # the last attempt that may have run, if any
+        while True:
+            try:
+                if self._cluster:
+                    # Learn the slot map before sending: redis-py routes a keyed
+                    # command sent while it knows no node (first use, or after it
+                    # reset itself) to a random node; concurrent tasks then meet
+                    # MOVED, and every 5th MOVED makes redis-py close all its
+                    # connections, including those other tasks are writing on.
+                    # A no-op once the client knows the cluster.
+                    await self.client.initialize()
+                return await fn()
+            except AuthenticationError as exc:
+                raise wrap_error(exc, what, self.where, self.url) from exc
+            except RETRYABLE as exc:
+                sent = exc if connection_phase(exc) in ("read", "lost") else sent
+                delay = next(delays, None)
+                if delay is None:  # report an attempt that may have run over a later refusal
+                    raise wrap_error(sent or exc, what, self.where, self.url) from exc
+                await asyncio.sleep(delay)
+            except (RedisError, RedisClusterException) as exc:
+                raise self._error(exc, what, keys) from exc
+            except CLIENT_INTERNAL_ERRORS as exc:
+                if not raised_in_client(exc):
+                    raise  # our own bug: never disguised as a connection problem
+                delay = next(delays, None)
+                if delay is None:
+                    raise client_failure(exc, what, self.where) from exc
+                await asyncio.sleep(delay)
+
+    async def _run(self, call: Call, idempotent: bool = True) -> Any:
+        script = self._scripts[call.script]
+        attempts: list[Call] = []
+
+        async def send() -> Any:
+            current = call.again() if attempts else call  # a retry says so (see Call.again)
+            attempts.append(current)
+            if self._direct:
+                return await self._evalsha(script, current)
+            return await script(keys=current.keys, args=current.args)
+
+        return await self._io(call.script, send, idempotent, call.keys)
+
+    async def _evalsha(self, script: Any, call: Call) -> Any:
+        """EVALSHA on a pooled connection (see :meth:`RedisStore._evalsha`)."""
+        pool = self.client.connection_pool
+        conn = await pool.get_connection()
+        try:
+            await conn.send_command("EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
+            try:
+                return await conn.read_response()
+            except NoScriptError:
+                await conn.send_command(
+                    "EVAL", script.script, len(call.keys), *call.keys, *call.args
+                )
+                return await conn.read_response()
+        except ResponseError:
+            raise
+        except BaseException:
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)
+
+    async def append(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        options: WriteOptions = _DEFAULT_OPTIONS,
+    ) -> AppendResult:
+        check_store_args(new=messages, options=options)
+        if not messages:
+            info = await self.info(session_id)
+            return AppendResult((), (), 0 if info is None else info.message_count)
+        reply = await self._run(self.protocol.append_call(session_id, messages, options))
+        return self.protocol.parse_append(session_id, messages, reply)
+
+    async def read(
+        self, session_id: str, start: int = 0, stop: int | None = None
+    ) -> list[StoredMessage]:
+        reply = await self._run(self.protocol.read_call(session_id, start, stop))
+        return self.protocol.parse_read(session_id, reply)
+
+    async def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
+        check_count(count, "count")
+        if count == 0:
+            return []
+        return await self.read(session_id, -count, None)
+
+    async def info(self, session_id: str) -> SessionInfo | None:
+        keys = self.protocol.keys(session_id)
+
+        async def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hgetall(keys[0])
+            pipe.ttl(keys[0])
+            pipe.llen(keys[6])
+            return list(await pipe.execute())
+
+        meta, ttl, audits = await self._io("info", fetch, True, (keys[0], keys[6]))
+        flat = [x for kv in meta.items() for x in kv]
+        return self.protocol.parse_info(session_id, flat, ttl, int(audits))
+
+    async def delete(self, session_id: str) -> bool:
+        keys = self.protocol.keys(session_id)
+        return bool(await self._io("delete", lambda: self.client.delete(*keys), True))
+
+    async def list_sessions(self, prefix: str = "") -> AsyncIterator[str]:
+        check_prefix(prefix)
+        pattern = self.protocol.keyspace.meta_pattern(prefix)
+
+        async def collect() -> list[bytes]:
+            return [k async for k in ascan_keys(self.client, pattern)]
+
+        seen: set[str] = set()
+        for key in await self._io("list", collect, True):
+            session_id = self.protocol.keyspace.session_id_from_meta_key(key.decode())
+            if session_id is not None and session_id not in seen:
+                seen.add(session_id)
+                yield session_id
+
+    async def fetch_window(
+        self,
+        session_id: str,
+        budget: int,
+        options: WriteOptions = _DEFAULT_OPTIONS,
+        new: Sequence[NewMessage] = (),
+        min_messages: int = 0,
+    ) -> WindowFetch:
+        reply = await self._run(
+            self.protocol.window_call(session_id, budget, options, new, min_messages)
+        )
+        return as_fetch(self.protocol.parse_window(session_id, new, reply, options))
+
+    async def commit_if_unchanged(
+        self,
+        session_id: str,
+        token: str,
+        budget: int,
+        options: WriteOptions,
+        new: Sequence[NewMessage],
+        min_messages: int,
+        write: RecordWrite | None,
+    ) -> WindowHit | WindowFetch:
+        call = self.protocol.window_call(
+            session_id, budget, options, new, min_messages, token, write
+        )
+        reply = await self._run(call)  # repeatable: see RedisStore.commit_if_unchanged
+        return self.protocol.parse_window(session_id, new, reply, options)
+
+    async def set_token_counts(
+        self, session_id: str, counter: str, counts: Mapping[int, int], ttl: int = 0
+    ) -> None:
+        await self._run(self.protocol.set_counts_call(session_id, counter, counts, ttl))
+
+    async def get_summary(self, session_id: str) -> Summary | None:
+        key = self.protocol.keys(session_id)[5]
+        return decode_summary(
+            session_id,
+            await self._io("get_summary", lambda: self.client.get(key), True, (key,)),
+        )
+
+    async def retract(
+        self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
+    ) -> list[StoredMessage]:
+        call = self.protocol.retract_call(session_id, count, expected_count, ttl)
+        return self.protocol.parse_retract(session_id, await self._run(call, idempotent=False))
+
+    async def restore(
+        self,
+        session_id: str,
+        turns: int,
+        summary: Summary | None,
+        ttl: int = 0,
+        *,
+        created_at: datetime | None = None,
+    ) -> tuple[int, int]:
+        call = self.protocol.restore_call(session_id, turns, summary, ttl, created_at)
+        reply = await self._run(call)
+        return int(reply[0]), int(reply[1])
+
+    async def commit_summary(
+        self, session_id: str, summary: Summary, expected_version: int, ttl: int = 0
+    ) -> bool:
+        call = self.protocol.commit_summary_call(session_id, summary, expected_version, ttl)
+        return bool(await self._run(call))  # repeatable: see RedisStore.commit_summary
+
+    async def add_audit(
+        self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
+    ) -> int:
+        call = self.protocol.audit_call(session_id, record, retention, ttl)
+        return int(await self._run(call))  # repeatable: by the record's rid
+
+    async def _pipelined(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
+        attempts: list[int] = []
+
+        async def send() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for call in calls:
+                current = call.again() if attempts else call  # see Call.again
+                queue_eval(pipe, self._scripts[call.script].script, current)
+            attempts.append(1)
+            return list(await pipe.execute())
+
+        return await self._io("+".join(c.script for c in calls), send, idempotent, calls[0].keys)
+
+    async def record(self, session_id: str, write: RecordWrite) -> int:
+        calls = self.protocol.record_calls(session_id, write)
+        if not calls:
+            return 0
+        if len(calls) == 1:  # one script: EVALSHA, not the whole script text (see _pipelined)
+            reply = await self._run(calls[0])
+            return int(reply) if write.audit is not None else 0
+        replies = await self._pipelined(calls, idempotent=True)
+        return int(replies[-1]) if write.audit is not None else 0
+
+    async def append_with_audit(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        options: WriteOptions,
+        write: RecordWrite,
+    ) -> AppendResult:
+        if write.counts:
+            calls = [self.protocol.append_call(session_id, messages, options)]
+            calls += self.protocol.record_calls(session_id, write)
+            replies = await self._pipelined(calls, idempotent=True)
+            return self.protocol.parse_append(session_id, messages, replies[0])
+        call = self.protocol.append_call(
+            session_id, messages, options, write.audit, write.retention
+        )
+        reply = await self._run(call)
+        return self.protocol.parse_append(session_id, messages, reply)
+
+    async def read_audit(self, session_id: str) -> list[dict[str, Any]]:
+        key = self.protocol.keys(session_id)[6]
+        raw = await self._io("read_audit", lambda: self.client.lrange(key, 0, -1), True, (key,))
+        return self.protocol.parse_audit(session_id, raw)
+
+    async def inspect(self, session_id: str) -> RawSession | None:
+        reply = await self._run(self.protocol.inspect_call(session_id))
+        return self.protocol.parse_inspect(reply)
+
+    async def repair(self, session_id: str, plan: RepairPlan, record: Mapping[str, Any]) -> bool:
+        call = self.protocol.repair_call(session_id, plan, record)
+        return bool(await self._run(call, idempotent=False))
+
+    async def close(self) -> None:
+        await self.client.aclose()

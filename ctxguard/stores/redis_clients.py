@@ -1,0 +1,189 @@
+"""What the sync and async Redis stores share, apart from error mapping.
+
+How a client is made from a store URL (standalone or cluster, credentials and
+timeouts passed as arguments, redis-py's own retries off), the
+:class:`RetryPolicy`, the base class both stores build on (URL, protocol,
+``repr``, error mapping), and the few client calls written once for both
+(``SCAN`` on every primary, ``EVAL`` queued on a pipeline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import redis.asyncio as aredis
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.retry import Retry
+
+from ctxguard.errors import ConfigError, StoreError
+from ctxguard.stores.base import WindowFetch, WindowHit
+from ctxguard.stores.keys import KeySpace
+from ctxguard.stores.redis_errors import wrap_error
+from ctxguard.stores.redis_protocol import Call, RedisProtocol
+from ctxguard.stores.urls import StoreURL
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Backoff for operations that are safe to repeat: attempts, first delay, cap."""
+
+    attempts: int = 4
+    first_delay: float = 0.05
+    max_delay: float = 1.0
+
+    def delays(self) -> Iterator[float]:
+        delay = self.first_delay
+        for _ in range(self.attempts - 1):
+            yield delay
+            delay = min(delay * 2, self.max_delay)
+
+
+def as_fetch(result: WindowFetch | WindowHit) -> WindowFetch:
+    """A plain fetch sends no state token, so the script cannot answer with a hit."""
+    if isinstance(result, WindowHit):
+        raise StoreError("the window script committed a fetch that expected nothing")
+    return result
+
+
+def _client_kwargs(url: StoreURL) -> dict[str, Any]:
+    """Credentials and timeouts go as arguments: the URL redis-py parses holds neither."""
+    return {"retry": Retry(NoBackoff(), 0), "decode_responses": False, **url.client_kwargs()}
+
+
+class RedisStoreBase:
+    def __init__(self, url: StoreURL, retry: RetryPolicy | None) -> None:
+        self.url = url
+        self.protocol = RedisProtocol(KeySpace(url.namespace, url.tenant))
+        self.retry_policy = retry or RetryPolicy()
+        self.where = url.redacted
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.where!r}, namespace={self.namespace!r}, "
+            f"tenant={self.tenant!r})"
+        )
+
+    def _error(
+        self, exc: RedisError | RedisClusterException, what: str, keys: Sequence[str]
+    ) -> StoreError:
+        """A damaged key (a script's CORRUPT reply, or WRONGTYPE) is a CorruptRecordError."""
+        if isinstance(exc, ResponseError):
+            corrupt = self.protocol.corrupt_error(str(exc), keys)
+            if corrupt is not None:
+                return corrupt
+        return wrap_error(exc, what, self.where, self.url)
+
+    @property
+    def namespace(self) -> str:
+        return self.protocol.keyspace.namespace
+
+    @property
+    def tenant(self) -> str:
+        return self.protocol.keyspace.tenant
+
+
+def queue_eval(pipe: Any, script: str, call: Call) -> None:
+    # Not ``pipe.eval``: redis-py's sync ClusterPipeline refuses eval() outright,
+    # while a plain EVAL command is routed by its keys like any other.
+    pipe.execute_command("EVAL", script, len(call.keys), *call.keys, *call.args)
+
+
+def scan_keys(client: Any, pattern: str) -> Iterator[bytes]:
+    if isinstance(client, RedisCluster):
+        yield from client.scan_iter(match=pattern, count=1000, target_nodes=RedisCluster.PRIMARIES)
+    else:
+        yield from client.scan_iter(match=pattern, count=1000)
+
+
+async def ascan_keys(client: Any, pattern: str) -> AsyncIterator[bytes]:
+    if isinstance(client, aredis.RedisCluster):
+        async for key in client.scan_iter(
+            match=pattern, count=1000, target_nodes=aredis.RedisCluster.PRIMARIES
+        ):
+            yield key
+    else:
+        async for key in client.scan_iter(match=pattern, count=1000):
+            yield key
+
+
+# Connection settings a redis+cluster:// URL may carry (credentials, timeouts, TLS);
+# the same query parameters redis.Redis.from_url accepts for one server.
+_CLUSTER_KWARGS = (
+    "username",
+    "password",
+    "client_name",
+    "socket_timeout",
+    "socket_connect_timeout",
+    "health_check_interval",
+    "ssl_ca_certs",
+    "ssl_cert_reqs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_check_hostname",
+    "ssl_min_version",
+    "ssl_ciphers",
+    "socket_keepalive",
+    "max_connections",
+)
+
+
+def _cluster_kwargs(url: StoreURL) -> dict[str, Any]:
+    """Client settings for a cluster URL, parsed the way redis-py parses a server URL.
+
+    ``retry`` allows no retries: redis-py's cluster client would otherwise
+    re-send any command after a dropped connection, including the ones that are
+    not safe to repeat (audit records, summary commits). It still refreshes
+    its view of the topology before raising, and :class:`RetryPolicy` repeats
+    what is safe to repeat.
+    """
+    unsupported = [k for k, _ in (*url.options, *url.secret_options) if k not in _CLUSTER_KWARGS]
+    if unsupported:
+        raise ConfigError(
+            f"{', '.join(unsupported)} cannot be set on a cluster URL; it takes "
+            + ", ".join(_CLUSTER_KWARGS)
+        )
+    try:  # the URL redis-py parses holds no credentials: its message shows no secret
+        base = redis.Redis.from_url(url.redis_url())
+    except ValueError as exc:  # a query parameter redis-py cannot parse
+        raise ConfigError(f"bad cluster URL {url.redacted}: {exc}") from None
+    given = base.connection_pool.connection_kwargs
+    base.close()
+    kwargs = {k: given[k] for k in _CLUSTER_KWARGS if k in given}
+    kwargs.update(url.client_kwargs())
+    kwargs["ssl"] = url.tls
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    return kwargs
+
+
+def sync_client(url: StoreURL) -> Any:
+    if url.hosts:
+        from redis.cluster import ClusterNode
+
+        nodes = [ClusterNode(h, p) for h, p in url.hosts]  # type: ignore[no-untyped-call]
+        kwargs = _cluster_kwargs(url)
+        try:  # the sync cluster client connects here, to learn the topology
+            return RedisCluster(startup_nodes=nodes, **kwargs)
+        except (RedisError, RedisClusterException) as exc:
+            raise wrap_error(exc, "connect", url.redacted, url) from exc
+    return _from_url(redis.Redis, url)
+
+
+def async_client(url: StoreURL) -> Any:
+    if url.hosts:
+        from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+
+        nodes = [AsyncClusterNode(h, p) for h, p in url.hosts]
+        return aredis.RedisCluster(startup_nodes=nodes, **_cluster_kwargs(url))
+    return _from_url(aredis.Redis, url)
+
+
+def _from_url(cls: Any, url: StoreURL) -> Any:
+    try:  # the URL redis-py parses holds no credentials: its message shows no secret
+        return cls.from_url(url.redis_url(), **_client_kwargs(url))
+    except ValueError as exc:  # a query parameter redis-py cannot parse
+        raise ConfigError(f"bad store URL {url.redacted}: {exc}") from None
