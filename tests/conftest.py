@@ -41,6 +41,24 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI") == "true":
     settings.load_profile("ci")
 
+# CTXGUARD_HYPOTHESIS_SCALE=10 runs every property test with ten times its examples
+# (and no deadline): the larger budget run before an issue is resolved.
+HYPOTHESIS_SCALE = float(os.environ.get("CTXGUARD_HYPOTHESIS_SCALE") or 0)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if HYPOTHESIS_SCALE <= 0:
+        return
+    for item in items:
+        test = getattr(item, "obj", None)
+        current = getattr(test, "_hypothesis_internal_use_settings", None)
+        if test is None or current is None or not hasattr(test, "hypothesis"):
+            continue
+        examples = max(1, int(current.max_examples * HYPOTHESIS_SCALE))
+        test._hypothesis_internal_use_settings = settings(  # type: ignore[attr-defined]
+            current, max_examples=examples, deadline=None
+        )
+
 REDIS_ENV = "CTXGUARD_TEST_REDIS_URL"
 CLUSTER_ENV = "CTXGUARD_TEST_CLUSTER_URL"
 # "1" when scripts/services.sh started the server for this run (not one the user named).
