@@ -59,6 +59,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             current, max_examples=examples, deadline=None
         )
 
+
 REDIS_ENV = "CTXGUARD_TEST_REDIS_URL"
 CLUSTER_ENV = "CTXGUARD_TEST_CLUSTER_URL"
 # "1" when scripts/services.sh started the server for this run (not one the user named).
