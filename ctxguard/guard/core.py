@@ -339,6 +339,11 @@ class GuardCore(AuditRecords):
     ) -> tuple[int, Sent]:
         """The exact prompt count and what is sent; non-additive templates are rendered
         (and trimmed if over). ``required`` (the newest new user/tool message) must be sent."""
+        if not plan.messages():  # every stored message was an incomplete tool group
+            raise InvalidInputError(
+                "nothing to send: the stored messages are tool calls without their results "
+                "or results without their call; pass the tool results or the next message"
+            )
         if self.counter.additive:
             validate_request(self.counter, plan.messages(), tools=tools)  # what a render refuses
             total = budget.overhead + plan.item_tokens()

@@ -17,6 +17,7 @@ import httpx
 
 from ctxguard.errors import ConfigError, SummarizerError
 from ctxguard.messages import Message
+from ctxguard.stores.urls import redact_url
 
 PROMPT = (
     "Summarize the conversation below for an assistant that will continue it. Keep facts, "
@@ -45,8 +46,9 @@ class OpenAISummarizer:
         timeout: float = 60.0,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"base_url must be http(s)://..., got {base_url!r}")
+            raise ConfigError(f"base_url must be http(s)://..., got {redact_url(base_url)}")
         self.url = base_url.rstrip("/") + "/chat/completions"
+        self.where = redact_url(self.url)  # what errors (and so the audit trail) show
         self.model = model
         self.api_key_env = api_key_env
         self.max_words = max_words
@@ -91,7 +93,7 @@ class OpenAISummarizer:
             )
         except httpx.HTTPError as exc:
             raise SummarizerError(
-                f"summary endpoint {self.url} failed: {type(exc).__name__}"
+                f"summary endpoint {self.where} failed: {type(exc).__name__}"
             ) from None
         return self._text(response)
 
@@ -102,7 +104,7 @@ class OpenAISummarizer:
                 response = await client.post(self.url, json=payload, headers=self._headers())
         except httpx.HTTPError as exc:
             raise SummarizerError(
-                f"summary endpoint {self.url} failed: {type(exc).__name__}"
+                f"summary endpoint {self.where} failed: {type(exc).__name__}"
             ) from None
         return self._text(response)
 

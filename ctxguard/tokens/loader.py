@@ -40,12 +40,17 @@ def _mistral(rest: str, options: dict[str, Any]) -> TokenCounter:
     return load_mistral_counter(rest)
 
 
+def _shown(text: str) -> str:
+    """A spec as an error shows it: whatever precedes an ``@`` (credentials) is ``***``."""
+    return repr("***@" + text.rpartition("@")[2] if "@" in text else text)
+
+
 def _vllm(rest: str, options: dict[str, Any]) -> TokenCounter:
     from ctxguard.tokens.vllm import load_vllm_counter
 
     if not rest.startswith(("http://", "https://")):
         raise ConfigError(
-            f"vllm counters take a server URL, as in vllm:http://host:8000; got {rest!r}"
+            f"vllm counters take a server URL, as in vllm:http://host:8000; got {_shown(rest)}"
         )
     unknown = set(options) - {"model", "timeout", "headers"}
     if unknown:
@@ -86,7 +91,7 @@ def load_counter(spec: str, **options: Any) -> TokenCounter:
     builder = _BUILDERS.get(kind)
     if builder is None or (kind != "approx" and not rest):
         raise ConfigError(
-            f"unknown token counter spec {spec!r}; valid forms: " + "; ".join(SPEC_FORMS)
+            f"unknown token counter spec {_shown(spec)}; valid forms: " + "; ".join(SPEC_FORMS)
         )
     return builder(rest, dict(options))
 

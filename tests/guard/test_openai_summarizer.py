@@ -77,6 +77,42 @@ def test_unreachable_endpoint_is_a_summarizer_error() -> None:
         OpenAISummarizer("localhost:8000", "m")
 
 
+SECRET = "Summ3rySecret"
+
+
+@pytest.mark.parametrize(
+    "base_url",
+    [f"http://user:{SECRET}@127.0.0.1:9/v1", f"http://:{SECRET}@127.0.0.1:9/v1"],
+)
+async def test_credentials_in_the_endpoint_url_never_reach_errors_or_the_audit_trail(
+    base_url: str,
+) -> None:
+    summarizer = OpenAISummarizer(base_url, "m", timeout=1)
+    with pytest.raises(SummarizerError) as sync_error:
+        summarizer(None, MESSAGES)
+    with pytest.raises(SummarizerError) as async_error:
+        await summarizer.acall(None, MESSAGES)
+    for caught in (sync_error, async_error):
+        assert SECRET not in str(caught.value) and "127.0.0.1:9" in str(caught.value)
+    with pytest.raises(ConfigError) as bad_scheme:
+        OpenAISummarizer(base_url.replace("http", "ftp", 1), "m")
+    assert SECRET not in str(bad_scheme.value)
+    guard = Guard(
+        "memory://openai-summary-secret",
+        counter="approx",
+        limit=300,
+        max_tokens=40,
+        summarizer=summarizer,
+        summarize_after=1,
+    )
+    for i in range(6):
+        guard.prepare("s", [{"role": "user", "content": f"question {i} " + "words " * 12}])
+        guard.complete("s", {"role": "assistant", "content": "answer " * 10})
+    records = guard.store.read_audit("s")
+    assert any(r["kind"] == "summary_failed" for r in records)
+    assert SECRET not in repr(records)
+
+
 def test_guard_uses_the_endpoint_for_its_rolling_summary(endpoint: Endpoint) -> None:
     guard = Guard(
         "memory://openai-summary",

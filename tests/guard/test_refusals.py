@@ -233,6 +233,28 @@ def test_an_orphan_tool_result_on_a_new_session_is_refused(open_one: Callable[[]
     guard.close()
 
 
+def test_a_history_of_incomplete_tool_groups_only_is_a_typed_refusal(
+    open_one: Callable[[], Any],
+) -> None:
+    """prepare(s, []) where tool integrity drops every stored message (a call still
+    waiting for its results, a result stored by append or import without its call)
+    has nothing to send: a typed one-line error, never an internal error."""
+    for cached in (True, False):
+        store = open_one()
+        guard = guard_on(store, cached)
+        waiting, orphan = f"waiting{cached}", f"orphan{cached}"
+        guard.append(waiting, [call("c1")])
+        guard.append(orphan, [result("zz")])
+        for sid in (waiting, orphan):
+            before = snapshot(store, sid)
+            with pytest.raises(InvalidInputError, match="nothing to send") as caught:
+                guard.prepare(sid, [])
+            assert "internal error" not in str(caught.value)
+            assert "\n" not in str(caught.value)
+            assert snapshot(store, sid) == before
+        guard.close()
+
+
 def test_a_tool_call_beyond_the_budget_is_a_budget_error_not_an_empty_request(
     open_one: Callable[[], Any],
 ) -> None:

@@ -24,6 +24,21 @@ def test_unknown_spec_lists_valid_forms(spec: str) -> None:
     assert all(form in str(info.value) for form in SPEC_FORMS)
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "vllm:user:Sp3cSecret@127.0.0.1:8000",  # the scheme forgotten
+        "vllm:redis://:Sp3cSecret@127.0.0.1:8000",
+        "vlm:http://user:Sp3cSecret@127.0.0.1:8000",  # a typo'd kind
+        "vllm :http://:Sp3cSecret@127.0.0.1:8000",
+    ],
+)
+def test_a_refused_spec_never_echoes_credentials(spec: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_counter(spec)
+    assert "Sp3cSecret" not in str(info.value)
+
+
 def test_unknown_mistral_version() -> None:
     require("mistral_common", "mistral-common")
     with pytest.raises(ConfigError, match="mistral:v3-tekken"):
