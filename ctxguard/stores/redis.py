@@ -104,7 +104,9 @@ class RedisStore(RedisStoreBase):
     def _io(self, what: str, fn: Callable[[], T], idempotent: bool, keys: Sequence[str] = ()) -> T:
         delays = self.retry_policy.delays() if idempotent else iter(())
         sent: RedisError | None = None  # the last attempt that may have run, if any
+        attempts = 0
         while True:
+            attempts += 1
             try:
                 return fn()
             except AuthenticationError as exc:
@@ -113,7 +115,7 @@ class RedisStore(RedisStoreBase):
                 sent = exc if connection_phase(exc) in ("read", "lost") else sent
                 delay = next(delays, None)
                 if delay is None:  # report an attempt that may have run over a later refusal
-                    raise wrap_error(sent or exc, what, self.where, self.url) from exc
+                    raise wrap_error(sent or exc, what, self.where, self.url, attempts) from exc
                 time.sleep(delay)
             except (RedisError, RedisClusterException) as exc:
                 raise self._error(exc, what, keys) from exc

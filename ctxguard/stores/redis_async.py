@@ -79,7 +79,9 @@ class AsyncRedisStore(RedisStoreBase):
     ) -> T:
         delays = self.retry_policy.delays() if idempotent else iter(())
         sent: RedisError | None = None  # the last attempt that may have run, if any
+        attempts = 0
         while True:
+            attempts += 1
             try:
                 if self._cluster:
                     # Learn the slot map before sending: redis-py routes a keyed
@@ -96,7 +98,7 @@ class AsyncRedisStore(RedisStoreBase):
                 sent = exc if connection_phase(exc) in ("read", "lost") else sent
                 delay = next(delays, None)
                 if delay is None:  # report an attempt that may have run over a later refusal
-                    raise wrap_error(sent or exc, what, self.where, self.url) from exc
+                    raise wrap_error(sent or exc, what, self.where, self.url, attempts) from exc
                 await asyncio.sleep(delay)
             except (RedisError, RedisClusterException) as exc:
                 raise self._error(exc, what, keys) from exc

@@ -28,7 +28,11 @@ RETRYABLE = (redis.ConnectionError, redis.TimeoutError, ClusterDownError, TryAga
 
 
 def wrap_error(
-    exc: RedisError | RedisClusterException, what: str, where: str, url: StoreURL | None = None
+    exc: RedisError | RedisClusterException,
+    what: str,
+    where: str,
+    url: StoreURL | None = None,
+    attempts: int = 1,
 ) -> StoreError:
     # RedisClusterException is redis-py's "no node of the cluster can be reached".
     # redis-py's texts for these errors hold host:port at most (never the URL),
@@ -41,8 +45,9 @@ def wrap_error(
         )
     if isinstance(exc, (*RETRYABLE, RedisClusterException)):
         phase = connection_phase(exc)
+        tried = f"; tried {attempts} times (RetryPolicy)" if attempts > 1 else ""
         return StoreConnectionError(
-            f"{what} failed: {_connection_problem(exc, phase, where, url)}", phase=phase
+            f"{what} failed: {_connection_problem(exc, phase, where, url)}{tried}", phase=phase
         )
     return StoreError(f"{what} failed on {where}: {type(exc).__name__}: {exc}")
 

@@ -111,6 +111,8 @@ def test_stalled_server_times_out_typed_then_recovers(private_redis: RedisServer
     sleeper = _sleep_server(private_redis, 1.5)
     with pytest.raises(StoreConnectionError, match=r"no reply from .* within 0.25 s") as info:
         store.append("s", [new("during", id="during")], OPTS)
+    # the wait was the read timeout on each attempt: the message says how many
+    assert "tried 2 times" in str(info.value)
     # the first attempt was sent: a later refused reconnect must not hide that
     assert info.value.phase == "read" and not info.value.never_reached
     sleeper.join(10)
@@ -150,7 +152,7 @@ async def test_async_stalled_server_times_out_typed_then_recovers(
     await store.append("s", [new("before", id="before")], OPTS)
 
     sleeper = await asyncio.to_thread(_sleep_server, private_redis, 1.5)
-    with pytest.raises(StoreConnectionError):
+    with pytest.raises(StoreConnectionError, match="tried 2 times"):
         await store.read("s")
     await asyncio.to_thread(sleeper.join, 10)
 
