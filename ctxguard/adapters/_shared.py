@@ -14,11 +14,18 @@ from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-from ctxguard.errors import ConfigError, MissingDependencyError
+from ctxguard import _validate
+from ctxguard.errors import (
+    ConfigError,
+    InvalidInputError,
+    InvalidMessageError,
+    MissingDependencyError,
+)
 from ctxguard.guard.aio import AsyncGuard
 from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.sync import Guard
+from ctxguard.ids import validate_id
 from ctxguard.kv.limit import ContextLimit, LimitSource
 from ctxguard.messages import Message
 from ctxguard.stores.memory import MemoryStore
@@ -105,6 +112,85 @@ class GuardRef:
 
     def any_guard(self) -> Guard | AsyncGuard:
         return self._sync or self._async or self.sync()
+
+
+# -- argument checks at the adapters' doors (one-line typed errors, before any I/O) ------
+
+
+def check_batch(values: object, kind: type[Any], what: str = "messages") -> list[Any]:
+    """A batch of framework messages: a list (or tuple, or other iterable) of ``kind``."""
+    name = kind.__name__
+    if kind is not object and isinstance(values, kind):
+        raise InvalidMessageError(
+            f"{what}: expected a list of {name}, got one {name} (wrap it in a list)"
+        )
+    if type(values) is list or type(values) is tuple:
+        batch = list(values)
+    elif (
+        values is None
+        or isinstance(values, str | bytes | bytearray | Mapping)
+        or not hasattr(values, "__iter__")
+    ):
+        hint = " (pass [] for none)" if values is None else ""
+        raise InvalidMessageError(
+            _validate.one_line(
+                f"{what}: expected a list of {name}, got {_validate.show(values)}{hint}"
+            )
+        )
+    else:
+        batch = list(values)
+    for index, value in enumerate(batch):
+        check_message(value, kind, f"{what}[{index}]")
+    return batch
+
+
+def check_message(value: object, kind: type[Any], what: str = "message") -> None:
+    if not isinstance(value, kind):
+        raise InvalidMessageError(
+            _validate.one_line(
+                f"{what} must be a {kind.__name__}, got {_validate.show(value)}; "
+                f"pass {kind.__module__.split('.')[0]} message objects"
+            )
+        )
+
+
+def check_key(value: object, what: str = "session id") -> str:
+    """A session id (a LlamaIndex chat store key, an Agents or LangChain session id)."""
+    return validate_id(value, what)
+
+
+def check_index(value: object, what: str) -> int:
+    if type(value) is not int:
+        raise InvalidInputError(
+            _validate.one_line(f"{what} must be an int, got {_validate.show(value)}")
+        )
+    return value
+
+
+def check_optional_count(value: object, what: str) -> int | None:
+    """None, or a non-negative int (``max_tokens``, ``limit``)."""
+    if value is not None:
+        _validate.check_count(value, what)
+    return value  # type: ignore[return-value]
+
+
+def check_flag(value: object, what: str) -> bool:
+    if type(value) is not bool:
+        raise InvalidInputError(
+            _validate.one_line(f"{what} must be True or False, got {_validate.show(value)}")
+        )
+    return value
+
+
+def check_tool_list(tools: object, what: str = "tools") -> list[Any] | None:
+    """A list or tuple of tools, or None (each item is the framework's to convert)."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list | tuple):
+        raise InvalidInputError(
+            f"{what} must be a list of tools or None, got {_validate.type_name(tools)}"
+        )
+    return list(tools)
 
 
 # -- whole-history operations ---------------------------------------------------

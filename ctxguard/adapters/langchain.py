@@ -28,9 +28,10 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ctxguard._validate import check_tools, one_line, type_name
 from ctxguard.adapters import _shared
 from ctxguard.adapters._shared import GuardRef, Tools
-from ctxguard.errors import InvalidMessageError, MissingDependencyError
+from ctxguard.errors import InvalidInputError, InvalidMessageError, MissingDependencyError
 from ctxguard.guard.aio import AsyncGuard
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.sync import Guard
@@ -255,8 +256,8 @@ class CtxGuardChatMessageHistory(BaseChatMessageHistory):
     ) -> None:
         super().__init__()
         self.ref = GuardRef(guard_or_url, **guard_options)
-        self.session_id = validate_id(session_id, "session id")
-        self.max_tokens = max_tokens
+        self.session_id = _shared.check_key(session_id)
+        self.max_tokens = _shared.check_optional_count(max_tokens, "max_tokens")
         self.last_prepared: PreparedRequest | None = None
 
     @property
@@ -269,12 +270,25 @@ class CtxGuardChatMessageHistory(BaseChatMessageHistory):
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Append in one atomic store call; messages with an already-stored id are skipped."""
-        converted = [to_ctxguard(m) for m in messages]
+        converted = [to_ctxguard(m) for m in _shared.check_batch(messages, BaseMessage)]
         if converted:
             self.ref.sync().append(self.session_id, converted)
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
-        await _shared.aappend(self.ref, self.session_id, [to_ctxguard(m) for m in messages])
+        batch = _shared.check_batch(messages, BaseMessage)
+        await _shared.aappend(self.ref, self.session_id, [to_ctxguard(m) for m in batch])
+
+    def add_message(self, message: BaseMessage) -> None:
+        _shared.check_message(message, BaseMessage)
+        self.add_messages([message])
+
+    def add_user_message(self, message: HumanMessage | str) -> None:
+        _check_text_or(message, HumanMessage)
+        super().add_user_message(message)
+
+    def add_ai_message(self, message: AIMessage | str) -> None:
+        _check_text_or(message, AIMessage)
+        super().add_ai_message(message)
 
     def clear(self) -> None:
         """Remove the session: messages, token counts, summary and audit records."""
@@ -297,13 +311,11 @@ class CtxGuardChatMessageHistory(BaseChatMessageHistory):
         ``self.last_prepared`` keeps the :class:`~ctxguard.guard.PreparedRequest`
         (token count, dropped ranges, decisions) for logging or ``guard.complete``.
         """
-        prepared = _shared.prepare(
-            self.ref.sync(),
-            self.session_id,
-            [to_ctxguard(m) for m in new_messages],
-            self._reserve(max_tokens),
-            openai_tools(tools),
-        )
+        new = [
+            to_ctxguard(m) for m in _shared.check_batch(new_messages, BaseMessage, "new_messages")
+        ]
+        reserve, schemas = self._reserve(max_tokens), openai_tools(tools)
+        prepared = _shared.prepare(self.ref.sync(), self.session_id, new, reserve, schemas)
         return self._window(prepared)
 
     async def abudgeted_messages(
@@ -313,24 +325,24 @@ class CtxGuardChatMessageHistory(BaseChatMessageHistory):
         max_tokens: int | None = None,
         tools: Sequence[Any] | None = None,
     ) -> list[BaseMessage]:
-        prepared = await _shared.aprepare(
-            self.ref,
-            self.session_id,
-            [to_ctxguard(m) for m in new_messages],
-            self._reserve(max_tokens),
-            openai_tools(tools),
-        )
+        new = [
+            to_ctxguard(m) for m in _shared.check_batch(new_messages, BaseMessage, "new_messages")
+        ]
+        reserve, schemas = self._reserve(max_tokens), openai_tools(tools)
+        prepared = await _shared.aprepare(self.ref, self.session_id, new, reserve, schemas)
         return self._window(prepared)
 
     def window_runnable(
         self, *, max_tokens: int | None = None, tools: Sequence[Any] | None = None
     ) -> Runnable[Any, list[BaseMessage]]:
         """A chain step that fits the prompt it receives with this history's guard."""
+        openai_tools(tools)  # refuses tools it cannot convert now, not at the first call
         return window_runnable(
             self.ref.any_guard(), max_tokens=self._reserve(max_tokens), tools=tools
         )
 
     def _reserve(self, max_tokens: int | None) -> int | None:
+        _shared.check_optional_count(max_tokens, "max_tokens")
         return self.max_tokens if max_tokens is None else max_tokens
 
     def _window(self, prepared: PreparedRequest) -> list[BaseMessage]:
@@ -343,9 +355,29 @@ class CtxGuardChatMessageHistory(BaseChatMessageHistory):
 
 def openai_tools(tools: Sequence[Any] | None) -> Tools | None:
     """LangChain tools, functions or schemas as OpenAI tool schemas (what gets counted)."""
-    if not tools:
+    listed = _shared.check_tool_list(tools)
+    if not listed:
         return None
-    return [convert_to_openai_tool(t) for t in tools]
+    schemas = []
+    for index, tool in enumerate(listed):
+        try:
+            schemas.append(convert_to_openai_tool(tool))
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            raise InvalidInputError(
+                one_line(
+                    f"tools[{index}] is not a tool LangChain can convert ({exc}); pass a "
+                    "BaseTool, a function or an OpenAI tool schema"
+                )
+            ) from None
+    check_tools(schemas)
+    return schemas
+
+
+def _check_text_or(message: object, kind: type[BaseMessage]) -> None:
+    if not isinstance(message, str | kind):
+        raise InvalidMessageError(
+            f"message must be a str or a {kind.__name__}, got {type_name(message)}"
+        )
 
 
 def as_messages(value: Any) -> list[BaseMessage]:

@@ -226,16 +226,19 @@ class CtxGuardChatStore(BaseChatStore):
         return self._ref
 
     def set_messages(self, key: str, messages: list[ChatMessage]) -> None:
+        new = _converted(key, messages)
         with self._lock:
-            _shared.replace(self._ref.sync(), key, [to_ctxguard(m) for m in messages])
+            _shared.replace(self._ref.sync(), key, new)
 
     def get_messages(self, key: str) -> list[ChatMessage]:
+        _key(key)
         return [to_llamaindex(m) for m in _shared.read_all(self._ref.sync(), key)]
 
     def add_message(self, key: str, message: ChatMessage) -> None:
-        self._ref.sync().append(key, [to_ctxguard(message)])
+        self._ref.sync().append(_key(key), [_converted_one(message)])
 
     def delete_messages(self, key: str) -> list[ChatMessage] | None:
+        _key(key)
         with self._lock:
             guard = self._ref.sync()
             found = _shared.read_all(guard, key)
@@ -243,7 +246,11 @@ class CtxGuardChatStore(BaseChatStore):
         return [to_llamaindex(m) for m in found] or None
 
     def delete_message(self, key: str, idx: int) -> ChatMessage | None:
-        """Remove message ``idx``: retract the tail from it, put back the rest."""
+        """Remove message ``idx``: retract the tail from it, put back the rest.
+
+        An index past the end (or negative) returns None, as LlamaIndex's stores do."""
+        _key(key)
+        _shared.check_index(idx, "idx")
         with self._lock:
             guard = self._ref.sync()
             removed = _shared.pop_tail(guard, key, idx)
@@ -255,6 +262,7 @@ class CtxGuardChatStore(BaseChatStore):
 
     def delete_last_message(self, key: str) -> ChatMessage | None:
         """Remove the newest message (one atomic, audited retract)."""
+        _key(key)
         with self._lock:
             removed = _shared.pop_newest(self._ref.sync(), key)
         return to_llamaindex(removed) if removed else None
@@ -263,22 +271,27 @@ class CtxGuardChatStore(BaseChatStore):
         return list(self._ref.sync().store.list_sessions())
 
     async def aset_messages(self, key: str, messages: list[ChatMessage]) -> None:
+        new = _converted(key, messages)
         async with self._alock:
-            await _shared.areplace(self._ref, key, [to_ctxguard(m) for m in messages])
+            await _shared.areplace(self._ref, key, new)
 
     async def aget_messages(self, key: str) -> list[ChatMessage]:
+        _key(key)
         return [to_llamaindex(m) for m in await _shared.aread_all(self._ref, key)]
 
     async def async_add_message(self, key: str, message: ChatMessage) -> None:
-        await _shared.aappend(self._ref, key, [to_ctxguard(message)])
+        await _shared.aappend(self._ref, _key(key), [_converted_one(message)])
 
     async def adelete_messages(self, key: str) -> list[ChatMessage] | None:
+        _key(key)
         async with self._alock:
             found = await _shared.aread_all(self._ref, key)
             await _shared.aclear(self._ref, key)
         return [to_llamaindex(m) for m in found] or None
 
     async def adelete_message(self, key: str, idx: int) -> ChatMessage | None:
+        _key(key)
+        _shared.check_index(idx, "idx")
         async with self._alock:
             removed = await _shared.apop_tail(self._ref, key, idx)
             if not removed:
@@ -288,6 +301,7 @@ class CtxGuardChatStore(BaseChatStore):
         return to_llamaindex(removed[0])
 
     async def adelete_last_message(self, key: str) -> ChatMessage | None:
+        _key(key)
         async with self._alock:
             removed = await _shared.apop_newest(self._ref, key)
         return to_llamaindex(removed) if removed else None
@@ -297,6 +311,26 @@ class CtxGuardChatStore(BaseChatStore):
         if guard is None:
             return await asyncio.to_thread(self.get_keys)
         return [key async for key in guard.store.list_sessions()]
+
+
+def _key(key: object) -> str:
+    return _shared.check_key(key, "key (the chat store key is the session id)")
+
+
+def _converted(key: object, messages: object) -> list[Message]:
+    """Checked before any lock or I/O: a refused call stores nothing."""
+    _key(key)
+    return [to_ctxguard(m) for m in _shared.check_batch(messages, ChatMessage)]
+
+
+def _checked_one(message: object) -> ChatMessage:
+    _shared.check_message(message, ChatMessage)
+    return message  # type: ignore[return-value]
+
+
+def _converted_one(message: object) -> Message:
+    _shared.check_message(message, ChatMessage)
+    return to_ctxguard(message)  # type: ignore[arg-type]
 
 
 # -- the memory ----------------------------------------------------------------------
@@ -332,6 +366,10 @@ class CtxGuardMemory(BaseMemory):
         **guard_options: Any,
     ) -> CtxGuardMemory:
         guard_options.pop("llm", None)  # LlamaIndex passes it; the guard counts by its own counter
+        _shared.check_key(session_id)
+        _shared.check_optional_count(max_tokens, "max_tokens")
+        if chat_history is not None:
+            _shared.check_batch(chat_history, ChatMessage, "chat_history")
         memory = cls(session_id=session_id, max_tokens=max_tokens)
         memory._ref = GuardRef(guard_or_url, **guard_options)
         if chat_history:
@@ -358,23 +396,24 @@ class CtxGuardMemory(BaseMemory):
         return [to_llamaindex(m) for m in await _shared.aread_all(self._ref, self.session_id)]
 
     def put(self, message: ChatMessage) -> None:
-        self.put_messages([message])
+        self.put_messages([_checked_one(message)])
 
     async def aput(self, message: ChatMessage) -> None:
-        await self.aput_messages([message])
+        await self.aput_messages([_checked_one(message)])
 
     def put_messages(self, messages: list[ChatMessage]) -> None:
-        if messages:
-            self._ref.sync().append(self.session_id, [to_ctxguard(m) for m in messages])
+        new = _converted(self.session_id, messages)
+        if new:
+            self._ref.sync().append(self.session_id, new)
 
     async def aput_messages(self, messages: list[ChatMessage]) -> None:
-        await _shared.aappend(self._ref, self.session_id, [to_ctxguard(m) for m in messages])
+        await _shared.aappend(self._ref, self.session_id, _converted(self.session_id, messages))
 
     def set(self, messages: list[ChatMessage]) -> None:
-        _shared.replace(self._ref.sync(), self.session_id, [to_ctxguard(m) for m in messages])
+        _shared.replace(self._ref.sync(), self.session_id, _converted(self.session_id, messages))
 
     async def aset(self, messages: list[ChatMessage]) -> None:
-        await _shared.areplace(self._ref, self.session_id, [to_ctxguard(m) for m in messages])
+        await _shared.areplace(self._ref, self.session_id, _converted(self.session_id, messages))
 
     def reset(self) -> None:
         _shared.clear(self._ref.sync(), self.session_id)
@@ -382,9 +421,10 @@ class CtxGuardMemory(BaseMemory):
     async def areset(self) -> None:
         await _shared.aclear(self._ref, self.session_id)
 
-    def _reserve(self, guard: Guard | AsyncGuard, extra: int) -> int:
+    def _reserve(self, guard: Guard | AsyncGuard, extra: object) -> int:
+        count = _shared.check_optional_count(extra, "initial_token_count")
         base = guard.config.max_tokens if self.max_tokens is None else self.max_tokens
-        return base + int(extra or 0)
+        return base + (count or 0)
 
     def _window(self, prepared: PreparedRequest) -> list[ChatMessage]:
         self._last = prepared

@@ -30,13 +30,13 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from ctxguard._validate import check_json, check_tools, one_line, show, type_name
 from ctxguard.adapters import _shared
 from ctxguard.adapters._shared import GuardRef
-from ctxguard.errors import InvalidMessageError, MissingDependencyError
+from ctxguard.errors import InvalidInputError, InvalidMessageError, MissingDependencyError
 from ctxguard.guard.aio import AsyncGuard
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.sync import Guard
-from ctxguard.ids import validate_id
 from ctxguard.messages import FunctionCall, ImagePart, Message, TextPart, ToolCall
 
 try:
@@ -54,7 +54,8 @@ _MESSAGE_ROLES = {"user", "system", "developer", "assistant"}
 
 def items_to_messages(items: Sequence[Any]) -> list[Message]:
     """Items as ctxguard messages: consecutive call items become one assistant message."""
-    return [_message_of(group) for group in _groups([_plain(i) for i in items])]
+    plain = [_plain(item, f"items[{index}]") for index, item in enumerate(items)]
+    return [_message_of(group) for group in _groups(plain)]
 
 
 def message_to_items(message: Message) -> list[Item]:
@@ -68,11 +69,15 @@ def message_to_items(message: Message) -> list[Item]:
     return items
 
 
-def _plain(item: Any) -> Item:
+def _plain(item: Any, what: str = "item") -> Item:
+    """An item as a dict of JSON values (it is stored verbatim), or InvalidInputError."""
     if hasattr(item, "model_dump"):
         item = item.model_dump(exclude_unset=True)
     if not isinstance(item, dict):
-        raise InvalidMessageError(f"an Agents SDK item must be a dict, got {type(item).__name__}")
+        raise InvalidMessageError(
+            f"{what}: an Agents SDK item must be a dict, got {type_name(item)}"
+        )
+    check_json(item, what, loose=True)
     return dict(item)
 
 
@@ -102,7 +107,11 @@ def _message_of(group: list[Item]) -> Message:
         base = Message(role="assistant", content=None, tool_calls=[_tool_call(i) for i in group])
     elif _is_output(head):
         base = Message(role="tool", content=_text(head.get("output")), tool_call_id=head["call_id"])
-    elif head.get("role") in _MESSAGE_ROLES and head.get("type", "message") == "message":
+    elif (
+        isinstance(head.get("role"), str)
+        and head["role"] in _MESSAGE_ROLES
+        and head.get("type", "message") == "message"
+    ):
         base = Message(role=head["role"], content=_content(head.get("content"), head["role"]))
     else:
         base = Message(role="assistant", content=_other_text(head))
@@ -233,16 +242,22 @@ class CtxGuardSession:
         session_settings: Any = None,
         **guard_options: Any,
     ) -> None:
-        self.session_id = validate_id(session_id, "session id")
+        self.session_id = _shared.check_key(session_id)
         self.ref = GuardRef(guard_or_url, **guard_options)
-        self.window = window
-        self.max_tokens = max_tokens
+        self.window = _shared.check_flag(window, "window")
+        self.max_tokens = _shared.check_optional_count(max_tokens, "max_tokens")
         self.session_settings = session_settings
         self.last_prepared: PreparedRequest | None = None
         self._lock = asyncio.Lock()
 
     async def get_items(self, limit: int | None = None) -> list[Item]:
         if limit is not None:
+            if type(limit) is not int:
+                raise InvalidInputError(
+                    one_line(
+                        f"limit must be an int (the newest N items) or None, got {show(limit)}"
+                    )
+                )
             if limit <= 0:
                 return []
             messages = await _shared.aread_last(self.ref, self.session_id, limit)
@@ -254,7 +269,7 @@ class CtxGuardSession:
         return _flatten(prepared.messages)
 
     async def add_items(self, items: list[Any]) -> None:
-        messages = items_to_messages(items)
+        messages = items_to_messages(_shared.check_batch(items, object, "items"))
         async with self._lock:
             await _shared.aappend(self.ref, self.session_id, messages)
 
@@ -287,9 +302,11 @@ class CtxGuardSession:
         to the filter); ``max_tokens`` the output to reserve (else this
         session's, else the guard's default).
         """
+        _shared.check_optional_count(max_tokens, "max_tokens")
         reserve = self.max_tokens if max_tokens is None else max_tokens
         guard = self.ref.any_guard()
-        schemas = list(tools) if tools else None
+        schemas = _shared.check_tool_list(tools) or None
+        check_tools(schemas)
 
         async def fit_call(data: Any) -> Any:
             model_data = data.model_data
