@@ -11,6 +11,9 @@
   the guard chose (system pinned, tool pairs whole, within budget), not the whole
   history; ``get_all()`` returns everything.
 
+The chat store and the memory stay in one module (past ~400 lines): the memory is built on
+the store's conversion and argument checks, and LlamaIndex users import both from here.
+
 Messages round-trip losslessly: tool calls (``additional_kwargs['tool_calls']`` or
 ``ToolCallBlock``) become OpenAI tool calls for counting and validity checks, and
 whatever the OpenAI shape cannot hold rides in ``Message.metadata['llama_index']``.
