@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from ctxguard import _http
 from ctxguard.errors import ConfigError, SummarizerError
 from ctxguard.messages import Message
 from ctxguard.stores.urls import redact_url
@@ -74,7 +75,7 @@ class OpenAISummarizer:
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     @staticmethod
-    def _text(response: httpx.Response) -> str:
+    def _text(response: _http.Reply) -> str:
         if response.status_code != 200:
             raise SummarizerError(f"summary endpoint answered HTTP {response.status_code}")
         try:
@@ -88,9 +89,17 @@ class OpenAISummarizer:
     def __call__(self, previous: str | None, messages: Sequence[Message]) -> str:
         payload = self._payload(previous, messages)
         try:
-            response = httpx.post(
-                self.url, json=payload, headers=self._headers(), timeout=self.timeout
-            )
+            with _http.client(timeout=self.timeout) as client:
+                response = _http.request(
+                    client,
+                    "POST",
+                    self.url,
+                    json=payload,
+                    headers=self._headers(),
+                    seconds=self.timeout,
+                    shown=self.where,
+                    error=SummarizerError,
+                )
         except httpx.HTTPError as exc:
             raise SummarizerError(
                 f"summary endpoint {self.where} failed: {type(exc).__name__}"
@@ -101,7 +110,16 @@ class OpenAISummarizer:
         payload = self._payload(previous, messages)
         try:
             async with httpx.AsyncClient(timeout=self.timeout) as client:
-                response = await client.post(self.url, json=payload, headers=self._headers())
+                response = await _http.arequest(
+                    client,
+                    "POST",
+                    self.url,
+                    json=payload,
+                    headers=self._headers(),
+                    seconds=self.timeout,
+                    shown=self.where,
+                    error=SummarizerError,
+                )
         except httpx.HTTPError as exc:
             raise SummarizerError(
                 f"summary endpoint {self.where} failed: {type(exc).__name__}"

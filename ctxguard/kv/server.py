@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from ctxguard import _http
 from ctxguard.errors import ConfigError
 from ctxguard.stores.urls import redact_url
 
@@ -205,14 +206,17 @@ def fetch_server_info(
     timeout: float = 5.0,
     headers: Mapping[str, str] | None = None,
 ) -> ServerInfo:
-    """GET the server's limits (blocking)."""
+    """GET the server's limits (blocking); each of the (up to three) GETs is over
+    within ``timeout`` seconds in total, connect, headers and body, or ConfigError."""
     shown = redact(base_url)
     try:
-        with httpx.Client(base_url=base_url, timeout=timeout, headers=headers) as client:
+        with _http.client(base_url=base_url, timeout=timeout, headers=headers) as client:
 
             def send(path: str) -> Response:
-                response = client.get(path)
-                return response.status_code, response.text
+                reply = _http.request(
+                    client, "GET", path, seconds=timeout, shown=shown + path, error=ConfigError
+                )
+                return reply.status_code, reply.text
 
             return _drive(probe(base_url, model), send)
     except httpx.HTTPError as exc:
@@ -226,16 +230,18 @@ async def afetch_server_info(
     timeout: float = 5.0,
     headers: Mapping[str, str] | None = None,
 ) -> ServerInfo:
-    """GET the server's limits (asyncio); same probe as :func:`fetch_server_info`."""
+    """GET the server's limits (asyncio); same probe and deadlines as :func:`fetch_server_info`."""
     shown = redact(base_url)
     flow = probe(base_url, model)
     try:
         async with httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=headers) as client:
             path = next(flow)
             while True:
-                response = await client.get(path)
+                reply = await _http.arequest(
+                    client, "GET", path, seconds=timeout, shown=shown + path, error=ConfigError
+                )
                 try:
-                    path = flow.send((response.status_code, response.text))
+                    path = flow.send((reply.status_code, reply.text))
                 except StopIteration as done:
                     info: ServerInfo = done.value
                     return info

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from ctxguard import _http
 from ctxguard.errors import TemplateRefusedError, TokenizerError
 from ctxguard.stores.urls import redact_url
 from ctxguard.tokens._protocol import Tools, fingerprint
@@ -43,7 +44,8 @@ class VLLMRenderer:
         self.root = root[: -len("/v1")] if root.endswith("/v1") else root
         self.model = model
         self.where = redact_url(self.root)
-        self._client = httpx.Client(timeout=timeout, headers=dict(headers or {}))
+        self.timeout = timeout
+        self._client = _http.client(timeout=timeout, headers=dict(headers or {}))
 
     def render(self, conversation: Sequence[dict[str, Any]], tools: Tools | None = None) -> int:
         body: dict[str, Any] = {"messages": list(conversation), "add_generation_prompt": True}
@@ -58,7 +60,15 @@ class VLLMRenderer:
         if self.model:
             body["model"] = self.model
         try:
-            response = self._client.post(f"{self.root}/tokenize", json=body)
+            response = _http.request(
+                self._client,
+                "POST",
+                f"{self.root}/tokenize",
+                json=body,
+                seconds=self.timeout,
+                shown=f"{self.where}/tokenize",
+                error=TokenizerError,
+            )
         except httpx.HTTPError as exc:
             raise TokenizerError(
                 f"cannot reach {self.where}/tokenize ({type(exc).__name__}); check the URL "
@@ -76,7 +86,7 @@ class VLLMRenderer:
             raise TokenizerError(f"{self.where}/tokenize returned no 'count'") from None
 
 
-def _message(response: httpx.Response) -> str:
+def _message(response: _http.Reply) -> str:
     try:
         data = response.json()
     except ValueError:

@@ -127,3 +127,31 @@ def test_guard_uses_the_endpoint_for_its_rolling_summary(endpoint: Endpoint) -> 
         guard.complete("s", {"role": "assistant", "content": "answer " * 10})
     assert req.summary_version >= 1 and "SUMMARY" in req.messages[0].text
     assert endpoint.requests and req.tokens + req.reserved_output <= req.limit
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", ["headers", "body"])
+async def test_a_drip_feeding_endpoint_cannot_hold_the_summarizer(mode: str) -> None:
+    from drip_server import drip_server
+
+    with drip_server(mode) as server:
+        summarizer = OpenAISummarizer(f"{server.url}/v1", "m", timeout=1)
+        expected = f"no complete answer from {server.url}/v1/chat/completions within 1 s (deadline)"
+        with pytest.raises(SummarizerError) as info:
+            summarizer(None, MESSAGES)
+        assert str(info.value) == expected
+        with pytest.raises(SummarizerError) as info:
+            await summarizer.acall(None, MESSAGES)
+        assert str(info.value) == expected
+
+
+@pytest.mark.timeout(30)
+async def test_an_endless_fast_body_is_cut_at_the_size_cap() -> None:
+    from drip_server import drip_server
+
+    with drip_server("flood") as server:
+        summarizer = OpenAISummarizer(f"{server.url}/v1", "m", timeout=60)
+        with pytest.raises(SummarizerError, match="more than 16 MiB"):
+            summarizer(None, MESSAGES)
+        with pytest.raises(SummarizerError, match="more than 16 MiB"):
+            await summarizer.acall(None, MESSAGES)

@@ -163,3 +163,42 @@ def test_server_limit_bad_arguments() -> None:
         ServerLimit("http://127.0.0.1:1", concurrency=0)
     with pytest.raises(ConfigError):
         ServerLimit("http://127.0.0.1:1", timeout=0)
+
+
+DRIPS = ["headers", "body", "flood"]
+
+
+def _expect_deadline_or_cap(mode: str, message: str, where: str) -> None:
+    assert where in message
+    if mode == "flood":
+        # a fast endless body may hit either bound first; both end the call
+        assert "within 1 s (deadline)" in message or "more than 16 MiB" in message
+    else:
+        assert "within 1 s (deadline)" in message
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", DRIPS)
+def test_a_drip_feeding_server_cannot_hold_prepare(mode: str) -> None:
+    from drip_server import drip_server
+
+    from ctxguard import Guard
+
+    with drip_server(mode) as server:
+        url = server.url.replace("http://", "http://admin:s3cret@")
+        guard = Guard("memory://", limit=ServerLimit(url, timeout=1))
+        with pytest.raises(ConfigError) as info:
+            guard.prepare("s", [{"role": "user", "content": "hi"}])
+    message = str(info.value)
+    _expect_deadline_or_cap(mode, message, f"{server.url}/v1/models")
+    assert "s3cret" not in message and "\n" not in message
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", DRIPS)
+async def test_a_drip_feeding_server_cannot_hold_aresolve(mode: str) -> None:
+    from drip_server import drip_server
+
+    with drip_server(mode) as server, pytest.raises(ConfigError) as info:
+        await ServerLimit(server.url, timeout=1).aresolve()
+    _expect_deadline_or_cap(mode, str(info.value), f"{server.url}/v1/models")

@@ -101,3 +101,24 @@ def test_unreachable_server_and_bad_specs_are_typed_errors() -> None:
         load_counter("vllm:localhost:8000")
     with pytest.raises(ConfigError):
         load_counter("vllm:http://127.0.0.1:9", temperature=0)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", ["headers", "body"])
+def test_a_drip_feeding_server_cannot_hold_the_counter(mode: str) -> None:
+    from drip_server import drip_server
+
+    with drip_server(mode) as server:
+        url = server.url.replace("http://", "http://user:s3cret@")
+        with pytest.raises(TokenizerError) as info:
+            load_counter(f"vllm:{url}", timeout=1)
+    shown = server.url.replace("http://", "http://***@")  # redact_url's form
+    assert str(info.value) == f"no complete answer from {shown}/tokenize within 1 s (deadline)"
+
+
+@pytest.mark.timeout(30)
+def test_an_endless_fast_body_is_cut_at_the_size_cap() -> None:
+    from drip_server import drip_server
+
+    with drip_server("flood") as server, pytest.raises(TokenizerError, match="more than 16 MiB"):
+        load_counter(f"vllm:{server.url}", timeout=60)

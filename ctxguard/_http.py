@@ -1,0 +1,215 @@
+"""Every HTTP call ctxguard makes, with an overall deadline and a cap on the body.
+
+httpx's timeouts bound each connect / read / write on its own, so a server that
+drip-feeds bytes (a header line, or a one-byte chunk, every few hundred ms) keeps a
+call alive forever. Here the configured timeout is a deadline for the whole call:
+connect, headers and body.
+
+* sync: the client's transport caps every socket operation at the time left until
+  the deadline (a small :class:`httpcore.NetworkBackend` wrapper, read from a
+  context variable so one client serves several calls and threads), and the body
+  is streamed with the deadline checked between chunks;
+* async: ``asyncio.timeout`` around the whole request.
+
+On expiry the caller's own typed error is raised (``error``), naming the URL as the
+caller shows it (redacted) and the deadline. Bodies are read up to :data:`MAX_BODY`
+bytes, so a server streaming fast without end cannot exhaust memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import ssl
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import httpcore
+import httpx
+
+from ctxguard.errors import CtxGuardError
+
+MAX_BODY = 16 * 1024 * 1024
+
+# monotonic time by which the current call must be over (None: no call in progress)
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "ctxguard_http_deadline", default=None
+)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A complete answer: status and body (at most MAX_BODY bytes)."""
+
+    status_code: int
+    content: bytes
+    encoding: str = "utf-8"
+
+    @property
+    def text(self) -> str:
+        return self.content.decode(self.encoding, errors="replace")
+
+    def json(self) -> Any:
+        """The body as JSON; ValueError when it is not."""
+        return json.loads(self.content)
+
+
+def _left(timeout: float | None) -> float | None:
+    """The per-operation timeout, capped at the time left before the call's deadline."""
+    end = _DEADLINE.get()
+    if end is None:
+        return timeout
+    left = end - time.monotonic()
+    if left <= 0:
+        raise httpcore.ReadTimeout("overall deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _Stream(httpcore.NetworkStream):
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _left(timeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _left(timeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        return _Stream(self._inner.start_tls(ssl_context, server_hostname, _left(timeout)))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _Backend(httpcore.NetworkBackend):
+    def __init__(self) -> None:
+        self._inner = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        return _Stream(
+            self._inner.connect_tcp(host, port, _left(timeout), local_address, socket_options)
+        )
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        return _Stream(self._inner.connect_unix_socket(path, _left(timeout), socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+class _Transport(httpx.HTTPTransport):
+    """httpx's transport over a connection pool whose sockets respect the deadline.
+
+    Replacing ``_pool`` is the one private detail used (``handle_request`` only
+    calls the pool); the pool itself is built from public httpcore API.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(), network_backend=_Backend()
+        )
+
+
+def client(*, timeout: float, headers: Any = None, base_url: str = "") -> httpx.Client:
+    """A sync client for :func:`request` (its sockets honour the call deadline)."""
+    return httpx.Client(base_url=base_url, timeout=timeout, headers=headers, transport=_Transport())
+
+
+def _expired(shown: str, seconds: float) -> str:
+    return f"no complete answer from {shown} within {seconds:g} s (deadline)"
+
+
+def _too_big(shown: str) -> str:
+    return (
+        f"{shown} sent more than {MAX_BODY // 2**20} MiB; refusing to read further "
+        "(is this the right URL?)"
+    )
+
+
+class _Body:
+    def __init__(self, shown: str, error: type[CtxGuardError]) -> None:
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.shown, self.error = shown, error
+
+    def add(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > MAX_BODY:
+            raise self.error(_too_big(self.shown))
+        self.chunks.append(chunk)
+
+    def reply(self, response: httpx.Response) -> Reply:
+        return Reply(response.status_code, b"".join(self.chunks), response.encoding or "utf-8")
+
+
+def request(
+    http: httpx.Client,
+    method: str,
+    url: str,
+    *,
+    seconds: float,
+    shown: str,
+    error: type[CtxGuardError],
+    **kwargs: Any,
+) -> Reply:
+    """One call, over within `seconds` or `error`; other failures stay httpx.HTTPError."""
+    end = time.monotonic() + seconds
+    token = _DEADLINE.set(end)
+    try:
+        with http.stream(method, url, **kwargs) as response:
+            body = _Body(shown, error)
+            for chunk in response.iter_bytes():
+                if time.monotonic() >= end:
+                    raise error(_expired(shown, seconds))
+                body.add(chunk)
+            return body.reply(response)
+    except httpx.TimeoutException:
+        if time.monotonic() >= end:
+            raise error(_expired(shown, seconds)) from None
+        raise
+    finally:
+        _DEADLINE.reset(token)
+
+
+async def arequest(
+    http: httpx.AsyncClient,
+    method: str,
+    url: str,
+    *,
+    seconds: float,
+    shown: str,
+    error: type[CtxGuardError],
+    **kwargs: Any,
+) -> Reply:
+    """The asyncio twin of :func:`request`: the whole call under ``asyncio.timeout``."""
+    try:
+        async with asyncio.timeout(seconds):
+            async with http.stream(method, url, **kwargs) as response:
+                body = _Body(shown, error)
+                async for chunk in response.aiter_bytes():
+                    body.add(chunk)
+                return body.reply(response)
+    except TimeoutError:
+        raise error(_expired(shown, seconds)) from None
