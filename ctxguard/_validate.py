@@ -356,7 +356,7 @@ def check_store_args(
     ints: Mapping[str, object] | None = None,
     counts: object = _UNSET,
     text: Mapping[str, object] | None = None,
-    record: object = None,
+    record: object = _UNSET,
 ) -> None:
     """The store methods' own arguments (the session id is checked by the store)."""
     from ctxguard.stores.base import RecordWrite, Summary
@@ -395,7 +395,7 @@ def check_store_args(
             raise InvalidInputError(f"{name} must be a string, got {type_name(value)}")
     if counts is not _UNSET:
         check_counts(counts)
-    if record is not None:
+    if record is not _UNSET:
         check_record(record)
 
 

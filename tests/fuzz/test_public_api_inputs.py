@@ -246,3 +246,18 @@ def test_a_refused_prepare_or_append_stores_nothing_anywhere(
     guard = Guard(store, counter="approx", limit=4096, max_tokens=64)
     check_call(store, lambda: guard.prepare(session_id, messages))
     check_call(store, lambda: guard.append(session_id, messages))
+
+
+def test_an_audit_record_of_none_is_refused_typed() -> None:
+    """Found by the larger-budget run: None was taken as 'no record given'."""
+    store = fresh_store()
+    store.append("s", [NewMessage(Message(role="user", content="hi"))])
+    before = store.read_audit("s")
+    for record in (None, [], "x", {1: "a"}):
+        try:
+            store.add_audit("s", record, 10, 0)  # type: ignore[arg-type]
+        except InvalidInputError as exc:
+            assert "\n" not in str(exc)
+        else:
+            raise AssertionError(f"add_audit took {record!r}")
+    assert store.read_audit("s") == before
