@@ -18,6 +18,7 @@ from ctxguard.errors import BudgetError
 from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.core import GuardCore
 from ctxguard.guard.plan import Budget
+from ctxguard.guard.sent import sent_ids
 from ctxguard.messages import Message
 from ctxguard.stores.base import SessionInfo, StoredMessage, Summary, WindowFetch
 from ctxguard.tokens._protocol import TokenCounter
@@ -101,7 +102,8 @@ def replay_turn(
     overhead = int(record["overhead"]) if same_counter else core.counter.request_overhead()
     budget = Budget(limit, reserved, margin, overhead, str(record.get("limit_source", "replay")))
     fetch = _full_fetch(seen, summary if overrides.summaries else None, core.counter)
-    recorded = tuple(str(i) for i in record.get("sent_ids", ()))
+    by_seq = {s.seq: s.message.id for s in history}
+    recorded = tuple(sent_ids(record, by_seq.get) or ())
     base = ReplayedTurn(
         int(record.get("turn", 0)), recorded, (), int(record["tokens"]), None, limit, reserved
     )
