@@ -7,6 +7,7 @@ what it says must still be enough to rebuild, in order, every id the request sen
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 
@@ -25,7 +26,7 @@ def test_ranges_hold_exactly_the_seqs(seqs: list[int]) -> None:
     ranges = seq_ranges(seqs)
     assert sent_seqs({"sent": ranges}) == seqs
     assert all(a < b for a, b in ranges)
-    assert all(b < c for (_, b), (c, _) in zip(ranges, ranges[1:], strict=False))  # maximal runs
+    assert all(b < c for (_, b), (c, _) in itertools.pairwise(ranges))  # maximal runs
 
 
 def test_ids_are_rebuilt_in_order_with_the_summary_in_its_place() -> None:
@@ -70,7 +71,7 @@ def test_the_record_does_not_grow_with_the_window_and_rebuilds_what_was_sent() -
             guard.prepare(session, [Message(role="user", content=f"question {i} " * 4)])
             guard.complete(session, Message(role="assistant", content=f"answer {i} " * 4))
     sizes = {}
-    for guard, session in ((small, "small"), (large, "large")):
+    for session in ("small", "large"):
         records = [r for r in store.read_audit(session) if r["kind"] == "request"]
         last = records[-1]
         sizes[session] = len(json.dumps(last))
@@ -82,7 +83,9 @@ def test_the_record_does_not_grow_with_the_window_and_rebuilds_what_was_sent() -
 
 def test_a_summarised_request_rebuilds_with_its_summary() -> None:
     store = open_store(f"memory://{uuid.uuid4().hex}")
-    guard = Guard(store, counter="approx", limit=400, max_tokens=40, summarizer=_fold, summarize_after=4)
+    guard = Guard(
+        store, counter="approx", limit=400, max_tokens=40, summarizer=_fold, summarize_after=4
+    )
     guard.append("s", [Message(role="system", content="be brief")])
     sent = None
     for i in range(40):
