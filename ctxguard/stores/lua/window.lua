@@ -35,7 +35,7 @@ if ARGV[6] ~= '' then
   bad = check_for_append()
   if not bad and k > 0 then bad = check_counts(k_at + 1, k) end
 else
-  bad = check_types(K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM) or check_meta()
+  bad = check_types(K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM) or check_meta()
 end
 if bad then return redis.error_reply(bad) end
 if n > 0 then
