@@ -30,9 +30,9 @@ local min_messages = tonumber(ARGV[5])
 local counter = ARGV[1]
 
 -- validate what is read (and, to commit, written) before anything else
-local bad
+local bad, st
 if ARGV[6] ~= '' then
-  bad = check_for_append()
+  bad, st = check_for_append()
   if not bad and k > 0 then bad = check_counts(k_at + 1, k) end
 else
   bad = check_types(K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM) or check_meta()
@@ -57,20 +57,22 @@ for i = 0, n - 1 do
 end
 
 -- A hit: the caller planned on this very state, and every new message is new.
-if ARGV[6] ~= '' and string.sub(ARGV[6], 2) == state_token() and #fresh == n then
+if ARGV[6] ~= '' and string.sub(ARGV[6], 2) == token_of(st.meta) and #fresh == n then
   local appended
   if n > 0 then
-    appended = append_many(10, n, counter, ARGV[k_at + 1 + 2 * k] == '1')
+    appended = append_many(10, n, counter, ARGV[k_at + 1 + 2 * k] == '1', st)
   else
-    local token = state_token()
-    appended = {redis.call('LLEN', KEYS[K_MSGS]), {}, token, token}
+    local token = token_of(st.meta)
+    appended = {st.len, {}, token, token}
   end
-  local exists = redis.call('EXISTS', KEYS[K_META]) == 1
-  if exists then set_counts_many(k_at + 1, k, counter) end
+  local exists = n > 0 or st.meta.created  -- the session exists after the append
+  if exists and k > 0 then
+    set_counts_many(k_at + 1, k, counter)
+    appended[4] = state_token()  -- recounts (or a counter switch) moved the version on
+  end
   local turn = 0
   if exists and ARGV[7] ~= '' then turn = add_audit(ARGV[7], ARGV[8]) end
   if exists then touch(ARGV[2]) end
-  appended[4] = state_token()
   return {'hit', appended, turn, appended[4]}
 end
 -- A retried commit whose first attempt was a hit (its reply was lost): the audit
