@@ -53,23 +53,6 @@ local function switch_counter(counter)
   changed()
 end
 
--- With a cap: would the messages at ARGV[first ..] (4 args each) pass it? Ids already
--- stored, and ids repeated inside the batch, count once. Returns the current count
--- when the batch must be refused, else false.
-local function over_cap(first, n, cap)
-  cap = tonumber(cap)
-  if cap <= 0 or n == 0 then return false end
-  local count = redis.call('LLEN', KEYS[K_MSGS])
-  local fresh, seen = 0, {}
-  for i = 0, n - 1 do
-    local id = ARGV[first + 4 * i]
-    if not seen[id] and redis.call('HEXISTS', KEYS[K_IDS], id) == 0 then fresh = fresh + 1 end
-    seen[id] = true
-  end
-  if count + fresh > cap then return count end
-  return false
-end
-
 -- Append messages given as ARGV[first .. first + 4*n - 1]: id, record, tokens, pinned,
 -- `retry` is true when the call is a retry (an earlier attempt of the same call may
 -- have run and lost its reply; the scripts take a trailing '1' argument for it).
@@ -219,7 +202,9 @@ end
 local function must(i, reply)
   if type(reply) == 'table' and reply.err then
     local t = redis.call('TYPE', KEYS[i])['ok']
-    if t ~= KEY_TYPES[i] then error({err = corrupt(i, 'is a ' .. t .. ', not a ' .. KEY_TYPES[i])}) end
+    if t ~= 'none' and t ~= KEY_TYPES[i] then
+      error({err = corrupt(i, 'is a ' .. t .. ', not a ' .. KEY_TYPES[i])})
+    end
     error(reply)
   end
   return reply
@@ -298,6 +283,25 @@ local function check_for_append()
   local _, bad_pins = check_pins(st.len)
   if bad_pins then return bad_pins end
   return nil, st
+end
+
+-- With a cap: would the messages at ARGV[first ..] (4 args each) pass it? Ids already
+-- stored, and ids repeated inside the batch, count once. Returns the current count
+-- when the batch must be refused, else false.
+local function over_cap(first, n, cap)
+  cap = tonumber(cap)
+  if cap <= 0 or n == 0 then return false end
+  local count = must(K_MSGS, redis.pcall('LLEN', KEYS[K_MSGS]))
+  local fresh, seen = 0, {}
+  for i = 0, n - 1 do
+    local id = ARGV[first + 4 * i]
+    if not seen[id] and must(K_IDS, redis.pcall('HEXISTS', KEYS[K_IDS], id)) == 0 then
+      fresh = fresh + 1
+    end
+    seen[id] = true
+  end
+  if count + fresh > cap then return count end
+  return false
 end
 
 -- Append `k` count pairs (seq, value) from ARGV[first ..] for `counter`: set_counts,
