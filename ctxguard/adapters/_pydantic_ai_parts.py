@@ -12,7 +12,8 @@ guard sees the chat shape providers check:
 
 Only what is counted is in the pieces' content. The message itself travels whole,
 as Pydantic AI's own JSON (``ModelMessagesTypeAdapter``), in the first piece's
-``metadata['pydantic_ai']``, so the stored history reads back exactly. A window that
+``metadata['pydantic_ai']``, so the stored history reads back exactly; its id is a
+digest of that JSON (:func:`content_id`). A window that
 keeps only some pieces of a request (its pinned system prompt, say) gets that
 request with those parts only.
 """
@@ -20,13 +21,16 @@ request with those parts only.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeGuard, cast
+
+import pydantic
 
 from ctxguard.errors import InvalidMessageError, MissingDependencyError
-from ctxguard.ids import new_message_id
-from ctxguard.messages import FunctionCall, ImagePart, Message, TextPart, ToolCall
+from ctxguard.messages import FunctionCall, Message, TextPart, ToolCall
 
 try:
     from pydantic_ai import messages as pai
@@ -34,7 +38,6 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxguard.adapters.pydantic_ai", "pydantic-ai") from exc
 
 META_KEY = "pydantic_ai"
-ID_KEY = "ctxguard_id"  # in a Pydantic AI message's own metadata, once it is stored
 Place = tuple[int, tuple[int, ...]]  # (message index, part indices) of one piece
 
 
@@ -46,9 +49,7 @@ class Pieces:
     places: list[Place]
 
 
-def to_pieces(
-    history: Sequence[pai.ModelMessage], *, keep: bool = False, start: int = 0
-) -> Pieces:
+def to_pieces(history: Sequence[pai.ModelMessage], *, keep: bool = False, start: int = 0) -> Pieces:
     """``history`` as ctxguard messages; ``keep`` stores each message whole in its first
     piece. Messages before ``start`` give no pieces (they only say which calls are open)."""
     out = Pieces([], [])
@@ -67,11 +68,12 @@ def to_pieces(
             )
         if index < start:
             continue
-        base = _stored_id(message)
+        whole = dump(message) if keep else None
+        base = None if whole is None else content_id(whole)
         for number, (piece, parts) in enumerate(pieces):
             meta: dict[str, Any] = {"parts": list(parts)}
-            if keep and number == 0:
-                meta["message"] = dump(message)
+            if whole is not None and number == 0:
+                meta["message"] = whole
             update: dict[str, Any] = {"metadata": {META_KEY: meta}}
             if base is not None:
                 update["id"] = base if number == 0 else f"{base}.{number}"
@@ -90,18 +92,17 @@ def load(data: Any) -> pai.ModelMessage:
     return pai.ModelMessagesTypeAdapter.validate_python([data])[0]
 
 
-def _stored_id(message: pai.ModelMessage) -> str | None:
-    value = (message.metadata or {}).get(ID_KEY)
-    return value if isinstance(value, str) and value else None
+def content_id(data: Any) -> str:
+    """The id a message is stored under: a digest of its JSON.
 
-
-def stamp(message: pai.ModelMessage) -> str:
-    """The id ctxguard stores ``message`` under, minted (in its metadata) on first use."""
-    found = _stored_id(message)
-    if found is None:
-        found = new_message_id()
-        message.metadata = {**(message.metadata or {}), ID_KEY: found}
-    return found
+    Pydantic AI stamps every message with the time it was made, so two messages share
+    an id only when they are the same message; a history passed to the next run (or
+    a copy of it) is recognised, and nothing is stored twice.
+    """
+    text = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return (
+        "pai-" + hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+    )
 
 
 # -- requests ----------------------------------------------------------------------
@@ -128,6 +129,12 @@ def _request_piece(part: Any, open_calls: set[str]) -> Message:
         return Message(role="user", content=text)  # answers no call in view: plain text
     if isinstance(part, pai.RetryFeedbackPart):
         return Message(role="user", content=part.model_response())
+    if isinstance(part, pai.RetryPromptPart):  # deprecated: Pydantic AI upgrades it on load
+        if part.tool_name and part.tool_call_id in open_calls:
+            return Message(
+                role="tool", content=part.model_response(), tool_call_id=part.tool_call_id
+            )
+        return Message(role="user", content=part.model_response())
     if isinstance(part, pai.SpeechPart):
         return Message(role="user", content=part.transcript or "")
     if isinstance(part, pai.CompactionPart):
@@ -138,27 +145,24 @@ def _request_piece(part: Any, open_calls: set[str]) -> Message:
 
 
 def _user_content(content: Any) -> str | list[Any]:
+    """Text as text; files and images named in text (ctxguard counters count text only)."""
     if isinstance(content, str):
         return content
-    parts: list[TextPart | ImagePart] = []
+    parts: list[TextPart] = []
     for item in content:
         if isinstance(item, str):
             parts.append(TextPart(text=item))
         elif isinstance(item, pai.TextContent):
             parts.append(TextPart(text=item.content))
-        elif isinstance(item, pai.ImageUrl):
-            parts.append(ImagePart(image_url={"url": item.url}))
-        elif isinstance(item, pai.BinaryContent) and item.is_image:
-            parts.append(ImagePart(image_url={"url": item.data_uri}))
-        elif isinstance(item, pai.CachePoint):
-            continue
-        else:  # audio, video, documents, uploaded files: named, so the turn keeps its shape
+        elif not isinstance(item, pai.CachePoint):
             parts.append(TextPart(text=f"[{type(item).__name__}: {_identifier(item)}]"))
     return parts or ""
 
 
 def _identifier(item: Any) -> str:
-    for attr in ("url", "identifier", "file_id"):
+    if isinstance(item, pai.BinaryContent):
+        return item.media_type
+    for attr in ("url", "file_id"):
         value = getattr(item, attr, None)
         if isinstance(value, str):
             return value
@@ -168,7 +172,8 @@ def _identifier(item: Any) -> str:
 # -- responses ---------------------------------------------------------------------
 
 
-def _is_call(part: Any) -> bool:
+def _is_call(part: Any) -> TypeGuard[pai.ToolCallPart[Any]]:
+    """A call the client answers (a native call is answered by the provider)."""
     return isinstance(part, pai.ToolCallPart) and not isinstance(part, pai.NativeToolCallPart)
 
 
@@ -203,6 +208,8 @@ def _arguments(part: Any) -> str:
 
 
 def _text_or_json(part: Any) -> str:
+    if isinstance(part, pai.FilePart):  # sent as a file, not as its bytes in text
+        return f"[file: {part.content.media_type}]"
     for attr in ("content", "transcript"):
         value = getattr(part, attr, None)
         if isinstance(value, str) and value:
@@ -210,10 +217,18 @@ def _text_or_json(part: Any) -> str:
     return _json_text(part)
 
 
+@functools.cache
+def _part_adapter(kind: str) -> pydantic.TypeAdapter[Any]:
+    union = pai.ModelResponsePart if kind == "response" else pai.ModelRequestPart
+    return pydantic.TypeAdapter(cast(Any, union))
+
+
 def _json_text(part: Any) -> str:
-    data = dataclasses.asdict(part) if dataclasses.is_dataclass(part) else {}
-    data = {k: v for k, v in data.items() if k not in ("timestamp", "part_kind") and v}
-    return json.dumps(data, default=str, ensure_ascii=False, sort_keys=True)
+    """A part with no text of its own, as Pydantic AI's JSON of it (less the timestamp)."""
+    kind = "response" if isinstance(part, pai.NativeToolCallPart | pai.NativeToolReturnPart) else ""
+    data = _part_adapter(kind or "request").dump_python(part, mode="json", exclude_none=True)
+    data = {k: v for k, v in data.items() if k != "timestamp" and v not in ({}, [], "")}
+    return json.dumps(data, ensure_ascii=False, sort_keys=True)
 
 
 # -- back --------------------------------------------------------------------------
@@ -266,8 +281,8 @@ def window_messages(
     a request with only the parts kept where the window kept some of its pieces."""
     chosen: dict[int, list[tuple[tuple[int, ...], Message]]] = {}
     for message, origin in zip(kept, origins, strict=True):
-        index, parts = pieces.places[origin]
-        chosen.setdefault(index, []).append((parts, message))
+        index, numbers = pieces.places[origin]
+        chosen.setdefault(index, []).append((numbers, message))
     out: list[pai.ModelMessage] = []
     for index in sorted(chosen):
         original, picked = history[index], chosen[index]
@@ -275,8 +290,8 @@ def window_messages(
         if len(picked) == total and not any(_was_shrunk(m) for _, m in picked):
             out.append(original)
             continue
-        parts = [_shrunk(original.parts[p], m) for ps, m in picked for p in ps]
-        out.append(dataclasses.replace(original, parts=parts))  # type: ignore[type-var]
+        kept_parts: Any = [_shrunk(original.parts[p], m) for ps, m in picked for p in ps]
+        out.append(dataclasses.replace(original, parts=kept_parts))
     return out
 
 

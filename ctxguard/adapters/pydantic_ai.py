@@ -16,13 +16,15 @@
   Only the request changes: the run's history (``result.all_messages()``) stays whole.
   After each response it appends the run's new messages and the response to the
   session, with the usage the model reported (one ``usage`` audit record).
-* :func:`history_processor` is the same fit as a plain history processor (no session,
-  no usage). Pydantic AI replaces the run's history with a processor's result, so
-  prefer the capability when the run's history should stay whole.
+* :func:`history_processor` is the same fit as a plain history processor, for
+  ``capabilities=[ProcessHistory(history_processor(guard))]`` (no session, no usage).
+  Pydantic AI replaces the run's history with a processor's result, so prefer the
+  capability when the run's history should stay whole.
 * :func:`model_profile` gives the served limit as the model's ``context_window``.
 
-Messages round-trip losslessly through the session (see ``_pydantic_ai_parts``);
-each stored message is marked with its ctxguard id in its own ``metadata``.
+Messages round-trip losslessly through the session (see ``_pydantic_ai_parts``), each
+stored once under a digest of its JSON, so passing a run's history to the next run
+(``message_history=result.all_messages()``) stores only what is new.
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ from ctxguard.adapters._pydantic_ai_parts import (
     dump,
     from_stored,
     load,
-    stamp,
     to_pieces,
     window_messages,
 )
@@ -186,20 +187,27 @@ class CtxGuardCapability(AbstractCapability[Any]):
     last: PreparedRequest | None = dataclasses.field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.guard, Guard | AsyncGuard):
+            raise ConfigError(
+                f"CtxGuardCapability needs a ctxguard Guard or AsyncGuard, got "
+                f"{type(self.guard).__name__}"
+            )
         self._ref = GuardRef(self.guard)
         if self.session_id is not None:
             _shared.check_key(self.session_id)
         _shared.check_optional_count(self.max_tokens, "max_tokens")
         _shared.check_flag(self.persist, "persist")
-        self._seen: set[str] = set()
-        self._held: dict[str, tuple[PreparedRequest, dict[str, Any] | None]] = {}
+        self._seen: dict[str, set[str]] = {}  # per session: ids known to be stored
+        self._held: dict[int, tuple[PreparedRequest, dict[str, Any] | None]] = {}
 
     @classmethod
     def get_serialization_name(cls) -> str | None:
         return None  # holds a guard: not spec-serialisable
 
     async def for_run(self, ctx: RunContext[Any]) -> CtxGuardCapability:
-        return dataclasses.replace(self)  # per-run state (the last request) in a fresh copy
+        run = dataclasses.replace(self)  # per-run state (the last request, usage held)
+        run._seen = self._seen  # what is stored is known across runs
+        return run
 
     # -- the session ------------------------------------------------------------------
 
@@ -224,7 +232,8 @@ class CtxGuardCapability(AbstractCapability[Any]):
     ) -> ModelRequestContext:
         params = request_context.model_request_parameters
         settings = dict(request_context.model_settings or {})
-        reserve = settings.get("max_tokens", self.max_tokens)
+        asked = settings.get("max_tokens")
+        reserve = asked if isinstance(asked, int) else self.max_tokens
         tools = openai_tools([*params.function_tools, *params.output_tools])
         joined = pai.InstructionPart.join(params.instruction_parts or [])
         fitted = await afit_history(
@@ -249,7 +258,8 @@ class CtxGuardCapability(AbstractCapability[Any]):
     ) -> pai.ModelResponse:
         if self.persist and self.last is not None:
             reported = _served.usage(response.usage.input_tokens, response.usage.output_tokens)
-            self._held[stamp(response)] = (self.last, reported)
+            # the run appends (a final copy of) the response next: held by its place
+            self._held[len(ctx.messages)] = (self.last, reported)
         return response
 
     async def wrap_run(self, ctx: RunContext[Any], *, handler: WrapRunHandler) -> Any:
@@ -267,20 +277,20 @@ class CtxGuardCapability(AbstractCapability[Any]):
     async def _store(self, ctx: RunContext[Any], history: History) -> None:
         """Append the messages not stored yet; each response with the usage it reported."""
         session = self._session(None, ctx)
-        ids = [stamp(m) for m in history]
-        start = next((i for i, sid in enumerate(ids) if sid not in self._seen), len(ids))
-        pieces = to_pieces(history, keep=True, start=start)
+        seen = self._seen.setdefault(session, set())
+        pieces = to_pieces(history, keep=True)
         batch: list[Message] = []
         for piece, (index, _) in zip(pieces.messages, pieces.places, strict=True):
-            held = self._held.pop(ids[index], None)
+            held = self._held.pop(index, None)
             if held is None:
                 batch.append(piece)
                 continue
-            await _served.apersist(self._ref, session, batch, self._seen)
+            await _served.apersist(self._ref, session, batch, seen)
             batch = []
-            await _served.acomplete(self._ref, session, piece, *held)
-            self._seen.add(piece.id)
-        await _served.apersist(self._ref, session, batch, self._seen)
+            if piece.id not in seen:
+                await _served.acomplete(self._ref, session, piece, *held)
+                seen.add(piece.id)
+        await _served.apersist(self._ref, session, batch, seen)
 
 
 __all__ = [
