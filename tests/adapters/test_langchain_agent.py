@@ -166,6 +166,10 @@ def test_an_explicit_session_id_wins(guard: Guard) -> None:
 # -- LangChain's own context tools with ctxguard's exact count ---------------------------
 
 
+def call(i: int) -> Any:
+    return {"name": "weather", "args": {"city": "Lima"}, "id": f"t{i}"}
+
+
 def long_history(turns: int) -> list[BaseMessage]:
     out: list[BaseMessage] = [SystemMessage(SYSTEM)]
     for i in range(turns):
