@@ -14,8 +14,9 @@
   holds). System prompt parts and instructions are pinned, a tool call and its return
   stay together, thinking and provider-specific parts are counted and never split.
   Only the request changes: the run's history (``result.all_messages()``) stays whole.
-  After each response it appends the run's new messages and the response to the
-  session, with the usage the model reported (one ``usage`` audit record).
+  The session gets the run's messages as they become final (before the next request,
+  and the rest when the run ends), each response with the usage the model reported
+  against ctxguard's count of what was sent (one ``usage`` audit record per call).
 * :func:`history_processor` is the same fit as a plain history processor, for
   ``capabilities=[ProcessHistory(history_processor(guard))]`` (no session, no usage).
   Pydantic AI replaces the run's history with a processor's result, so prefer the
@@ -199,6 +200,7 @@ class CtxGuardCapability(AbstractCapability[Any]):
         _shared.check_flag(self.persist, "persist")
         self._seen: dict[str, set[str]] = {}  # per session: ids known to be stored
         self._held: dict[int, tuple[PreparedRequest, dict[str, Any] | None]] = {}
+        self._stored_upto = 0  # this run's history, stored up to here
 
     @classmethod
     def get_serialization_name(cls) -> str | None:
@@ -230,6 +232,8 @@ class CtxGuardCapability(AbstractCapability[Any]):
     async def prepare_model_request(
         self, ctx: RunContext[Any], request_context: ModelRequestContext
     ) -> ModelRequestContext:
+        if self.persist:  # what the run made before this request is final: store it now
+            await self._store(ctx, list(ctx.messages)[:-1])
         params = request_context.model_request_parameters
         settings = dict(request_context.model_settings or {})
         asked = settings.get("max_tokens")
@@ -263,7 +267,7 @@ class CtxGuardCapability(AbstractCapability[Any]):
         return response
 
     async def wrap_run(self, ctx: RunContext[Any], *, handler: WrapRunHandler) -> Any:
-        """Store the run once it ends (the messages are final then), or fails."""
+        """Store the rest of the run once it ends (or fails): its last messages."""
         try:
             result = await handler()
         except Exception:
@@ -278,7 +282,9 @@ class CtxGuardCapability(AbstractCapability[Any]):
         """Append the messages not stored yet; each response with the usage it reported."""
         session = self._session(None, ctx)
         seen = self._seen.setdefault(session, set())
-        pieces = to_pieces(history, keep=True)
+        start = self._stored_upto  # a prefix stored by this run already is not redone
+        pieces = to_pieces(history, keep=True, start=start)
+        self._stored_upto = max(start, len(history))
         batch: list[Message] = []
         for piece, (index, _) in zip(pieces.messages, pieces.places, strict=True):
             held = self._held.pop(index, None)

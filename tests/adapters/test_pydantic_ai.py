@@ -357,6 +357,27 @@ async def test_capability_with_test_model_and_a_later_run_from_the_session(guard
     assert len(second.all_messages()) > len(first.all_messages())
 
 
+async def test_usage_is_stored_before_the_next_request(guard: Guard) -> None:
+    audits: list[int] = []
+
+    def reply(messages: list[pai.ModelMessage], info: AgentInfo) -> pai.ModelResponse:
+        audits.append(len([r for r in guard.store.read_audit("live") if r["kind"] == "usage"]))
+        if len(messages) == 1:
+            return pai.ModelResponse(parts=[pai.ToolCallPart("lookup", {"key": "k"})])
+        return pai.ModelResponse(parts=[pai.TextPart("done")])
+
+    capability = CtxGuardCapability(guard, session_id="live", max_tokens=RESERVE)
+    agent = Agent(FunctionModel(reply), capabilities=[capability])
+
+    @agent.tool_plain
+    def lookup(key: str) -> str:
+        return key
+
+    await agent.run("go")
+    assert audits == [0, 1]  # the first call's usage was stored before the second call
+    assert len([r for r in guard.store.read_audit("live") if r["kind"] == "usage"]) == 2
+
+
 async def test_run_without_a_session_name_uses_the_conversation_id(guard: Guard) -> None:
     capability = CtxGuardCapability(guard, max_tokens=RESERVE)
     result = await Agent(TestModel(), capabilities=[capability]).run("hi")
