@@ -86,3 +86,34 @@ def test_llamaindex_example_pins_the_system_prompt() -> None:
     out = run("llamaindex_chat.py")
     assert "Stored: 25 messages" in out
     assert "First message of every request: ['system']" in out
+
+
+# -- the README's adapter snippets: complete programs whose every import exists ----------
+
+README = EXAMPLES.parent / "README.md"
+
+
+def adapter_snippets() -> list[str]:
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Adapters\n") : text.index("## Performance\n")]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+def test_the_readme_has_a_snippet_per_framework() -> None:
+    snippets = adapter_snippets()
+    for adapter in ("langchain", "llamaindex", "openai_agents", "pydantic_ai"):
+        assert any(f"ctxguard.adapters.{adapter} import" in s for s in snippets), adapter
+    assert "CtxGuardMiddleware" in snippets[0]  # the LangChain docs lead with the middleware
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_readme_adapter_snippet_compiles_and_its_imports_exist(index: int) -> None:
+    import importlib
+
+    snippet = adapter_snippets()[index]
+    compile(snippet, f"README snippet {index}", "exec")
+    for module, names in re.findall(r"^from ([\w.]+) import ([\w, ]+)$", snippet, flags=re.M):
+        loaded = pytest.importorskip(module)
+        importlib.import_module(module)
+        for name in (n.strip() for n in names.split(",")):
+            assert hasattr(loaded, name), f"{module}.{name}"
