@@ -94,14 +94,14 @@ def middleware_class() -> type[Any]:
             self.max_tokens = _shared.check_optional_count(max_tokens, "max_tokens")
             self.session_id = None if session_id is None else _shared.check_key(session_id)
             self._ref = GuardRef(guard)
-            self._seen: dict[str, set[str]] = {}
+            self._seen = _served.SeenIds()
 
         def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
             fitted = _fit(self.guard, request, self.max_tokens)
             response = handler(fitted.request)
             session, reply = self._session(request), _reply(response)
             if session is not None and reply is not None:
-                seen = self._seen.setdefault(session, set())
+                seen = self._seen.of(session)
                 guard = self._ref.sync()
                 _served.persist(guard, session, self._unseen(request, seen), seen)
                 if reply.id not in seen:
@@ -117,7 +117,7 @@ def middleware_class() -> type[Any]:
             response = await handler(fitted.request)
             session, reply = self._session(request), _reply(response)
             if session is not None and reply is not None:
-                seen = self._seen.setdefault(session, set())
+                seen = self._seen.of(session)
                 await _served.apersist(self._ref, session, self._unseen(request, seen), seen)
                 if reply.id not in seen:
                     stored = to_ctxguard(reply)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -57,6 +59,28 @@ def usage(prompt_tokens: object, completion_tokens: object) -> dict[str, Any] | 
 def as_sent(prepared: PreparedRequest, session_id: str) -> PreparedRequest:
     """A fitted request as ``complete`` takes it: this session's, of no stored turn (0)."""
     return dataclasses.replace(prepared, session_id=session_id, turn=0, pending_audit=None)
+
+
+class SeenIds:
+    """Per session, the ids known to be stored: a shortcut that spares counting them again.
+
+    Bounded (the least recently used sessions are forgotten): forgetting is safe, since
+    the store skips an id it holds, so a long-lived process does not grow with every
+    session it served.
+    """
+
+    def __init__(self, sessions: int = 256) -> None:
+        self._sessions = sessions
+        self._ids: OrderedDict[str, set[str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def of(self, session_id: str) -> set[str]:
+        with self._lock:
+            ids = self._ids.pop(session_id, None)
+            self._ids[session_id] = ids = set() if ids is None else ids
+            while len(self._ids) > self._sessions:
+                self._ids.popitem(last=False)
+            return ids
 
 
 def _unseen(messages: Sequence[Message], seen: set[str]) -> list[Message]:

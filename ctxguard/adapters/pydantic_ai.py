@@ -198,7 +198,7 @@ class CtxGuardCapability(AbstractCapability[Any]):
             _shared.check_key(self.session_id)
         _shared.check_optional_count(self.max_tokens, "max_tokens")
         _shared.check_flag(self.persist, "persist")
-        self._seen: dict[str, set[str]] = {}  # per session: ids known to be stored
+        self._seen = _served.SeenIds()  # per session: ids known to be stored
         self._held: dict[int, tuple[PreparedRequest, dict[str, Any] | None]] = {}
         self._stored_upto = 0  # this run's history, stored up to here
 
@@ -281,7 +281,7 @@ class CtxGuardCapability(AbstractCapability[Any]):
     async def _store(self, ctx: RunContext[Any], history: History) -> None:
         """Append the messages not stored yet; each response with the usage it reported."""
         session = self._session(None, ctx)
-        seen = self._seen.setdefault(session, set())
+        seen = self._seen.of(session)
         start = self._stored_upto  # a prefix stored by this run already is not redone
         pieces = to_pieces(history, keep=True, start=start)
         self._stored_upto = max(start, len(history))
