@@ -46,7 +46,8 @@ from ctxguard.adapters._pydantic_ai_parts import (
     window_messages,
 )
 from ctxguard.adapters._shared import GuardRef, Tools
-from ctxguard.errors import ConfigError, MissingDependencyError
+from ctxguard._validate import type_name
+from ctxguard.errors import ConfigError, InvalidInputError, MissingDependencyError
 from ctxguard.guard.aio import AsyncGuard
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.sync import Guard
@@ -75,7 +76,11 @@ def model_profile(limit: _served.LimitLike) -> dict[str, int]:
 def openai_tools(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
     """Pydantic AI tool definitions as the OpenAI tool schemas the guard counts."""
     out = []
-    for tool in tools:
+    for index, tool in enumerate(_shared.check_tool_list(tools) or ()):
+        if not isinstance(tool, ToolDefinition):
+            raise InvalidInputError(
+                f"tools[{index}] must be a Pydantic AI ToolDefinition, got {type_name(tool)}"
+            )
         function: dict[str, Any] = {"name": tool.name, "parameters": tool.parameters_json_schema}
         if tool.description:
             function["description"] = tool.description
@@ -100,6 +105,7 @@ def fit_history(
     tools: Tools | None = None,
 ) -> Fitted:
     """``history`` cut to the guard's budget; the messages are the caller's own where whole."""
+    history = _shared.check_batch(history, object, "history")
     pieces = to_pieces(history)
     head = [Message(role="system", content=instructions)] if instructions else []
     prepared, origins = _shared.fit(guard, head + pieces.messages, max_tokens, tools)

@@ -418,9 +418,16 @@ def test_bad_capability_arguments(guard: Guard, kwargs: dict[str, Any]) -> None:
     assert "\n" not in str(info.value)
 
 
-def test_bad_history_and_limits() -> None:
+def test_bad_history_and_limits(guard: Guard) -> None:
     with pytest.raises(InvalidMessageError):
         to_pieces(["not a message"])  # type: ignore[list-item]
+    for history in (None, "hi", pai.ModelRequest(parts=[])):
+        with pytest.raises(InvalidMessageError):
+            fit_history(guard, history)  # type: ignore[arg-type]
+    with pytest.raises(CtxGuardError):
+        history_processor(guard, tools=[{"type": "function"}])  # type: ignore[list-item]
+    with pytest.raises(CtxGuardError):
+        fit_history(guard, [], instructions=3)  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         model_profile("8192")  # type: ignore[arg-type]
     with pytest.raises(CtxGuardError):
