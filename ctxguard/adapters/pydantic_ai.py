@@ -35,6 +35,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from ctxguard._validate import type_name
 from ctxguard.adapters import _served, _shared
 from ctxguard.adapters._pydantic_ai_parts import (
     META_KEY,
@@ -46,7 +47,6 @@ from ctxguard.adapters._pydantic_ai_parts import (
     window_messages,
 )
 from ctxguard.adapters._shared import GuardRef, Tools
-from ctxguard._validate import type_name
 from ctxguard.errors import ConfigError, InvalidInputError, MissingDependencyError
 from ctxguard.guard.aio import AsyncGuard
 from ctxguard.guard.prepared import PreparedRequest
