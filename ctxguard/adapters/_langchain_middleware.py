@@ -33,7 +33,26 @@ class _Fitted:
     prepared: PreparedRequest
 
 
+def _reserve(request: Any, max_tokens: int | None) -> int | None:
+    """The output to reserve: the middleware's, else the call's or the model's ``max_tokens``
+    (what the server will be asked for), else the guard's default."""
+    if max_tokens is not None:
+        return max_tokens
+    for asked in ((request.model_settings or {}).get("max_tokens"), _model_max(request.model)):
+        if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 0:
+            return asked
+    return None
+
+
+def _model_max(model: Any) -> object:
+    bound = getattr(model, "kwargs", None)  # a RunnableBinding: model.bind(max_tokens=...)
+    if isinstance(bound, dict) and "max_tokens" in bound:
+        return bound["max_tokens"]
+    return getattr(getattr(model, "bound", model), "max_tokens", None)
+
+
 def _fit(guard: Guard | AsyncGuard, request: Any, max_tokens: int | None) -> _Fitted:
+    max_tokens = _reserve(request, max_tokens)
     system = [request.system_message] if request.system_message is not None else []
     messages: list[BaseMessage] = system + list(request.messages)
     prepared, origins = _shared.fit(
@@ -74,7 +93,9 @@ def middleware_class() -> type[Any]:
         fits what the other middleware hand on. With a session (``session_id=``, or
         the run's ``thread_id``), the agent's messages are stored there (each once,
         by id) and each reply with the usage the model reported (``usage_metadata``)
-        against ctxguard's count: one ``usage`` audit record per model call.
+        against ctxguard's count: one ``usage`` audit record per model call. The
+        output reserved is ``max_tokens``, else the model's own ``max_tokens`` (as
+        ``ChatOpenAI(max_tokens=...)`` sends it), else the guard's default.
         """
 
         def __init__(

@@ -105,11 +105,11 @@ async def run_turns(agent: Any, mode: str, turns: int, thread: str = "chat-1") -
     return messages
 
 
-def check_calls(guard: Guard | AsyncGuard, model: WeatherModel) -> None:
+def check_calls(guard: Guard | AsyncGuard, model: WeatherModel, reserve: int = RESERVE) -> None:
     for call in model.seen:
         assert isinstance(call[0], SystemMessage)
         assert isinstance(call[-1], HumanMessage | ToolMessage)
-        assert_fits(guard, [to_ctxguard(m) for m in call], RESERVE, SCHEMAS)
+        assert_fits(guard, [to_ctxguard(m) for m in call], reserve, SCHEMAS)
 
 
 async def stored(guard: Guard | AsyncGuard, session: str) -> tuple[list[Any], list[Any]]:
@@ -153,6 +153,17 @@ def test_middleware_without_a_session_only_fits(guard: Guard) -> None:
     agent.invoke({"messages": [HumanMessage("turn 1: weather?")]})
     assert len(model.seen) == 2
     assert list(guard.store.list_sessions()) == []
+
+
+class CappedWeatherModel(WeatherModel):
+    max_tokens: int | None = None  # as ChatOpenAI(max_tokens=...) has
+
+
+def test_the_models_own_max_tokens_is_reserved(guard: Guard) -> None:
+    model = CappedWeatherModel(max_tokens=120)
+    agent = weather_agent(model, CtxGuardMiddleware(guard))  # the guard's default: 1024
+    asyncio.run(run_turns(agent, "sync", 6))
+    check_calls(guard, model, reserve=120)  # (the guard's 1024 would not fit the 400 limit)
 
 
 def test_an_explicit_session_id_wins(guard: Guard) -> None:
