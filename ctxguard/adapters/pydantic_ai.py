@@ -273,13 +273,9 @@ class CtxGuardCapability(AbstractCapability[Any]):
         return response
 
     async def wrap_run(self, ctx: RunContext[Any], *, handler: WrapRunHandler) -> Any:
-        """Store the rest of the run once it ends (or fails): its last messages."""
-        try:
-            result = await handler()
-        except Exception:
-            if self.persist:
-                await self._store(ctx, list(ctx.messages))
-            raise
+        """Store the rest of the run once it ends. A run that fails (a request the guard
+        refused, say) stores nothing more: the session ends at its last whole request."""
+        result = await handler()
         if self.persist:
             await self._store(ctx, result.all_messages())
         return result

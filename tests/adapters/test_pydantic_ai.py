@@ -30,7 +30,7 @@ from ctxguard.adapters.pydantic_ai import (
     openai_tools,
     to_pieces,
 )
-from ctxguard.errors import ConfigError, CtxGuardError, InvalidMessageError
+from ctxguard.errors import BudgetError, ConfigError, CtxGuardError, InvalidMessageError
 from ctxguard.guard import AsyncGuard, Guard
 from ctxguard.guard.policies import tool_problems
 from ctxguard.messages import Message
@@ -384,6 +384,16 @@ async def test_run_without_a_session_name_uses_the_conversation_id(guard: Guard)
     conversation = result.all_messages()[-1].conversation_id
     assert conversation is not None
     assert len(capability.load(conversation)) == len(result.all_messages())
+
+
+async def test_a_refused_request_stores_nothing(guard: Guard) -> None:
+    capability = CtxGuardCapability(guard, session_id="refused", max_tokens=RESERVE)
+    agent = Agent(TestModel(), capabilities=[capability])
+    await agent.run("hello")
+    before = guard.store.read("refused")
+    with pytest.raises(BudgetError):
+        await agent.run("far too long " * 400, message_history=capability.load())
+    assert guard.store.read("refused") == before
 
 
 async def test_persist_false_only_fits(guard: Guard) -> None:
