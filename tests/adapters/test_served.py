@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from kv.conftest import FakeServer, fake_vllm, vllm_metrics, vllm_models
 
-from ctxguard import ContextLimit, Guard, ModelLimit
+from ctxguard import ContextLimit, Guard, ModelLimit, ServerLimit
 from ctxguard.adapters import _served
 from ctxguard.errors import ConfigError
+
+__all__ = ["fake_vllm"]  # the fixture, shared with the KV tests
 
 
 def test_served_limit_of_every_source() -> None:
@@ -35,3 +38,14 @@ def test_seen_ids_forget_the_least_recent_sessions() -> None:
     seen.of("c")
     assert seen.of("a") == {"m1"}
     assert seen.of("b") == set()  # forgotten (safe: the store skips stored ids)
+
+
+def test_a_running_servers_limit_becomes_each_frameworks_window(fake_vllm: FakeServer) -> None:
+    fake_vllm.json("/v1/models", vllm_models("m", 32768))
+    fake_vllm.text("/metrics", vllm_metrics(52_510, 16))
+    guard = Guard("memory://", limit=ServerLimit(fake_vllm.url), max_tokens=1024)
+    assert _served.served_limit(ServerLimit(fake_vllm.url)).tokens == 32768
+    langchain = pytest.importorskip("ctxguard.adapters.langchain")
+    assert langchain.model_profile(guard) == {"max_input_tokens": 32768 - 1024}
+    pydantic_ai = pytest.importorskip("ctxguard.adapters.pydantic_ai")
+    assert pydantic_ai.model_profile(guard) == {"context_window": 32768}
