@@ -145,6 +145,17 @@ async def test_middleware_fits_every_call_and_records_usage(
         guard.close()
 
 
+def test_middleware_with_an_exact_counter() -> None:
+    pytest.importorskip("tiktoken")
+    guard = Guard("memory://", limit=LIMIT, counter="tiktoken:cl100k_base")
+    assert guard.counter.exact
+    model = WeatherModel()
+    agent = weather_agent(model, CtxGuardMiddleware(guard, max_tokens=RESERVE))
+    state = asyncio.run(run_turns(agent, "sync", 12))
+    check_calls(guard, model)
+    assert len(model.seen[-1]) < len(state)
+
+
 def test_middleware_without_a_session_only_fits(guard: Guard) -> None:
     model = WeatherModel()
     agent = create_agent(

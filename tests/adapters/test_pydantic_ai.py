@@ -337,6 +337,20 @@ async def close(guard: Guard | AsyncGuard) -> None:
         guard.close()
 
 
+async def test_capability_with_an_exact_counter() -> None:
+    pytest.importorskip("tiktoken")
+    guard = Guard("memory://", limit=LIMIT, counter="tiktoken:cl100k_base")
+    assert guard.counter.exact
+    calls: list[tuple[list[pai.ModelMessage], AgentInfo]] = []
+    capability = CtxGuardCapability(guard, session_id="exact", max_tokens=RESERVE)
+    history = await run_turns(weather_agent(weather_model(calls), capability), "async", 12)
+    tools = openai_tools(calls[0][1].function_tools)
+    for window, info in calls:
+        assert window_tokens(guard, window, info.instructions, tools) + RESERVE <= LIMIT
+    assert len(calls[-1][0]) < len(history)
+    assert [dump(m) for m in capability.load()] == [dump(m) for m in history]
+
+
 async def read_audit(guard: Guard | AsyncGuard, session: str) -> list[dict[str, Any]]:
     if isinstance(guard, AsyncGuard):
         return await guard.store.read_audit(session)
