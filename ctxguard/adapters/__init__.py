@@ -7,6 +7,7 @@ class                                        module                   extra
 ``CtxGuardMiddleware`` (langchain>=1.0)      ``adapters.langchain``   ``langchain``
 ``CtxGuardChatStore``, ``CtxGuardMemory``    ``adapters.llamaindex``  ``llamaindex``
 ``CtxGuardSession``                          ``adapters.openai_agents``  ``agents``
+``CtxGuardCapability``                       ``adapters.pydantic_ai``  ``pydantic-ai``
 ===========================================  =======================  ==============
 
 Importing this package imports no framework: a name is resolved from its module
@@ -25,6 +26,7 @@ _WHERE = {
     "CtxGuardChatStore": "llamaindex",
     "CtxGuardMemory": "llamaindex",
     "CtxGuardSession": "openai_agents",
+    "CtxGuardCapability": "pydantic_ai",
 }
 
 __all__ = sorted(_WHERE)

@@ -1,236 +1,55 @@
-"""LangChain adapter: a chat message history on ctxguard, and budgeted windows for chains.
+"""LangChain adapter: budgeted model calls for agents and chains, and a chat message history.
 
->>> history = CtxGuardChatMessageHistory("redis://localhost:6379/0", "s1", limit=8192)
->>> chain = prompt | history.window_runnable(max_tokens=512) | model      # doctest: +SKIP
->>> RunnableWithMessageHistory(chain, lambda sid: CtxGuardChatMessageHistory(url, sid))
+>>> guard = Guard("redis://localhost:6379/0", limit=ServerLimit(url), counter="hf:...")
+>>> model = ChatOpenAI(base_url=url, model="qwen", profile=model_profile(guard))  # doctest: +SKIP
+>>> agent = create_agent(model, tools, middleware=[CtxGuardMiddleware(guard)])
 
-* :class:`CtxGuardChatMessageHistory` keeps LangChain's contract: ``messages`` is the
-  whole history, oldest first; ``clear()`` removes the session. Messages round-trip
-  losslessly: ``tool_calls`` travel as OpenAI tool calls (``args`` as a JSON string),
-  everything LangChain-only (``additional_kwargs``, ``response_metadata``,
-  ``usage_metadata``, ``artifact``, ``status``, content blocks OpenAI cannot express)
-  rides in ``Message.metadata['langchain']`` and is never sent to a model. A message
-  whose ``id`` is already stored is not stored twice.
-* :meth:`~CtxGuardChatMessageHistory.budgeted_messages` appends new messages and
-  returns the window the guard chose (system pinned, tool pairs whole, within budget).
+* ``CtxGuardMiddleware`` (``langchain>=1.0``, in ``_langchain_middleware``) fits every
+  model call of ``create_agent`` in ``wrap_model_call`` (system message and tool schemas
+  counted; the agent's state untouched) and, given a session (``session_id=`` or the
+  run's ``thread_id``), stores the conversation there and the usage the model reported
+  (``usage_metadata``) against ctxguard's count, one ``usage`` audit record per call.
+* :func:`model_profile` gives the served limit as the chat model's ``profile``
+  (``max_input_tokens``), for LangChain's own ``SummarizationMiddleware`` fractions.
+* :func:`token_counter` is an exact counter (the guard's) for LangChain's own
+  ``trim_messages``, ``SummarizationMiddleware`` and ``ContextEditingMiddleware``.
 * :func:`window_runnable` fits a prompt a chain assembled (system + history + the new
   input) into the budget, so it also works behind ``RunnableWithMessageHistory``.
-* ``CtxGuardMiddleware`` (needs ``langchain>=1.0``) does the same for ``create_agent``
-  through ``wrap_model_call``: it changes what the model is sent, never the agent state.
-
-Kept whole past ~400 lines for now: it is imported only on use, and its one clean seam
-(the message conversion, ``to_ctxguard``/``to_langchain``) is left for a later split.
+* :class:`CtxGuardChatMessageHistory` keeps LangChain's ``BaseChatMessageHistory``
+  contract (deprecated upstream, kept for chains): ``messages`` is the whole history,
+  oldest first; ``clear()`` removes the session. Messages round-trip losslessly
+  (``_langchain_messages``). A message whose ``id`` is already stored is not stored
+  twice. :meth:`~CtxGuardChatMessageHistory.budgeted_messages` appends new messages and
+  returns the window the guard chose.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ctxguard._validate import check_tools, one_line, type_name
-from ctxguard.adapters import _shared
-from ctxguard.adapters._shared import GuardRef, Tools
-from ctxguard.errors import InvalidInputError, InvalidMessageError, MissingDependencyError
+from ctxguard._validate import type_name
+from ctxguard.adapters import _served, _shared
+from ctxguard.adapters._langchain_messages import (
+    META_KEY,
+    as_messages,
+    openai_tools,
+    to_ctxguard,
+    to_langchain,
+)
+from ctxguard.adapters._shared import GuardRef
+from ctxguard.errors import ConfigError, InvalidMessageError, MissingDependencyError
 from ctxguard.guard.aio import AsyncGuard
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.sync import Guard
-from ctxguard.ids import validate_id
-from ctxguard.messages import FunctionCall, ImagePart, Message, TextPart, ToolCall
+from ctxguard.tokens._protocol import TokenCounter
 
 try:
     from langchain_core.chat_history import BaseChatMessageHistory
-    from langchain_core.messages import (
-        AIMessage,
-        BaseMessage,
-        ChatMessage,
-        HumanMessage,
-        SystemMessage,
-        ToolMessage,
-        message_chunk_to_message,
-    )
-    from langchain_core.prompt_values import PromptValue
+    from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, convert_to_messages
     from langchain_core.runnables import Runnable, RunnableLambda
-    from langchain_core.utils.function_calling import convert_to_openai_tool
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxguard.adapters.langchain", "langchain") from exc
-
-META_KEY = "langchain"
-_ROLE_OF = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
-_CLASS_OF: dict[str, type[BaseMessage]] = {
-    "human": HumanMessage,
-    "ai": AIMessage,
-    "system": SystemMessage,
-    "tool": ToolMessage,
-    "chat": ChatMessage,
-}
-_KIND_OF_ROLE = {
-    "user": "human",
-    "assistant": "ai",
-    "system": "system",
-    "developer": "system",
-    "tool": "tool",
-}
-_REBUILT = ("content", "tool_calls", "tool_call_id", "name", "id", "type", "role")
-
-
-# -- conversion ------------------------------------------------------------------
-
-
-def to_ctxguard(message: BaseMessage) -> Message:
-    """A LangChain message as a ctxguard :class:`Message`; :func:`to_langchain` inverts it."""
-    message = message_chunk_to_message(message)
-    role = _role(message)
-    fields: dict[str, Any] = {"role": role, "content": _content_in(message.content, role)}
-    if isinstance(message, ToolMessage):
-        fields["tool_call_id"] = message.tool_call_id
-    elif message.name:
-        fields["name"] = message.name
-    if isinstance(message, AIMessage) and message.tool_calls:
-        fields["tool_calls"] = [_tool_call_in(c) for c in message.tool_calls]
-    if message.id and _valid_id(message.id):
-        fields["id"] = message.id
-    base = Message(**fields)
-    meta = _extra_fields(message, base)
-    return base.model_copy(update={"metadata": {META_KEY: meta}}) if meta else base
-
-
-def to_langchain(message: Message) -> BaseMessage:
-    """A ctxguard :class:`Message` (stored by any adapter or by raw OpenAI dicts) as LangChain."""
-    meta = dict(message.metadata.get(META_KEY) or {})
-    kind = meta.pop("type", None) or _KIND_OF_ROLE[message.role]
-    if "ctxguard_truncated" in message.metadata:
-        meta.pop("content", None)  # the guard shrank it: send what was counted
-    data: dict[str, Any] = {"content": _content_out(message.content), "id": message.id}
-    if message.name is not None:
-        data["name"] = message.name
-    if kind == "ai" and message.tool_calls:
-        data["tool_calls"] = [_tool_call_out(c) for c in message.tool_calls]
-    if kind == "tool":
-        data["tool_call_id"] = message.tool_call_id
-    if kind == "chat":
-        data["role"] = message.role
-    if message.role == "developer" and "additional_kwargs" not in meta:
-        data["additional_kwargs"] = {"__openai_role__": "developer"}
-    data.update(meta)
-    return _CLASS_OF[kind](**data)
-
-
-def _role(message: BaseMessage) -> str:
-    if isinstance(message, ChatMessage):
-        return str(message.role)
-    if message.type == "system" and message.additional_kwargs.get("__openai_role__") == "developer":
-        return "developer"
-    if message.type not in _ROLE_OF:
-        raise InvalidMessageError(
-            f"LangChain {type(message).__name__} (type {message.type!r}) has no chat role "
-            "ctxguard can store; use HumanMessage, AIMessage, SystemMessage or ToolMessage"
-        )
-    return _ROLE_OF[message.type]
-
-
-def _valid_id(value: str) -> bool:
-    try:
-        validate_id(value)
-    except ValueError:
-        return False
-    return True
-
-
-def _tool_call_in(call: Any) -> ToolCall:
-    if not call.get("id"):
-        raise InvalidMessageError(
-            f"tool call {call.get('name')!r} has no id; providers pair results by id, "
-            "so ctxguard cannot store it"
-        )
-    arguments = json.dumps(call.get("args") or {}, ensure_ascii=False)
-    return ToolCall(id=call["id"], function=FunctionCall(name=call["name"], arguments=arguments))
-
-
-def _tool_call_out(call: ToolCall) -> dict[str, Any]:
-    args = json.loads(call.function.arguments or "{}")
-    if not isinstance(args, dict):
-        args = {"arguments": args}
-    return {"name": call.function.name, "args": args, "id": call.id, "type": "tool_call"}
-
-
-def _content_in(content: str | list[Any], role: str) -> str | list[Any]:
-    """OpenAI-expressible content as is; anything else as its text (the block list is kept)."""
-    if isinstance(content, str):
-        return content
-    parts: list[TextPart | ImagePart] = []
-    for block in content:
-        part = _part(block, role)
-        if part is None:
-            return _text_of(content)
-        parts.append(part)
-    return parts
-
-
-def _part(block: Any, role: str) -> TextPart | ImagePart | None:
-    if not isinstance(block, dict):
-        return None
-    try:
-        if block.get("type") == "text" and set(block) == {"type", "text"}:
-            return TextPart(text=block["text"])
-        if block.get("type") == "image_url" and role != "tool":
-            return ImagePart.model_validate(block)
-    except ValueError:
-        return None
-    return None
-
-
-def _text_of(content: list[Any]) -> str:
-    texts = [b.get("text") if isinstance(b, dict) else b for b in content]
-    return "".join(t for t in texts if isinstance(t, str))
-
-
-def _content_out(content: str | tuple[TextPart | ImagePart, ...] | None) -> str | list[Any]:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return [p.model_dump(mode="json", exclude_none=True) for p in content]
-
-
-def _extra_fields(message: BaseMessage, base: Message) -> dict[str, Any]:
-    """The LangChain fields ``base`` cannot rebuild: the smallest set that round-trips."""
-    try:
-        data = message.model_dump(mode="json")
-    except Exception as exc:  # pydantic raises several types for unserialisable values
-        raise InvalidMessageError(
-            f"LangChain {type(message).__name__} holds a value that is not JSON ({exc}); "
-            "ctxguard stores JSON only"
-        ) from None
-    defaults = {
-        name: field.get_default(call_default_factory=True)
-        for name, field in type(message).model_fields.items()
-    }
-    rebuilt = set(_REBUILT) - ({"name"} if message.type == "tool" else set())
-    small = {k: v for k, v in data.items() if k not in rebuilt and v != defaults.get(k)}
-    if _content_out(base.content) != message.content:
-        small["content"] = data["content"]
-    if message.type != _KIND_OF_ROLE[base.role]:
-        small["type"] = message.type
-    if message.id != base.id:
-        small["id"] = message.id
-    if _rebuilds(message, base, small):
-        return small
-    full = {k: v for k, v in data.items() if k != "role"}
-    if not _rebuilds(message, base, full):
-        raise InvalidMessageError(
-            f"LangChain {type(message).__name__} {message.id!r} does not survive a JSON "
-            "round trip; ctxguard would change it, so it refuses to store it"
-        )
-    return full
-
-
-def _rebuilds(message: BaseMessage, base: Message, meta: dict[str, Any]) -> bool:
-    candidate = base.model_copy(update={"metadata": {META_KEY: meta}})
-    try:
-        return bool(to_langchain(candidate) == message)
-    except (ValueError, TypeError):
-        return False
 
 
 # -- the chat message history --------------------------------------------------------
@@ -353,24 +172,7 @@ class CtxGuardChatMessageHistory(BaseChatMessageHistory):
 # -- fitting prompts a chain assembles ----------------------------------------------
 
 
-def openai_tools(tools: Sequence[Any] | None) -> Tools | None:
-    """LangChain tools, functions or schemas as OpenAI tool schemas (what gets counted)."""
-    listed = _shared.check_tool_list(tools)
-    if not listed:
-        return None
-    schemas = []
-    for index, tool in enumerate(listed):
-        try:
-            schemas.append(convert_to_openai_tool(tool))
-        except (ValueError, TypeError, AttributeError, KeyError) as exc:
-            raise InvalidInputError(
-                one_line(
-                    f"tools[{index}] is not a tool LangChain can convert ({exc}); pass a "
-                    "BaseTool, a function or an OpenAI tool schema"
-                )
-            ) from None
-    check_tools(schemas)
-    return schemas
+# -- fitting prompts a chain assembles ----------------------------------------------
 
 
 def _check_text_or(message: object, kind: type[BaseMessage]) -> None:
@@ -378,17 +180,6 @@ def _check_text_or(message: object, kind: type[BaseMessage]) -> None:
         raise InvalidMessageError(
             f"message must be a str or a {kind.__name__}, got {type_name(message)}"
         )
-
-
-def as_messages(value: Any) -> list[BaseMessage]:
-    """What a chain hands on (prompt value, message list, a string) as a message list."""
-    if isinstance(value, PromptValue):
-        return value.to_messages()
-    if isinstance(value, str):
-        return [HumanMessage(content=value)]
-    if isinstance(value, BaseMessage):
-        return [value]
-    return list(value)
 
 
 def fit_messages(
@@ -440,55 +231,53 @@ def window_runnable(
     return RunnableLambda(run, afunc=arun, name="ctxguard_window")
 
 
+# -- the served limit and exact counts, for LangChain's own tools -----------------------
+
+
+def model_profile(limit: _served.LimitLike, *, max_tokens: int | None = None) -> dict[str, int]:
+    """``profile=`` for a chat model (``ChatOpenAI`` pointed at vLLM): the served limit.
+
+    ``max_input_tokens`` is the limit less the output reserved on every request
+    (``max_tokens``, by default the guard's own reserve and safety margin), since vLLM
+    admits a request only when prompt + max_tokens fit.
+    """
+    _shared.check_optional_count(max_tokens, "max_tokens")
+    served = _served.served_limit(limit).tokens
+    reserve = max_tokens
+    if reserve is None and isinstance(limit, Guard | AsyncGuard):
+        reserve = limit.config.max_tokens + limit.config.safety_margin
+    left = served - (reserve or 0)
+    if left < 1:
+        raise ConfigError(f"max_tokens={reserve} leaves no input room in the {served}-token limit")
+    return {"max_input_tokens": left}
+
+
+def token_counter(
+    guard_or_counter: Guard | AsyncGuard | TokenCounter, *, tools: Sequence[Any] | None = None
+) -> Callable[[Iterable[Any]], int]:
+    """An exact counter for LangChain's ``trim_messages``, ``SummarizationMiddleware`` and
+    ``ContextEditingMiddleware``: the guard's count of those messages sent as a request
+    (with ``tools``' schemas), the same count ctxguard budgets with."""
+    counter = (
+        guard_or_counter.counter
+        if isinstance(guard_or_counter, Guard | AsyncGuard)
+        else guard_or_counter
+    )
+    if not callable(getattr(counter, "count_request", None)):
+        raise ConfigError(
+            f"token_counter needs a Guard, an AsyncGuard or a TokenCounter, got "
+            f"{type_name(guard_or_counter)}"
+        )
+    schemas = openai_tools(tools)
+
+    def count_tokens(messages: Iterable[Any]) -> int:
+        batch = [to_ctxguard(m) for m in convert_to_messages(messages)]
+        return int(counter.count_request(batch, tools=schemas))
+
+    return count_tokens
+
+
 # -- LangChain v1 agent middleware (needs the `langchain` package) ---------------------
-
-
-def _middleware_class() -> type[Any]:
-    try:
-        from langchain.agents.middleware import AgentMiddleware
-    except ImportError as exc:
-        raise MissingDependencyError("CtxGuardMiddleware (langchain>=1.0)", "langchain") from exc
-
-    class CtxGuardMiddleware(AgentMiddleware):  # type: ignore[misc, unused-ignore]
-        """``create_agent`` middleware: every model call gets a window within budget.
-
-        Works in ``wrap_model_call`` so the agent's state (its full history,
-        kept by the checkpointer) is untouched; the system message and the
-        tools' schemas are counted with the messages.
-        """
-
-        def __init__(self, guard: Guard | AsyncGuard, *, max_tokens: int | None = None) -> None:
-            super().__init__()
-            self.guard = guard
-            self.max_tokens = max_tokens
-
-        def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-            messages = _with_system(request)
-            fitted = fit_messages(
-                self.guard, messages, max_tokens=self.max_tokens, tools=request.tools
-            )
-            return handler(_without_system(request, fitted))
-
-        async def awrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-            messages = _with_system(request)
-            fitted = await afit_messages(
-                self.guard, messages, max_tokens=self.max_tokens, tools=request.tools
-            )
-            return await handler(_without_system(request, fitted))
-
-    return CtxGuardMiddleware
-
-
-def _with_system(request: Any) -> list[BaseMessage]:
-    system = [request.system_message] if request.system_message is not None else []
-    return system + list(request.messages)
-
-
-def _without_system(request: Any, fitted: list[BaseMessage]) -> Any:
-    if request.system_message is not None and fitted and fitted[0] is request.system_message:
-        fitted = fitted[1:]
-    return request.override(messages=fitted)
-
 
 _lazy: dict[str, type[Any]] = {}
 
@@ -496,19 +285,24 @@ _lazy: dict[str, type[Any]] = {}
 def __getattr__(name: str) -> Any:
     if name == "CtxGuardMiddleware":
         if name not in _lazy:
-            _lazy[name] = _middleware_class()
+            from ctxguard.adapters._langchain_middleware import middleware_class
+
+            _lazy[name] = middleware_class()
         return _lazy[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
+    "META_KEY",
     "CtxGuardChatMessageHistory",
     "CtxGuardMiddleware",  # noqa: F822 - built on first access (needs langchain>=1.0)
     "afit_messages",
     "as_messages",
     "fit_messages",
+    "model_profile",
     "openai_tools",
     "to_ctxguard",
     "to_langchain",
+    "token_counter",
     "window_runnable",
 ]

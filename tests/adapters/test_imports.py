@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-FRAMEWORKS = ("langchain_core", "langchain", "llama_index", "agents", "openai")
+FRAMEWORKS = ("langchain_core", "langchain", "llama_index", "agents", "openai", "pydantic_ai")
 
 
 def run(code: str) -> subprocess.CompletedProcess[str]:
@@ -37,6 +37,7 @@ def test_importing_ctxguard_and_adapters_imports_no_framework() -> None:
         ("llama_index.core", "llamaindex", "CtxGuardChatStore", "llamaindex"),
         ("llama_index.core", "llamaindex", "CtxGuardMemory", "llamaindex"),
         ("agents", "openai_agents", "CtxGuardSession", "agents"),
+        ("pydantic_ai", "pydantic_ai", "CtxGuardCapability", "pydantic-ai"),
         ("langchain.agents.middleware", "langchain", "CtxGuardMiddleware", "langchain"),
     ],
 )

@@ -1,0 +1,164 @@
+"""``CtxGuardMiddleware`` for LangChain v1's ``create_agent`` (needs the ``langchain`` package).
+
+Built on first access of ``ctxguard.adapters.langchain.CtxGuardMiddleware``, so the
+adapter works with ``langchain-core`` alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ctxguard.adapters import _served, _shared
+from ctxguard.adapters._langchain_messages import openai_tools, to_ctxguard, to_langchain
+from ctxguard.adapters._shared import GuardRef
+from ctxguard.errors import ConfigError, MissingDependencyError
+from ctxguard.guard.aio import AsyncGuard
+from ctxguard.guard.prepared import PreparedRequest
+from ctxguard.guard.sync import Guard
+from ctxguard.ids import new_message_id
+from ctxguard.messages import Message
+
+try:
+    from langchain_core.messages import AIMessage, BaseMessage
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise MissingDependencyError("ctxguard.adapters.langchain", "langchain") from exc
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    request: Any  # the ModelRequest to hand on, with the fitted messages
+    prepared: PreparedRequest
+
+
+def _reserve(request: Any, max_tokens: int | None) -> int | None:
+    """The output to reserve: the middleware's, else the call's or the model's ``max_tokens``
+    (what the server will be asked for), else the guard's default."""
+    if max_tokens is not None:
+        return max_tokens
+    for asked in ((request.model_settings or {}).get("max_tokens"), _model_max(request.model)):
+        if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 0:
+            return asked
+    return None
+
+
+def _model_max(model: Any) -> object:
+    bound = getattr(model, "kwargs", None)  # a RunnableBinding: model.bind(max_tokens=...)
+    if isinstance(bound, dict) and "max_tokens" in bound:
+        return bound["max_tokens"]
+    return getattr(getattr(model, "bound", model), "max_tokens", None)
+
+
+def _fit(guard: Guard | AsyncGuard, request: Any, max_tokens: int | None) -> _Fitted:
+    max_tokens = _reserve(request, max_tokens)
+    system = [request.system_message] if request.system_message is not None else []
+    messages: list[BaseMessage] = system + list(request.messages)
+    prepared, origins = _shared.fit(
+        guard, [to_ctxguard(m) for m in messages], max_tokens, openai_tools(request.tools)
+    )
+    window = _shared.restore_window(prepared, origins, messages, to_langchain)
+    if system and window and window[0] is system[0]:
+        window = window[1:]
+    return _Fitted(request.override(messages=window), prepared)
+
+
+def _reply(response: Any) -> AIMessage | None:
+    """The model's message in what the handler returned (a ModelResponse or an AIMessage)."""
+    messages = response.result if hasattr(response, "result") else [response]
+    reply = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
+    if reply is not None and not reply.id:
+        reply.id = new_message_id()  # the agent's state keeps it: stored once, under this id
+    return reply
+
+
+def _reported(reply: AIMessage) -> dict[str, Any] | None:
+    usage: dict[str, Any] = dict(reply.usage_metadata or {})
+    return _served.usage(usage.get("input_tokens"), usage.get("output_tokens"))
+
+
+def middleware_class() -> type[Any]:
+    try:
+        from langchain.agents.middleware import AgentMiddleware
+    except ImportError as exc:
+        raise MissingDependencyError("CtxGuardMiddleware (langchain>=1.0)", "langchain") from exc
+
+    class CtxGuardMiddleware(AgentMiddleware):  # type: ignore[misc, unused-ignore]
+        """``create_agent`` middleware: every model call gets a window within budget.
+
+        Works in ``wrap_model_call``, so the agent's state (its whole history, kept
+        by the checkpointer) is untouched; the system message and the tools'
+        schemas are counted with the messages. Put it last in ``middleware=`` so it
+        fits what the other middleware hand on. With a session (``session_id=``, or
+        the run's ``thread_id``), the agent's messages are stored there (each once,
+        by id) and each reply with the usage the model reported (``usage_metadata``)
+        against ctxguard's count: one ``usage`` audit record per model call. The
+        output reserved is ``max_tokens``, else the model's own ``max_tokens`` (as
+        ``ChatOpenAI(max_tokens=...)`` sends it), else the guard's default.
+        """
+
+        def __init__(
+            self,
+            guard: Guard | AsyncGuard,
+            *,
+            max_tokens: int | None = None,
+            session_id: str | None = None,
+        ) -> None:
+            super().__init__()
+            if not isinstance(guard, Guard | AsyncGuard):
+                raise ConfigError(
+                    f"CtxGuardMiddleware needs a ctxguard Guard or AsyncGuard, got "
+                    f"{type(guard).__name__}"
+                )
+            self.guard = guard
+            self.max_tokens = _shared.check_optional_count(max_tokens, "max_tokens")
+            self.session_id = None if session_id is None else _shared.check_key(session_id)
+            self._ref = GuardRef(guard)
+            self._seen = _served.SeenIds()
+
+        def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+            fitted = _fit(self.guard, request, self.max_tokens)
+            response = handler(fitted.request)
+            session, reply = self._session(request), _reply(response)
+            if session is not None and reply is not None:
+                seen = self._seen.of(session)
+                guard = self._ref.sync()
+                _served.persist(guard, session, self._unseen(request, seen), seen)
+                if reply.id not in seen:
+                    stored = to_ctxguard(reply)
+                    _served.complete(guard, session, stored, fitted.prepared, _reported(reply))
+                    seen.add(stored.id)
+            return response
+
+        async def awrap_model_call(
+            self, request: Any, handler: Callable[[Any], Awaitable[Any]]
+        ) -> Any:
+            fitted = await asyncio.to_thread(_fit, self.guard, request, self.max_tokens)
+            response = await handler(fitted.request)
+            session, reply = self._session(request), _reply(response)
+            if session is not None and reply is not None:
+                seen = self._seen.of(session)
+                await _served.apersist(self._ref, session, self._unseen(request, seen), seen)
+                if reply.id not in seen:
+                    stored = to_ctxguard(reply)
+                    reported = _reported(reply)
+                    await _served.acomplete(self._ref, session, stored, fitted.prepared, reported)
+                    seen.add(stored.id)
+            return response
+
+        def _session(self, request: Any) -> str | None:
+            if self.session_id is not None:
+                return self.session_id
+            info = getattr(request.runtime, "execution_info", None)
+            thread = getattr(info, "thread_id", None)
+            return _shared.check_key(thread) if isinstance(thread, str) else None
+
+        @staticmethod
+        def _unseen(request: Any, seen: set[str]) -> list[Message]:
+            """The agent's messages (its state, as the checkpointer keeps them) not stored."""
+            state = request.state.get("messages") if isinstance(request.state, dict) else None
+            history = state if isinstance(state, list) else request.messages
+            return [to_ctxguard(m) for m in history if not m.id or m.id not in seen]
+
+    return CtxGuardMiddleware
