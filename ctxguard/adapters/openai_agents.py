@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -270,11 +271,20 @@ class CtxGuardSession:
         self.session_id = _shared.check_key(session_id)
         self.window = _shared.check_flag(window, "window")
         self.max_tokens = _shared.check_optional_count(max_tokens, "max_tokens")
-        self.session_settings = _settings(session_settings)
+        self.session_settings = _settings(session_settings) or SessionSettings()
         self.compaction = _compaction.Folding(compact_keep_turns, compact_threshold)
         self.ref = GuardRef(guard_or_url, **guard_options)
         self.last_prepared: PreparedRequest | None = None
-        self._lock = asyncio.Lock()
+        self._locks: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+    def _lock(self) -> asyncio.Lock:
+        """This session's lock on the running loop (an asyncio.Lock serves one loop; a
+        session used from several, as ``Runner.run_sync`` in threads does, keeps one each)."""
+        loop = asyncio.get_running_loop()
+        lock = self._locks.get(loop)
+        if lock is None:
+            lock = self._locks[loop] = asyncio.Lock()
+        return lock
 
     async def get_items(self, limit: int | None = None, *, wrapper: Any = None) -> list[Item]:
         if limit is not None and type(limit) is not int:
@@ -295,12 +305,12 @@ class CtxGuardSession:
 
     async def add_items(self, items: list[Any], *, wrapper: Any = None) -> None:
         messages = items_to_messages(_shared.check_batch(items, object, "items"))
-        async with self._lock:
+        async with self._lock():
             await _shared.aappend(self.ref, self.session_id, messages)
 
     async def pop_item(self, *, wrapper: Any = None) -> Item | None:
         """Remove and return the newest item (atomic retract; see the module docstring)."""
-        async with self._lock:
+        async with self._lock():
             last = await _shared.apop_newest(self.ref, self.session_id)
             if last is None:
                 return None
@@ -315,7 +325,7 @@ class CtxGuardSession:
             return items[-1]
 
     async def clear_session(self, *, wrapper: Any = None) -> None:
-        async with self._lock:
+        async with self._lock():
             await _shared.aclear(self.ref, self.session_id)
 
     async def run_compaction(self, args: Any = None, *, wrapper: Any = None) -> None:
@@ -330,7 +340,7 @@ class CtxGuardSession:
         audited (``summary_failed``) and changes nothing.
         """
         force = _compaction.check_args(args)
-        async with self._lock:
+        async with self._lock():
             await self.compaction.arun(self.ref, self.session_id, force=force)
 
     def model_input_filter(
