@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
@@ -74,6 +75,8 @@ class GuardRef:
     ) -> None:
         self._sync: Guard | None = None
         self._async: AsyncGuard | None = None
+        self._async_loop: object = None
+        self._by_loop: weakref.WeakKeyDictionary[Any, AsyncGuard] = weakref.WeakKeyDictionary()
         self._options: dict[str, Any] = {}
         if isinstance(guard_or_url, Guard):
             self._sync = guard_or_url
@@ -105,10 +108,27 @@ class GuardRef:
         return self._sync
 
     def aio(self) -> AsyncGuard | None:
-        """The async guard, or None when only a sync Guard was given."""
-        if self._async is None and self._options:
-            self._async = AsyncGuard(**self._options)
-        return self._async
+        """The async guard, or None when only a sync Guard was given.
+
+        Opened from a URL, each event loop gets its own AsyncGuard (an async
+        Redis connection belongs to the loop that opened it; frameworks call one
+        session from several loops, e.g. ``Runner.run_sync`` in threads).
+        """
+        if not self._options:
+            return self._async
+        try:
+            loop: object = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if self._async is not None and self._async_loop is loop:
+            return self._async
+        guard = self._by_loop.get(loop) if loop is not None else None
+        if guard is None:
+            guard = AsyncGuard(**self._options)
+            if loop is not None:
+                self._by_loop[loop] = guard
+        self._async, self._async_loop = guard, loop
+        return guard
 
     def any_guard(self) -> Guard | AsyncGuard:
         return self._sync or self._async or self.sync()

@@ -13,8 +13,17 @@ tool calls, then the results. Each original item is kept verbatim in
 
 * ``get_items(limit=N)`` is the newest N items, oldest first, always from the raw
   history: the Runner relies on it to check and rewind the session's tail.
-* ``get_items()`` is the whole history, or, with ``window=True``, the guard's
-  budgeted window of it (system items pinned, call/output pairs whole).
+  Without ``limit``, ``session_settings.limit`` applies, as in the SDK's own
+  sessions (``session_settings`` is a ``SessionSettings`` or a dict of its
+  fields; unknown keys are a :class:`~ctxguard.errors.ConfigError`).
+* ``get_items()`` with no limit is the whole history, or, with ``window=True``,
+  the guard's budgeted window of it (system items pinned, call/output pairs whole).
+* Every method takes the SDK's context-aware ``wrapper=`` keyword (the run's
+  ``RunContextWrapper``); the session does not need the run context and
+  ignores it.
+* ``run_compaction`` (the Runner's post-turn hook) folds turns older than the
+  newest ``compact_keep_turns`` user turns into the session's rolling summary
+  with the guard's summarizer (see :mod:`ctxguard.adapters._compaction`).
 * The Runner asks for history before it stores the new input, so the exact
   budget belongs in :meth:`CtxGuardSession.model_input_filter`: it fits every
   model call (instructions + history + new input + this run's tool turns).
@@ -27,19 +36,30 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ctxguard._validate import check_json, check_tools, one_line, show, type_name
-from ctxguard.adapters import _shared
+from ctxguard.adapters import _compaction, _shared
 from ctxguard.adapters._shared import GuardRef
-from ctxguard.errors import InvalidInputError, InvalidMessageError, MissingDependencyError
+from ctxguard.errors import (
+    ConfigError,
+    InvalidInputError,
+    InvalidMessageError,
+    MissingDependencyError,
+)
 from ctxguard.guard.aio import AsyncGuard
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.sync import Guard
 from ctxguard.messages import FunctionCall, ImagePart, Message, TextPart, ToolCall
 
 try:
+    from agents.memory.session_settings import (
+        SessionSettings,
+        coerce_session_settings,
+        resolve_session_limit,
+    )
     from agents.run_config import ModelInputData
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxguard.adapters.openai_agents", "agents") from exc
@@ -229,8 +249,12 @@ class CtxGuardSession:
     :class:`~ctxguard.guard.AsyncGuard` or a store URL (then ``limit``,
     ``counter``, ``namespace``, ``tenant`` build the guard). ``window=True``
     makes ``get_items()`` return the budgeted window, reserving ``max_tokens``
-    for the reply. ``session_settings`` is passed through to the Runner.
+    for the reply. ``session_settings`` (a ``SessionSettings`` or a dict of its
+    fields) sets the default ``limit`` of :meth:`get_items`, as in the SDK's sessions.
+    ``compact_keep_turns`` and ``compact_threshold`` tune :meth:`run_compaction`.
     """
+
+    session_settings: SessionSettings | None
 
     def __init__(
         self,
@@ -239,25 +263,36 @@ class CtxGuardSession:
         *,
         window: bool = False,
         max_tokens: int | None = None,
-        session_settings: Any = None,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
+        compact_keep_turns: int = _compaction.KEEP_TURNS,
+        compact_threshold: int = _compaction.THRESHOLD,
         **guard_options: Any,
     ) -> None:
         self.session_id = _shared.check_key(session_id)
-        self.ref = GuardRef(guard_or_url, **guard_options)
         self.window = _shared.check_flag(window, "window")
         self.max_tokens = _shared.check_optional_count(max_tokens, "max_tokens")
-        self.session_settings = session_settings
+        self.session_settings = _settings(session_settings) or SessionSettings()
+        self.compaction = _compaction.Folding(compact_keep_turns, compact_threshold)
+        self.ref = GuardRef(guard_or_url, **guard_options)
         self.last_prepared: PreparedRequest | None = None
-        self._lock = asyncio.Lock()
+        self._locks: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()
 
-    async def get_items(self, limit: int | None = None) -> list[Item]:
+    def _lock(self) -> asyncio.Lock:
+        """This session's lock on the running loop (an asyncio.Lock serves one loop; a
+        session used from several, as ``Runner.run_sync`` in threads does, keeps one each)."""
+        loop = asyncio.get_running_loop()
+        lock = self._locks.get(loop)
+        if lock is None:
+            lock = self._locks[loop] = asyncio.Lock()
+        return lock
+
+    async def get_items(self, limit: int | None = None, *, wrapper: Any = None) -> list[Item]:
+        if limit is not None and type(limit) is not int:
+            raise InvalidInputError(
+                one_line(f"limit must be an int (the newest N items) or None, got {show(limit)}")
+            )
+        limit = resolve_session_limit(limit, self.session_settings)
         if limit is not None:
-            if type(limit) is not int:
-                raise InvalidInputError(
-                    one_line(
-                        f"limit must be an int (the newest N items) or None, got {show(limit)}"
-                    )
-                )
             if limit <= 0:
                 return []
             messages = await _shared.aread_last(self.ref, self.session_id, limit)
@@ -268,14 +303,14 @@ class CtxGuardSession:
         self.last_prepared = prepared
         return _flatten(prepared.messages)
 
-    async def add_items(self, items: list[Any]) -> None:
+    async def add_items(self, items: list[Any], *, wrapper: Any = None) -> None:
         messages = items_to_messages(_shared.check_batch(items, object, "items"))
-        async with self._lock:
+        async with self._lock():
             await _shared.aappend(self.ref, self.session_id, messages)
 
-    async def pop_item(self) -> Item | None:
+    async def pop_item(self, *, wrapper: Any = None) -> Item | None:
         """Remove and return the newest item (atomic retract; see the module docstring)."""
-        async with self._lock:
+        async with self._lock():
             last = await _shared.apop_newest(self.ref, self.session_id)
             if last is None:
                 return None
@@ -289,9 +324,24 @@ class CtxGuardSession:
                 await _shared.aappend(self.ref, self.session_id, keep)
             return items[-1]
 
-    async def clear_session(self) -> None:
-        async with self._lock:
+    async def clear_session(self, *, wrapper: Any = None) -> None:
+        async with self._lock():
             await _shared.aclear(self.ref, self.session_id)
+
+    async def run_compaction(self, args: Any = None, *, wrapper: Any = None) -> None:
+        """Fold old turns into the session's summary with the guard's summarizer.
+
+        The Runner calls this after each turn it stores (when the model reports a
+        response id, as the Responses API does; call it yourself otherwise). The
+        raw history is kept whole; windows use the summary once they leave those
+        turns out. Nothing happens while a tool call still waits for its output,
+        without a summarizer, or (unless ``args["force"]``) before
+        ``compact_threshold`` messages are there to fold. A failed summary is
+        audited (``summary_failed``) and changes nothing.
+        """
+        force = _compaction.check_args(args)
+        async with self._lock():
+            await self.compaction.arun(self.ref, self.session_id, force=force)
 
     def model_input_filter(
         self, *, max_tokens: int | None = None, tools: Sequence[Any] | None = None
@@ -323,6 +373,19 @@ class CtxGuardSession:
             return ModelInputData(input=items, instructions=instructions)
 
         return fit_call
+
+
+def _settings(value: object) -> SessionSettings | None:
+    """``session_settings`` as the SDK's sessions take it, or a one-line ConfigError."""
+    if value is None:
+        return None
+    try:
+        return coerce_session_settings(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(
+            one_line(f"session_settings must be a SessionSettings or a dict of its fields: {first}")
+        ) from None
 
 
 def _flatten(messages: Sequence[Message]) -> list[Item]:

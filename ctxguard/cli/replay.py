@@ -44,6 +44,7 @@ Examples:
   ctxguard replay chat-123 --limit 32768         # what would a 32k limit have kept?
   ctxguard replay chat-123 --counter tiktoken:cl100k_base --max-tokens 2048
   ctxguard replay chat-123 --no-summaries --json
+  ctxguard replay chat-123 --start-on-user       # windows opened on a user turn?
   ctxguard replay chat-123 --check               # exit 1 if any turn differs (CI)
 
 {EXIT_CODES_HELP}
@@ -58,6 +59,11 @@ Examples:
 @click.option("--counter", "counter_spec", help="Token counter spec (default: the recorded one).")
 @click.option("--max-window-messages", type=click.IntRange(min=1), help="Window message cap.")
 @click.option("--no-summaries", is_flag=True, help="Replay as if no summary had been committed.")
+@click.option(
+    "--start-on-user/--no-start-on-user",
+    default=None,
+    help="Windows that leave messages out start on a user turn (default: as recorded).",
+)
 @click.option("--check", is_flag=True, help="Exit 1 when any turn differs from what was sent.")
 @store_options
 @json_option
@@ -70,6 +76,7 @@ def replay_command(
     counter_spec: str | None,
     max_window_messages: int | None,
     no_summaries: bool,
+    start_on_user: bool | None,
     check: bool,
     url: str,
     namespace: str | None,
@@ -83,6 +90,7 @@ def replay_command(
         safety_margin=safety_margin,
         max_window_messages=max_window_messages,
         summaries=not no_summaries,
+        start_on_user=start_on_user,
     )
     with opened_store(url, namespace, tenant) as store:
         snap = require_snapshot(store, session)
@@ -152,7 +160,8 @@ def turn_json(turn: ReplayedTurn) -> dict[str, Any]:
 
 def _table(session: str, turns: list[ReplayedTurn]) -> Table:
     table = Table(title=f"replay of {session}")
-    for name in ("turn", "sent", "replayed", "same", "added", "removed", "tokens", "limit"):
+    names = ("turn", "sent", "replayed", "same", "added", "removed", "tokens", "starts on", "limit")
+    for name in names:
         table.add_column(name)
     for t in turns:
         replayed = "error" if t.error else f"{len(t.replayed_ids)} msgs"
@@ -166,9 +175,16 @@ def _table(session: str, turns: list[ReplayedTurn]) -> Table:
             _ids(t.added),
             _ids(t.removed) if not t.error else t.error,
             tokens,
+            _starts(t),
             f"{t.limit} (reserve {t.reserved_output})",
         )
     return table
+
+
+def _starts(turn: ReplayedTurn) -> str:
+    """The role the window opens with (after pinned messages and summary): sent → replayed."""
+    before, after = turn.recorded_start or "-", turn.replayed_start or "-"
+    return before if turn.error is None and before == after else f"{before} → {after}"
 
 
 def _ids(ids: tuple[str, ...]) -> str:

@@ -124,6 +124,7 @@ class AuditRecords:
             "summarize_after": self.policy.summarize_after,
             "degrade_tool_results": self.config.degrade_tool_results,
             "summary_role": self.config.summary_role,
+            "start_on_user": self.config.start_on_user,
         }
 
     def prepared(

@@ -37,7 +37,10 @@ class GuardConfig:
 
     ``max_tokens`` is the output reserved when a request does not say;
     ``summarize_after`` is how many dropped, not-yet-summarized messages
-    trigger the summarizer; ``oversized`` decides what happens to a single
+    trigger the summarizer; ``start_on_user`` makes a window that leaves older
+    messages out begin on a user message after the pinned messages and the
+    summary (what Bedrock, Gemini and Mistral's templates require; see
+    :mod:`ctxguard.guard.policies`); ``oversized`` decides what happens to a single
     message over ``max_message_tokens``.
 
     ``connect_timeout`` and ``read_timeout`` (seconds) bound every call to a
@@ -53,6 +56,7 @@ class GuardConfig:
     oversized: Literal["reject", "truncate"] = "reject"
     max_window_messages: int | None = None
     degrade_tool_results: bool = True
+    start_on_user: bool = True
     summarizer: Summarizer | None = None
     summarize_after: int = 20
     summary_mode: Literal["inline", "background"] = "inline"
@@ -110,10 +114,9 @@ class GuardConfig:
             raise ConfigError(
                 f"summary_max_tokens must be a positive int, got {show(self.summary_max_tokens)}"
             )
-        if type(self.degrade_tool_results) is not bool:
-            raise ConfigError(
-                f"degrade_tool_results must be True or False, got {show(self.degrade_tool_results)}"
-            )
+        for name in ("degrade_tool_results", "start_on_user"):
+            if type(getattr(self, name)) is not bool:
+                raise ConfigError(f"{name} must be True or False, got {show(getattr(self, name))}")
         if self.summarizer is not None and not callable(self.summarizer):
             raise ConfigError(
                 "summarizer must be a callable (previous_summary, messages) -> str, "

@@ -23,7 +23,14 @@ from ctxguard.errors import (
 from ctxguard.guard.audit import AuditRecords
 from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.plan import Budget, Item, Plan, Sent, SummaryRequest
-from ctxguard.guard.policies import WindowPolicy, check_plan, group, plan_request, tail_start
+from ctxguard.guard.policies import (
+    WindowPolicy,
+    check_plan,
+    from_user_turn,
+    group,
+    plan_request,
+    tail_start,
+)
 from ctxguard.guard.truncate import shrink_message
 from ctxguard.guard.window_cache import WindowCache, speculate
 from ctxguard.kv.limit import ContextLimit
@@ -74,6 +81,7 @@ class GuardCore(AuditRecords):
             max_window_messages=config.max_window_messages,
             summarize_after=config.summarize_after if config.summarizer else None,
             degrade_tool_results=config.degrade_tool_results,
+            start_on_user=config.start_on_user,
         )
         self.write_options = WriteOptions(
             counter=counter.fingerprint,
@@ -374,6 +382,8 @@ class GuardCore(AuditRecords):
                 oldest = groups.pop(0)
                 excess -= sum(i.tokens for i in oldest)
                 dropped += len(oldest)
+            if self.policy.start_on_user:
+                dropped += from_user_turn(plan.window[dropped:])
             plan.window = plan.window[dropped:]
             plan.dropped = [(0, plan.window_start)]
             plan.decide("render_trim", rendered=total, dropped_messages=dropped)

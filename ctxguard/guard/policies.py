@@ -15,7 +15,19 @@ Order of application for one request:
 4. tool-call integrity: an assistant message with tool_calls travels with all
    of its results, or neither goes; checked again on the final window;
 5. summary placement: a committed summary stands in for the messages it covers
-   when the window no longer reaches back to them.
+   when the window no longer reaches back to them;
+6. user start (``start_on_user``, on by default): a window that leaves older
+   messages out begins, after the pinned messages and the summary, on a user
+   message, as Bedrock Converse, Gemini and Mistral's templates require and as
+   LangChain's ``trim_messages(start_on="human")`` and LlamaIndex's memories do.
+   The leading assistant/tool groups whose user turn was dropped go too (a user
+   message never sits inside a tool group, so no group is split). When the
+   newest user message is the only one that fits, the window is that turn. A
+   window with no user message at all (a tool-only continuation whose user turn
+   lies in the summary, or a history of assistant/tool messages only) is sent
+   as it is: dropping it would leave nothing to answer. A window that reaches
+   back to the history's first message is never cut (a history may open with
+   an assistant greeting).
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ class WindowPolicy:
     max_window_messages: int | None = None
     summarize_after: int | None = None
     degrade_tool_results: bool = True
+    start_on_user: bool = True
 
 
 def group(items: Sequence[Item]) -> list[list[Item]]:
@@ -159,6 +172,14 @@ def select_window(
     return list(items[len(items) - count :]) if count else []
 
 
+def from_user_turn(window: Sequence[Item]) -> int:
+    """How many leading items to drop so ``window`` starts on a user message (0 if none)."""
+    for index, item in enumerate(window):
+        if item.message.role == "user":
+            return index
+    return 0
+
+
 def admit(
     pinned: Sequence[Item],
     items: list[Item],
@@ -249,6 +270,12 @@ def plan_request(
         if plan.summary_message is not None:
             plan.summary_version = summary_version
             plan.summary_covers_to = summary_covers_to
+    first = window[0].seq if window else history_start
+    if policy.start_on_user and left_out(history_start, first):
+        skip = from_user_turn(window)
+        if skip:
+            plan.decide("user_start", skipped=[i.seq for i in window[:skip]])
+            window = window[skip:]
     plan.window = window
     start = window[0].seq if window else history_start
     dropped = left_out(history_start, start)

@@ -4,7 +4,7 @@ Replay reads the raw history and the audit trail, rebuilds what each request
 saw (the history up to that turn and the summary version it used, whose text
 the audit trail keeps) and runs the same policies through
 :class:`~ctxguard.guard.core.GuardCore`, with the recorded settings or with
-overrides (limit, max_tokens, counter, window policy). No summarizer is
+overrides (limit, max_tokens, counter, window policy, user start). No summarizer is
 called: a replay never writes.
 """
 
@@ -33,6 +33,7 @@ class ReplayOverrides:
     safety_margin: int | None = None
     max_window_messages: int | None = None
     summaries: bool = True
+    start_on_user: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class ReplayedTurn:
     limit: int
     reserved_output: int
     error: str | None = None
+    recorded_start: str | None = None
+    replayed_start: str | None = None
 
     @property
     def same(self) -> bool:
@@ -104,15 +107,34 @@ def replay_turn(
     fetch = _full_fetch(seen, summary if overrides.summaries else None, core.counter)
     by_seq = {s.seq: s.message.id for s in history}
     recorded = tuple(sent_ids(record, by_seq.get) or ())
+    roles = {s.message.id: s.message.role for s in seen}
     base = ReplayedTurn(
-        int(record.get("turn", 0)), recorded, (), int(record["tokens"]), None, limit, reserved
+        int(record.get("turn", 0)),
+        recorded,
+        (),
+        int(record["tokens"]),
+        None,
+        limit,
+        reserved,
+        recorded_start=window_start_role([roles.get(i) for i in recorded]),
     )
     try:
         plan, _ = core.plan(fetch, budget)
         total, _ = core.finalize(plan, budget, None)
     except BudgetError as exc:
         return replace(base, error=str(exc))
-    return replace(base, replayed_ids=tuple(m.id for m in plan.messages()), replayed_tokens=total)
+    replayed = tuple(m.id for m in plan.messages())
+    start = window_start_role([roles.get(i) for i in replayed])
+    return replace(base, replayed_ids=replayed, replayed_tokens=total, replayed_start=start)
+
+
+def window_start_role(roles: Sequence[str | None]) -> str | None:
+    """The role the window opens with after the pinned messages and the summary
+    (ids not in the history, such as the summary's, are None); None if empty."""
+    for role in roles:
+        if role is not None and role not in ("system", "developer"):
+            return role
+    return None
 
 
 def replay_records(
@@ -140,10 +162,15 @@ def core_for_record(
     """A core configured as the recorded request was (policy settings in the record)."""
     policy = dict(record.get("policy") or {})
     window = overrides.max_window_messages or policy.get("max_window_messages")
+    # records made before the policy existed were planned without it
+    start_on_user = overrides.start_on_user
+    if start_on_user is None:
+        start_on_user = bool(policy.get("start_on_user", False))
     config = GuardConfig(
         max_window_messages=window,
         degrade_tool_results=bool(policy.get("degrade_tool_results", True)),
         summary_role=policy.get("summary_role", "system"),
+        start_on_user=start_on_user,
     )
     return GuardCore(counter, config)
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from ctxguard.guard import Guard
 from ctxguard.stores.base import SessionStore
 from tests.conftest import recorded_ids
 
-from .conftest import CHAT, CORRUPT, TOOLS, Cli
+from .conftest import CHAT, CORRUPT, TOOLS, Cli, long_text
 
 pytestmark = pytest.mark.redis
 
@@ -57,3 +58,29 @@ def test_malformed_and_corrupt_sessions_replay_without_a_traceback(
     assert last["error"].startswith("record lacks") and not last["same"]
     corrupt = run("replay", CORRUPT)
     assert corrupt.exit_code == 0 and "1 undecodable record(s) skipped" in corrupt.stderr
+
+
+def test_replay_shows_which_windows_now_start_on_a_user_turn(
+    run: Cli, redis_url: str, redis_namespace: str
+) -> None:
+    # long questions, short answers: the window keeps an answer whose question it drops
+    guard = Guard(
+        redis_url, counter="approx", limit=420, namespace=redis_namespace, start_on_user=False
+    )
+    try:
+        guard.append("greedy", [{"role": "system", "content": "Be brief."}])
+        for turn in range(6):
+            question = {"role": "user", "content": long_text(turn)}
+            req = guard.prepare("greedy", [question], max_tokens=100)
+            guard.complete("greedy", {"role": "assistant", "content": "ok"}, prepared=req)
+    finally:
+        guard.close()
+    recorded = run.json("replay", "greedy")
+    assert all(t["same"] for t in recorded)
+    assert any(t["recorded_start"] == "assistant" for t in recorded)
+    now = run.json("replay", "greedy", "--start-on-user")
+    assert all(t["replayed_start"] == "user" for t in now)
+    changed = [t for t in now if not t["same"]]
+    assert changed and all(t["recorded_start"] == "assistant" for t in changed)
+    table = run("replay", "greedy", "--start-on-user")
+    assert "assistant → user" in table.stdout

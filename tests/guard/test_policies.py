@@ -171,3 +171,78 @@ def test_summary_is_requested_once_enough_is_dropped() -> None:
         policy=WindowPolicy(summarize_after=None),
     )
     assert quiet.summarize is None
+
+
+def _plan(items: list[Item], limit: int, **kw: object) -> Plan:
+    options: dict[str, object] = {
+        "history_start": 0,
+        "summary": None,
+        "summary_version": 0,
+        "summary_covers_to": 0,
+        "summary_text": None,
+        "policy": WindowPolicy(),
+    }
+    options.update(kw)
+    return plan_request([item(0, "system", 5)], items, budget(limit=limit), **options)  # type: ignore[arg-type]
+
+
+def _roles(plan: Plan) -> list[str]:
+    return [m.role for m in plan.messages()]
+
+
+def test_a_trimmed_window_starts_on_a_user_turn() -> None:
+    # system, then u a u a u: 20 tokens fit the last two, which begin on an assistant
+    items = [item(s, "user" if s % 2 else "assistant", 10) for s in range(1, 6)]
+    plan = _plan(items, limit=25)
+    assert _roles(plan) == ["system", "user"]  # the orphaned assistant goes too
+    assert plan.window[0].seq == 5 and plan.dropped == [(0, 5)]
+    assert {"policy": "user_start", "skipped": [4]} in plan.decisions
+    off = _plan(items, limit=25, policy=WindowPolicy(start_on_user=False))
+    assert _roles(off) == ["system", "assistant", "user"]
+
+
+def test_user_start_keeps_tool_groups_whole_and_the_newest_turn() -> None:
+    items = [
+        item(1, "user", 10),
+        item(2, "assistant", 5, tool_calls=calls("a")),
+        item(3, "tool", 5, tool_call_id="a"),
+        item(4, "assistant", 5),
+        item(5, "user", 5),
+        item(6, "assistant", 5, tool_calls=calls("b")),
+        item(7, "tool", 5, tool_call_id="b"),
+    ]
+    plan = _plan(items, limit=35)  # 30 left: 2..7 fit, 1 does not
+    assert [i.seq for i in plan.window] == [5, 6, 7]
+    assert tool_problems(plan.messages()) == []
+
+
+def test_a_window_that_reaches_the_start_is_not_cut() -> None:
+    items = [item(1, "assistant", 10), item(2, "user", 10)]  # an opening greeting
+    assert _roles(_plan(items, limit=100)) == ["system", "assistant", "user"]
+
+
+def test_a_tool_only_continuation_without_a_user_turn_is_sent_as_is() -> None:
+    items = [
+        item(1, "assistant", 50),
+        item(2, "assistant", 5, tool_calls=calls("a")),
+        item(3, "tool", 5, tool_call_id="a"),
+    ]
+    plan = _plan(items, limit=20)
+    assert [i.seq for i in plan.window] == [2, 3]
+    assert not any(d["policy"] == "user_start" for d in plan.decisions)
+
+
+def test_user_start_after_a_summary() -> None:
+    items = [item(s, "user" if s % 2 else "assistant", 10) for s in range(10, 20)]
+    summary = Item(-1, Message(role="system", content="sum", id="ctxguard-summary-v1"), 15)
+    plan = _plan(
+        items,
+        limit=100,
+        summary=summary,
+        summary_version=1,
+        summary_covers_to=14,
+        summary_text="sum",
+    )
+    assert plan.summary_message is summary.message
+    assert _roles(plan)[:3] == ["system", "system", "user"]
+    assert plan.window[0].seq == 15

@@ -3,8 +3,9 @@
 Random conversations (tool calls, parallel calls, CJK, emoji, code, empty
 content) go through the real guard turn by turn. Each prepared request is
 checked against an independent full count by the same counter, against the
-provider's tool-call rules, for its pinned system message and for its newest
-user message; or the guard raised a typed BudgetError that says why.
+provider's tool-call rules, for its pinned system message, for its newest
+user message and for a user turn first when older messages were left out;
+or the guard raised a typed BudgetError that says why.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def check(req: PreparedRequest, turn: list[dict[str, Any]], tools: Any, spec: st
     assert req.tokens + req.reserved_output + req.safety_margin <= req.limit
     assert tool_problems(req.messages) == []
     assert req.messages[0].role == "system" and req.messages[0].content == SYSTEM["content"]
+    opening = [m.role for m in req.messages if m.role != "system"][:1]
+    assert opening == ["user"] or not req.dropped  # a trimmed window starts on a user turn
     newest_user = [m for m in turn if m["role"] == "user"][-1]["content"]
     assert any(m.role == "user" and m.content == newest_user for m in req.messages[-len(turn) :])
 
@@ -158,6 +161,8 @@ def test_render_path_requests_fit_by_the_templates_own_count(
         assert req.tokens + req.reserved_output <= req.limit
         assert tool_problems(req.messages) == []
         assert req.messages[0].content == SYSTEM["content"]
+        opening = [m.role for m in req.messages if m.role != "system"][:1]
+        assert opening == ["user"] or not req.dropped
 
 
 @pytest.mark.redis

@@ -1,0 +1,262 @@
+"""LlamaIndex ``BaseMemory`` on ctxguard: ``get()`` is the guard's budgeted window.
+
+The memory survives its own serialisation (``to_dict``/``from_dict``, a
+workflow ``Context`` saved with ``JsonSerializer``): its fields name the store
+(URL with the password as ``***``), namespace, tenant, limit, counter spec and
+the guard's settings, never a secret or a callable. Rebuilt in the same process,
+it finds the live guard it was made with (``handle``), summarizer and all;
+rebuilt elsewhere, it opens the store again from those fields, taking the URL
+with its password from ``CTXGUARD_URL`` when its redacted form matches.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from ctxguard.adapters import _shared
+from ctxguard.adapters._llamaindex_convert import _checked_one, _converted, to_llamaindex
+from ctxguard.adapters._shared import GuardRef
+from ctxguard.errors import ConfigError, MissingDependencyError
+from ctxguard.guard.aio import AsyncGuard
+from ctxguard.guard.config import GuardConfig
+from ctxguard.guard.prepared import PreparedRequest
+from ctxguard.guard.sync import Guard
+from ctxguard.kv.limit import ContextLimit, StaticLimit
+from ctxguard.messages import Message
+from ctxguard.stores.urls import redact_url
+
+try:
+    from llama_index.core.base.llms.types import ChatMessage
+    from llama_index.core.bridge.pydantic import Field, PrivateAttr
+    from llama_index.core.memory.types import BaseMemory
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise MissingDependencyError("ctxguard.adapters.llamaindex", "llamaindex") from exc
+
+URL_ENV = "CTXGUARD_URL"
+_LIVE: weakref.WeakValueDictionary[str, GuardRef] = weakref.WeakValueDictionary()
+
+
+class CtxGuardMemory(BaseMemory):
+    """``BaseMemory`` whose ``get()`` is the guard's budgeted window of the session.
+
+    ``max_tokens`` is the output to reserve (the guard's default when None).
+    ``get(initial_token_count=n)`` reserves ``n`` more tokens: LlamaIndex chat
+    engines pass the size of a system prompt they keep outside the memory,
+    counted with :attr:`tokenizer_fn` (the guard's counter, the prompt counted
+    as one system message). With a template whose counts do not add up
+    (``counter.additive`` false), keep the system prompt in the memory (it is
+    pinned) for an exact count. ``last_prepared`` keeps the last window's
+    numbers and decisions. Build it with :meth:`from_defaults`; built directly,
+    the fields below open the guard.
+    """
+
+    session_id: str = Field(
+        default="chat_history", description="the ctxguard session id (LlamaIndex's chat_store_key)"
+    )
+    max_tokens: int | None = Field(default=None, description="output tokens to reserve")
+    store: str | None = Field(
+        default="memory://",
+        description="the store URL, password as ***; None: a Guard object of this process",
+    )
+    namespace: str | None = Field(default=None, description="the store's namespace")
+    tenant: str | None = Field(default=None, description="the store's tenant")
+    limit: int | None = Field(default=None, description="the context limit in tokens")
+    counter: str | None = Field(default="approx", description="the token counter spec")
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="GuardConfig fields (no summarizer)"
+    )
+    handle: str = Field(
+        default_factory=lambda: uuid.uuid4().hex,
+        description="finds the live guard again when rebuilt in the same process",
+    )
+    _ref: GuardRef | None = PrivateAttr(default=None)
+    _last: PreparedRequest | None = PrivateAttr(default=None)
+
+    def model_post_init(self, context: Any, /) -> None:
+        _shared.check_key(self.session_id)
+        _shared.check_optional_count(self.max_tokens, "max_tokens")
+        _shared.check_optional_count(self.limit, "limit")
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "CtxGuardMemory"
+
+    @classmethod
+    def from_defaults(  # type: ignore[override, unused-ignore]
+        cls,
+        guard_or_url: Guard | AsyncGuard | str = "memory://",
+        *,
+        session_id: str = "chat_history",
+        max_tokens: int | None = None,
+        chat_history: list[ChatMessage] | None = None,
+        **guard_options: Any,
+    ) -> CtxGuardMemory:
+        guard_options.pop("llm", None)  # LlamaIndex passes it; the guard counts by its own counter
+        _shared.check_key(session_id)
+        _shared.check_optional_count(max_tokens, "max_tokens")
+        if chat_history is not None:
+            _shared.check_batch(chat_history, ChatMessage, "chat_history")
+        ref = GuardRef(guard_or_url, **guard_options)
+        fields = _describe(guard_or_url, guard_options)
+        memory = cls(session_id=session_id, max_tokens=max_tokens, **fields)
+        memory._ref = ref
+        _LIVE[memory.handle] = ref
+        if chat_history:
+            memory.set(chat_history)
+        return memory
+
+    @property
+    def ref(self) -> GuardRef:
+        """The guard this memory works through (found again or opened from the fields)."""
+        if self._ref is None:
+            self._ref = _LIVE.get(self.handle) or self._reopen()
+            _LIVE[self.handle] = self._ref
+        return self._ref
+
+    @property
+    def tokenizer_fn(self) -> Callable[[str], list[int]]:
+        """What LlamaIndex chat engines count a system prompt with: one entry per token,
+        the text counted as a system message by the guard's counter."""
+        counter = self.ref.any_guard().counter
+
+        def tokens(text: str) -> list[int]:
+            return [0] * counter.count_message(Message(role="system", content=text)) if text else []
+
+        return tokens
+
+    @property
+    def last_prepared(self) -> PreparedRequest | None:
+        return self._last
+
+    def _reopen(self) -> GuardRef:
+        url = self.store
+        if url is None:
+            raise ConfigError(
+                "this memory was built on a Guard object of another process; "
+                "rebuild it with CtxGuardMemory.from_defaults(guard, session_id=...)"
+            )
+        if self.counter is None:
+            raise ConfigError(
+                "this memory's counter was an object, not a spec; "
+                "rebuild it with CtxGuardMemory.from_defaults(..., counter=...)"
+            )
+        if "***" in url:
+            full = os.environ.get(URL_ENV)
+            if full is None or redact_url(full) != url:
+                raise ConfigError(
+                    f"the store URL's password is never serialised: set {URL_ENV} to the "
+                    f"full URL of {url} or rebuild with CtxGuardMemory.from_defaults(url, ...)"
+                )
+            url = full
+        try:
+            config = GuardConfig(**{k: v for k, v in self.settings.items() if k != "summarizer"})
+        except TypeError as exc:
+            raise ConfigError(f"settings must be GuardConfig fields: {exc}") from None
+        return GuardRef(
+            url,
+            limit=self.limit,
+            counter=self.counter,
+            namespace=self.namespace,
+            tenant=self.tenant,
+            config=config,
+        )
+
+    def get(self, input: str | None = None, **kwargs: Any) -> list[ChatMessage]:  # noqa: A002
+        guard = self.ref.sync()
+        reserve = self._reserve(guard, kwargs.get("initial_token_count", 0))
+        return self._window(_shared.prepare(guard, self.session_id, (), reserve))
+
+    async def aget(self, input: str | None = None, **kwargs: Any) -> list[ChatMessage]:  # noqa: A002
+        reserve = self._reserve(self.ref.any_guard(), kwargs.get("initial_token_count", 0))
+        return self._window(await _shared.aprepare(self.ref, self.session_id, (), reserve))
+
+    def get_all(self) -> list[ChatMessage]:
+        return [to_llamaindex(m) for m in _shared.read_all(self.ref.sync(), self.session_id)]
+
+    async def aget_all(self) -> list[ChatMessage]:
+        return [to_llamaindex(m) for m in await _shared.aread_all(self.ref, self.session_id)]
+
+    def put(self, message: ChatMessage) -> None:
+        self.put_messages([_checked_one(message)])
+
+    async def aput(self, message: ChatMessage) -> None:
+        await self.aput_messages([_checked_one(message)])
+
+    def put_messages(self, messages: list[ChatMessage]) -> None:
+        new = _converted(self.session_id, messages)
+        if new:
+            self.ref.sync().append(self.session_id, new)
+
+    async def aput_messages(self, messages: list[ChatMessage]) -> None:
+        await _shared.aappend(self.ref, self.session_id, _converted(self.session_id, messages))
+
+    def set(self, messages: list[ChatMessage]) -> None:
+        _shared.replace(self.ref.sync(), self.session_id, _converted(self.session_id, messages))
+
+    async def aset(self, messages: list[ChatMessage]) -> None:
+        await _shared.areplace(self.ref, self.session_id, _converted(self.session_id, messages))
+
+    def reset(self) -> None:
+        _shared.clear(self.ref.sync(), self.session_id)
+
+    async def areset(self) -> None:
+        await _shared.aclear(self.ref, self.session_id)
+
+    def _reserve(self, guard: Guard | AsyncGuard, extra: object) -> int:
+        count = _shared.check_optional_count(extra, "initial_token_count")
+        base = guard.config.max_tokens if self.max_tokens is None else self.max_tokens
+        return base + (count or 0)
+
+    def _window(self, prepared: PreparedRequest) -> list[ChatMessage]:
+        self._last = prepared
+        return [to_llamaindex(m) for m in prepared.messages]
+
+
+def _describe(guard_or_url: Guard | AsyncGuard | str, options: dict[str, Any]) -> dict[str, Any]:
+    """The memory's serialisable fields for a guard given as a URL or a Guard."""
+    if isinstance(guard_or_url, str):
+        limit = options.get("limit")
+        counter = options.get("counter", "approx")
+        config = options.get("config")
+        return {
+            "store": redact_url(guard_or_url),
+            "namespace": options.get("namespace"),
+            "tenant": options.get("tenant"),
+            "limit": _tokens(limit),
+            "counter": counter if isinstance(counter, str) else None,
+            "settings": _settings(config),
+        }
+    store = guard_or_url.store
+    where = getattr(store, "where", None)
+    return {
+        "store": where if isinstance(where, str) else None,
+        "namespace": getattr(store, "namespace", None),
+        "tenant": getattr(store, "tenant", None),
+        "limit": _tokens(guard_or_url.limit_source),
+        "counter": guard_or_url.core.counter_spec,
+        "settings": _settings(guard_or_url.config),
+    }
+
+
+def _tokens(limit: object) -> int | None:
+    if isinstance(limit, bool):
+        return None
+    if isinstance(limit, int):
+        return limit
+    if isinstance(limit, ContextLimit):
+        return limit.tokens
+    if isinstance(limit, StaticLimit):
+        return limit.resolve().tokens
+    return None
+
+
+def _settings(config: object) -> dict[str, Any]:
+    if not isinstance(config, GuardConfig):
+        return {}
+    data = config.describe()
+    data.pop("summarizer", None)
+    return data
