@@ -8,7 +8,7 @@ ones given on the command line.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Literal
 
 import click
 from rich.table import Table
@@ -44,6 +44,7 @@ Examples:
   ctxguard replay chat-123 --limit 32768         # what would a 32k limit have kept?
   ctxguard replay chat-123 --counter tiktoken:cl100k_base --max-tokens 2048
   ctxguard replay chat-123 --no-summaries --json
+  ctxguard replay chat-123 --policy stable --low-water 0.5   # keep the prefix cache warm
   ctxguard replay chat-123 --check               # exit 1 if any turn differs (CI)
 
 {EXIT_CODES_HELP}
@@ -58,6 +59,17 @@ Examples:
 @click.option("--counter", "counter_spec", help="Token counter spec (default: the recorded one).")
 @click.option("--max-window-messages", type=click.IntRange(min=1), help="Window message cap.")
 @click.option("--no-summaries", is_flag=True, help="Replay as if no summary had been committed.")
+@click.option(
+    "--policy",
+    "window_policy",
+    type=click.Choice(["sliding", "stable"]),
+    help="Window policy instead of the recorded one.",
+)
+@click.option(
+    "--low-water",
+    type=str,
+    help="Stable policy: tokens (int) or fraction of the prompt budget (0-1) left after a cut.",
+)
 @click.option("--check", is_flag=True, help="Exit 1 when any turn differs from what was sent.")
 @store_options
 @json_option
@@ -70,6 +82,8 @@ def replay_command(
     counter_spec: str | None,
     max_window_messages: int | None,
     no_summaries: bool,
+    window_policy: Literal["sliding", "stable"] | None,
+    low_water: str | None,
     check: bool,
     url: str,
     namespace: str | None,
@@ -83,6 +97,8 @@ def replay_command(
         safety_margin=safety_margin,
         max_window_messages=max_window_messages,
         summaries=not no_summaries,
+        window_policy=window_policy,
+        low_water=_low_water(low_water),
     )
     with opened_store(url, namespace, tenant) as store:
         snap = require_snapshot(store, session)
@@ -95,6 +111,19 @@ def replay_command(
         stdout().print(_table(session, turns))
     if check and not all(t.same for t in turns):
         click.get_current_context().exit(EXIT_VIOLATION)
+
+
+def _low_water(text: str | None) -> int | float | None:
+    """--low-water: an int is tokens, a number with a point a fraction in (0, 1)."""
+    if text is None:
+        return None
+    try:
+        value: int | float = float(text) if "." in text else int(text)
+    except ValueError:
+        fail(f"--low-water must be an int or a fraction, got {text!r}", EXIT_BAD_INPUT)
+    if (isinstance(value, float) and not 0.0 < value < 1.0) or value < 0:
+        fail(f"--low-water must be tokens >= 0 or a fraction in (0, 1), got {text}", EXIT_BAD_INPUT)
+    return value
 
 
 def pick_counter(snap: Snapshot, spec: str | None) -> TokenCounter:

@@ -100,6 +100,8 @@ class AuditRecords:
             "summarize_after": self.policy.summarize_after,
             "degrade_tool_results": self.config.degrade_tool_results,
             "summary_role": self.config.summary_role,
+            "window_policy": self.config.window_policy,
+            "low_water": self.config.low_water,
         }
 
     def prepared(

@@ -24,6 +24,7 @@ from ctxguard.guard.audit import AuditRecords
 from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.plan import Budget, Item, Plan, Sent, SummaryRequest
 from ctxguard.guard.policies import WindowPolicy, check_plan, group, plan_request, tail_start
+from ctxguard.guard.stable import StablePolicy, plan_stable
 from ctxguard.guard.truncate import shrink_message
 from ctxguard.guard.window_cache import WindowCache, speculate
 from ctxguard.kv.limit import ContextLimit
@@ -74,6 +75,16 @@ class GuardCore(AuditRecords):
             max_window_messages=config.max_window_messages,
             summarize_after=config.summarize_after if config.summarizer else None,
             degrade_tool_results=config.degrade_tool_results,
+        )
+        self.stable = (
+            StablePolicy(
+                low_water=config.low_water,
+                max_window_messages=config.max_window_messages,
+                summarize_after=self.policy.summarize_after,
+                degrade_tool_results=config.degrade_tool_results,
+            )
+            if config.window_policy == "stable"
+            else None
         )
         self.write_options = WriteOptions(
             counter=counter.fingerprint,
@@ -193,6 +204,22 @@ class GuardCore(AuditRecords):
         pinned = self.items(pinned_stored, recounts)
         items = self.items(others, recounts)
         summary = fetch.summary
+        if self.stable is not None:
+            plan = plan_stable(
+                pinned,
+                items,
+                budget,
+                offset=stable_offset(fetch),
+                reached_start=fetch.reached_start,
+                history_start=0,
+                summary=self.summary_item(summary),
+                summary_version=summary.version if summary else 0,
+                summary_covers_to=summary.covers_to if summary else 0,
+                summary_text=summary.text if summary else None,
+                policy=self.stable,
+                shrink=self._shrink_item,
+            )
+            return plan, recounts
         plan = plan_request(
             pinned,
             items,
@@ -428,6 +455,19 @@ class GuardCore(AuditRecords):
     @staticmethod
     def with_summary(fetch: WindowFetch, summary: Summary) -> WindowFetch:
         return dataclasses.replace(fetch, summary=summary)
+
+
+def stable_offset(fetch: WindowFetch) -> int:
+    """Tokens of the non-pinned messages older than the fetch (their stored counts).
+
+    The session's token total less the counts of what the fetch returned (every
+    pinned message and the recent run): the position of the first fetched
+    non-pinned message, for :func:`~ctxguard.guard.stable.plan_stable`.
+    """
+    fetched = sum([s.tokens or 0 for s in fetch.pinned]) + sum(
+        [s.tokens or 0 for s in fetch.recent]
+    )
+    return max(0, fetch.info.token_total - fetched)
 
 
 def newest_sent(new: Sequence[NewMessage]) -> Message | None:

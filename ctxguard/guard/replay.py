@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from ctxguard.errors import BudgetError
 from ctxguard.guard.config import GuardConfig
@@ -32,6 +32,8 @@ class ReplayOverrides:
     safety_margin: int | None = None
     max_window_messages: int | None = None
     summaries: bool = True
+    window_policy: Literal["sliding", "stable"] | None = None
+    low_water: int | float | None = None
 
 
 @dataclass(frozen=True)
@@ -138,10 +140,13 @@ def core_for_record(
     """A core configured as the recorded request was (policy settings in the record)."""
     policy = dict(record.get("policy") or {})
     window = overrides.max_window_messages or policy.get("max_window_messages")
+    recorded_low = policy.get("low_water", 0.5)
     config = GuardConfig(
         max_window_messages=window,
         degrade_tool_results=bool(policy.get("degrade_tool_results", True)),
         summary_role=policy.get("summary_role", "system"),
+        window_policy=overrides.window_policy or policy.get("window_policy", "sliding"),
+        low_water=overrides.low_water if overrides.low_water is not None else recorded_low,
     )
     return GuardCore(counter, config)
 
@@ -150,5 +155,6 @@ def _full_fetch(
     seen: Sequence[StoredMessage], summary: Summary | None, counter: TokenCounter
 ) -> WindowFetch:
     now = seen[-1].message.created_at if seen else Message(role="user", content="").created_at
-    info = SessionInfo("replay", len(seen), 0, counter.fingerprint, now, now, None, 0)
+    total = sum([s.tokens or 0 for s in seen])
+    info = SessionInfo("replay", len(seen), total, counter.fingerprint, now, now, None, 0)
     return WindowFetch(info, (), tuple(seen), summary, True)
