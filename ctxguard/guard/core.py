@@ -209,8 +209,9 @@ class GuardCore(AuditRecords):
                 pinned,
                 items,
                 budget,
-                offset=stable_offset(fetch),
+                offset=(offset := stable_offset(fetch)),
                 reached_start=fetch.reached_start,
+                before=_stop_position(fetch, offset),
                 history_start=0,
                 summary=self.summary_item(summary),
                 summary_version=summary.version if summary else 0,
@@ -468,6 +469,16 @@ def stable_offset(fetch: WindowFetch) -> int:
         [s.tokens or 0 for s in fetch.recent]
     )
     return max(0, fetch.info.token_total - fetched)
+
+
+def _stop_position(fetch: WindowFetch, offset: int) -> int | None:
+    """Position of the message that stopped the walk, if it is non-pinned and counted."""
+    if fetch.reached_start or fetch.stop_tokens is None or not fetch.recent:
+        return None
+    stop_seq = fetch.recent[0].seq - 1
+    if any(s.seq == stop_seq for s in fetch.pinned):
+        return None
+    return offset - fetch.stop_tokens
 
 
 def newest_sent(new: Sequence[NewMessage]) -> Message | None:

@@ -20,6 +20,7 @@ from ctxguard.guard.core import GuardCore
 from ctxguard.guard.plan import Budget
 from ctxguard.messages import Message
 from ctxguard.stores.base import SessionInfo, StoredMessage, Summary, WindowFetch
+from ctxguard.stores.walk import walk_back
 from ctxguard.tokens._protocol import TokenCounter
 
 
@@ -102,7 +103,11 @@ def replay_turn(
     )
     overhead = int(record["overhead"]) if same_counter else core.counter.request_overhead()
     budget = Budget(limit, reserved, margin, overhead, str(record.get("limit_source", "replay")))
-    fetch = _full_fetch(seen, summary if overrides.summaries else None, core.counter)
+    used = summary if overrides.summaries else None
+    if core.stable is not None:
+        fetch = walked_fetch(seen, used, core.counter, budget.prompt)
+    else:
+        fetch = _full_fetch(seen, used, core.counter)
     recorded = tuple(str(i) for i in record.get("sent_ids", ()))
     base = ReplayedTurn(
         int(record.get("turn", 0)), recorded, (), int(record["tokens"]), None, limit, reserved
@@ -149,6 +154,29 @@ def core_for_record(
         low_water=overrides.low_water if overrides.low_water is not None else recorded_low,
     )
     return GuardCore(counter, config)
+
+
+def walked_fetch(
+    seen: Sequence[StoredMessage], summary: Summary | None, counter: TokenCounter, budget: int
+) -> WindowFetch:
+    """The fetch the store would have answered: its budget walk over the history.
+
+    The stable policy decides from what a fetch holds (see :mod:`ctxguard.guard.stable`),
+    so a replay walks back as the store does (unknown counts counted now) instead of
+    handing it the whole history.
+    """
+    counted = [
+        s if s.tokens is not None else replace(s, tokens=counter.count_message(s.message))
+        for s in seen
+    ]
+    costs = ((s.seq, s.tokens or 0) for s in reversed(counted))
+    first = walk_back(costs, len(counted), budget, 1)[0]
+    now = seen[-1].message.created_at if seen else Message(role="user", content="").created_at
+    total = sum([s.tokens or 0 for s in counted])
+    info = SessionInfo("replay", len(seen), total, counter.fingerprint, now, now, None, 0)
+    pinned = tuple(s for s in counted[:first] if s.message.is_pinned_role)
+    stop = counted[first - 1].tokens if first > 0 else None
+    return WindowFetch(info, pinned, tuple(counted[first:]), summary, first == 0, None, None, stop)
 
 
 def _full_fetch(

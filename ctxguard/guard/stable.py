@@ -16,21 +16,26 @@ Pinned first, admission (degrade or :class:`~ctxguard.errors.BudgetError`),
 tool-group integrity, the newest user message always sent and the raw history
 left unchanged all hold as for the sliding window: the same helpers do them.
 
-**Where the cut point lives.** Nowhere: it is derived from the history and the
-budget alone, so a replay, another process or a cold cache decides the same
+**Where the cut point lives.** Nowhere: it is derived from the stored history and
+the budget alone, so another process, a cold cache or a replay decides the same
 window. Every non-pinned message has a *position*: the tokens of the non-pinned
 messages before it since the session began (the store's token total minus the
 counts of what the fetch returned gives the position of the first fetched one).
 Cut points lie on a fixed grid of ``step = prompt budget - low-water mark``
-tokens: cut ``k`` starts the window at the first user message at position
-``k * step`` or later (cut 0: the oldest message, or the first one after the
-summary). Each request takes the smallest ``k`` whose window fits; as the
-conversation grows that ``k`` never decreases, so the window start stays put
-until the window would overflow and then jumps by about ``step`` tokens, leaving
-about the low-water mark. A change of budget, low-water mark or counter moves
-the grid (one extra cut). The fetch always covers the prompt budget, so any
-start older than the fetch would not fit; a grid point older than the fetch is
-never taken.
+tokens (at most the room beside the pinned messages): cut ``k`` starts the
+window at the first user message at position ``k * step`` or later (cut 0: the
+oldest message, or the first one after the summary). Each request takes the
+smallest ``k`` whose window fits; as the conversation grows that ``k`` never
+decreases, so the window start stays put until the window would overflow and
+then jumps by about ``step`` tokens, leaving about the low-water mark. A change
+of budget, low-water mark or counter moves the grid (one extra cut).
+
+The fetch (the store's budget walk, itself a function of the stored counts and
+the prompt budget) always covers the prompt budget, so a start older than it
+would not fit. A grid point at or before the position of the message that
+stopped the walk (any point before the fetch when that message is pinned or
+uncounted) is not taken: the fetch cannot tell whether that message is a user
+message. :func:`ctxguard.guard.replay.walked_fetch` walks the same way.
 """
 
 from __future__ import annotations
@@ -93,24 +98,24 @@ def _run(candidates: list[Item], where: dict[int, int], tail: int, start_known: 
     return _Run(candidates, suffix, users, user_pos, tail, start_known)
 
 
-def _start(run: _Run, k: int, step: int, offset: int, reached: bool) -> int | None:
+def _start(run: _Run, k: int, step: int, unknown_below: int) -> int | None:
     """Index where cut ``k`` starts the window, or None when the fetch cannot tell."""
     if k == 0:
         return 0 if run.start_known else None
     grid = k * step
-    if not reached and grid < offset:
+    if grid < unknown_below:  # a message older than the fetch may be at or after it
         return None
     found = bisect.bisect_left(run.user_pos, grid)
     return run.users[found] if found < len(run.users) else run.tail
 
 
 def _choose(
-    run: _Run, room: int, step: int, offset: int, reached: bool, most: int | None
+    run: _Run, room: int, step: int, unknown_below: int, most: int | None
 ) -> tuple[int, int]:
     """(smallest k whose window fits, its start index); the newest turn alone always goes."""
 
     def fits(k: int) -> bool:
-        index = _start(run, k, step, offset, reached)
+        index = _start(run, k, step, unknown_below)
         if index is None:
             return False
         if index >= run.tail:
@@ -126,7 +131,7 @@ def _choose(
             high = middle
         else:
             low = middle + 1
-    index = _start(run, low, step, offset, reached)
+    index = _start(run, low, step, unknown_below)
     return low, run.tail if index is None else min(index, run.tail)
 
 
@@ -137,6 +142,7 @@ def plan_stable(
     *,
     offset: int,
     reached_start: bool,
+    before: int | None = None,
     history_start: int,
     summary: Item | None,
     summary_version: int,
@@ -148,7 +154,10 @@ def plan_stable(
     """The stable-prefix policy chain for one request (see the module docstring).
 
     ``items`` are the fetched non-pinned messages in order, ``offset`` the position
-    of the first one, ``reached_start`` whether the fetch reached the oldest message.
+    of the first one, ``reached_start`` whether the fetch reached the oldest message,
+    ``before`` the position of the non-pinned message just older than the fetch when
+    it is the one that stopped the walk and its count is known (else grid points
+    below ``offset`` are taken as unknown).
     """
     plan = Plan(pinned=list(pinned), window=[])
     where = positions(items, offset)
@@ -166,14 +175,15 @@ def plan_stable(
 
     first_seq = items[0].seq if items else history_start
     room = budget.prompt - budget.overhead - sum(i.tokens for i in pinned)
-    step = policy.step(budget.prompt)
+    step = min(policy.step(budget.prompt), max(1, room))
+    unknown_below = 0 if reached_start else offset if before is None else before + 1
     most = policy.max_window_messages
 
     def window_from(base: int, space: int) -> tuple[list[Item], int]:
         run_items = [i for i in candidates if i.seq >= base]
         known = reached_start or left_out(base, first_seq) == 0
         run = _run(run_items, where, tail_start(run_items), known)
-        k, index = _choose(run, space, step, offset, reached_start, most)
+        k, index = _choose(run, space, step, unknown_below, most)
         return run_items[index:], k
 
     window, k = window_from(history_start, room)
