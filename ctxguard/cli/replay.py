@@ -31,8 +31,14 @@ from ctxguard.cli.common import (
 )
 from ctxguard.cli.snapshot import Snapshot, require_snapshot
 from ctxguard.errors import CtxGuardError
-from ctxguard.guard.replay import ReplayedTurn, ReplayOverrides, core_for_record, replay_turn
-from ctxguard.tokens import TokenCounter, load_counter
+from ctxguard.guard.replay import (
+    ReplayedTurn,
+    ReplayOverrides,
+    core_for_record,
+    replay_turn,
+    with_prefix_estimates,
+)
+from ctxguard.tokens import TokenCounter, load_counter, prefix_probes
 
 REQUIRED = frozenset(
     {"message_count", "limit", "reserved_output", "safety_margin", "overhead", "tokens"}
@@ -104,7 +110,10 @@ def replay_command(
         snap = require_snapshot(store, session)
     if snap.corrupt:
         note(f"warning: {len(snap.corrupt)} undecodable record(s) skipped")
-    turns = replay_snapshot(snap, pick_counter(snap, counter_spec), overrides)
+    counter = pick_counter(snap, counter_spec)
+    turns = replay_snapshot(snap, counter, overrides)
+    if not as_json:
+        _note_prefix_breaks(counter)
     if as_json:
         emit_json([turn_json(t) for t in turns])
     else:
@@ -153,6 +162,7 @@ def replay_snapshot(
     """Replay each request under its own recorded policy settings (they may change over time)."""
     summaries = snap.summary_texts()
     turns = []
+    core = None
     for record in snap.requests:
         version = int(record.get("summary_version") or 0)
         summary = summaries.get(version) if version else None
@@ -162,7 +172,9 @@ def replay_snapshot(
             continue
         core = core_for_record(counter, record, overrides)
         turns.append(replay_turn(core, snap.messages, record, summary, overrides))
-    return turns
+    if core is None:
+        return turns
+    return with_prefix_estimates(turns, snap.messages, summaries, core)
 
 
 def _malformed(record: dict[str, Any], why: str) -> ReplayedTurn:
@@ -181,7 +193,8 @@ def turn_json(turn: ReplayedTurn) -> dict[str, Any]:
 
 def _table(session: str, turns: list[ReplayedTurn]) -> Table:
     table = Table(title=f"replay of {session}")
-    for name in ("turn", "sent", "replayed", "same", "added", "removed", "tokens", "limit"):
+    names = ("turn", "sent", "replayed", "same", "added", "removed", "tokens", "limit")
+    for name in (*names, "reused", "prefilled"):
         table.add_column(name)
     for t in turns:
         replayed = "error" if t.error else f"{len(t.replayed_ids)} msgs"
@@ -196,8 +209,25 @@ def _table(session: str, turns: list[ReplayedTurn]) -> Table:
             _ids(t.removed) if not t.error else t.error,
             tokens,
             f"{t.limit} (reserve {t.reserved_output})",
+            _pair(t.recorded_reused, t.replayed_reused),
+            _pair(t.recorded_prefilled, t.replayed_prefilled),
         )
     return table
+
+
+def _note_prefix_breaks(counter: TokenCounter) -> None:
+    """Say when the template itself rewrites earlier turns (the model's numbers assume not)."""
+    breaks = {k: v for k, v in prefix_probes(counter).items() if v.startswith("breaks")}
+    if breaks:
+        found = ", ".join(f"{k} ({v})" for k, v in breaks.items())
+        note(f"note: this template rewrites earlier turns, which re-prefills them: {found}")
+
+
+def _pair(recorded: int | None, replayed: int | None) -> str:
+    """Prefix-cache model numbers, recorded → replayed ("-" when the counter has no ids)."""
+    if recorded is None and replayed is None:
+        return "-"
+    return f"{'-' if recorded is None else recorded} → {'-' if replayed is None else replayed}"
 
 
 def _ids(ids: tuple[str, ...]) -> str:

@@ -18,10 +18,12 @@ from ctxguard.errors import BudgetError
 from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.core import GuardCore
 from ctxguard.guard.plan import Budget
+from ctxguard.kv.prefix import DEFAULT_BLOCK_SIZE, PrefixCache
 from ctxguard.messages import Message
 from ctxguard.stores.base import SessionInfo, StoredMessage, Summary, WindowFetch
 from ctxguard.stores.walk import walk_back
 from ctxguard.tokens._protocol import TokenCounter
+from ctxguard.tokens.prompt_ids import prompt_ids
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,10 @@ class ReplayedTurn:
     limit: int
     reserved_output: int
     error: str | None = None
+    recorded_reused: int | None = None
+    recorded_prefilled: int | None = None
+    replayed_reused: int | None = None
+    replayed_prefilled: int | None = None
 
     @property
     def same(self) -> bool:
@@ -137,6 +143,53 @@ def replay_records(
         summary = summaries.get(version) if version else None
         turns.append(replay_turn(core, history, record, summary, overrides))
     return turns
+
+
+def with_prefix_estimates(
+    turns: Sequence[ReplayedTurn],
+    history: Sequence[StoredMessage],
+    summaries: Mapping[int, Summary],
+    core: GuardCore,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> list[ReplayedTurn]:
+    """Each turn with the prefix-cache model's reused / prefilled tokens, recorded and replayed.
+
+    The recorded requests and the replayed ones each go through their own
+    :class:`~ctxguard.kv.prefix.PrefixCache` (vLLM's rules, one session alone),
+    with the counter's token ids (:func:`~ctxguard.tokens.prompt_ids.prompt_ids`;
+    turns stay None when the counter has none). Replies are not fed to the model
+    (the audit trail does not say which stored message answered which request),
+    so a reply counts as prefilled in the request after it; tool schemas are not
+    recorded and are left out of both.
+    """
+    by_id = {s.message.id: s.message for s in history}
+    for version, summary in summaries.items():
+        message = core.summary_message(summary.text, version)
+        by_id[message.id] = message
+    caches = (PrefixCache(block_size), PrefixCache(block_size))
+    out = []
+    for turn in turns:
+        numbers: list[int | None] = []
+        for cache, ids in zip(caches, (turn.recorded_ids, turn.replayed_ids), strict=True):
+            found = [by_id.get(i) for i in ids]
+            messages = [m for m in found if m is not None]
+            tokens = prompt_ids(core.counter, messages) if len(messages) == len(ids) else None
+            if not tokens:
+                numbers += [None, None]
+                continue
+            use = cache.request(tokens)
+            numbers += [use.reused, use.prefilled]
+        rec_reused, rec_filled, new_reused, new_filled = numbers
+        out.append(
+            replace(
+                turn,
+                recorded_reused=rec_reused,
+                recorded_prefilled=rec_filled,
+                replayed_reused=new_reused,
+                replayed_prefilled=new_filled,
+            )
+        )
+    return out
 
 
 def core_for_record(

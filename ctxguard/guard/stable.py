@@ -181,6 +181,8 @@ def plan_stable(
 
     def window_from(base: int, space: int) -> tuple[list[Item], int]:
         run_items = [i for i in candidates if i.seq >= base]
+        if not run_items:
+            return [], 0
         known = reached_start or left_out(base, first_seq) == 0
         run = _run(run_items, where, tail_start(run_items), known)
         k, index = _choose(run, space, step, unknown_below, most)

@@ -66,3 +66,77 @@ def _rule_ids(encoding: Any, messages: Sequence[Message], tools: Tools | None) -
     assistant = encode("assistant")
     out += [_START, *assistant[:1], _SEP] if len(assistant) == 1 else [_START, _SEP, _SEP]
     return out
+
+
+_S = Message(role="system", content="You are terse.")
+_U1 = Message(role="user", content="What is the weather in Paris?")
+_A1 = Message(role="assistant", content="It is sunny.")
+_U2 = Message(role="user", content="And tomorrow?")
+_A2 = Message(role="assistant", content="Rain.")
+_S2 = Message(role="system", content="Answer in French from now on.")
+_U3 = Message(role="user", content="Merci.")
+_THINK = "<think>\nThe user asks about the weather.\n</think>\n\n"
+_PROBE_CALL = Message.model_validate(
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call1abcd",
+                "type": "function",
+                "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    }
+)
+_PROBE_RESULT = Message(role="tool", tool_call_id="call1abcd", content="18C")
+
+
+def prefix_probes(counter: TokenCounter) -> dict[str, str]:
+    """Does the template keep earlier turns as they were? One outcome per probe.
+
+    Each probe renders a request, then the next one of the same conversation, and
+    checks that the first request's ids (plus the reply as generated, where the
+    probe names one) are a prefix of the second's: ``"prefix"``, ``"breaks at
+    token N of M"`` (the first request's M ids are not all reused: everything from N
+    on is prefilled again; N close to M only costs the reply), or
+    ``"refused"`` / ``"no ids"``. Probes: ``append`` (a plain next turn),
+    ``reasoning_reply`` (the reply carried a ``<think>`` block, as reasoning models
+    generate it; Qwen3 drops it from earlier turns), ``system_after_turns`` (a
+    system message added mid-conversation; some templates move or merge it),
+    ``tool_round`` (a tool call, its result, then a new user turn).
+    """
+    think = Message(role="assistant", content=_THINK + "It is sunny.")
+    cases: dict[str, tuple[list[Message], str | None, list[Message]]] = {
+        "append": ([_S, _U1], None, [_S, _U1, _A1, _U2]),
+        "reasoning_reply": ([_S, _U1], _THINK + "It is sunny.", [_S, _U1, think, _U2]),
+        "system_after_turns": ([_S, _U1, _A1, _U2], None, [_S, _U1, _A1, _U2, _A2, _S2, _U3]),
+        "tool_round": (
+            [_S, _U1, _PROBE_CALL, _PROBE_RESULT],
+            None,
+            [_S, _U1, _PROBE_CALL, _PROBE_RESULT, _A1, _U2],
+        ),
+    }
+    return {name: _probe(counter, *case) for name, case in cases.items()}
+
+
+def _probe(
+    counter: TokenCounter, first: list[Message], reply: str | None, second: list[Message]
+) -> str:
+    from ctxguard.errors import TemplateRefusedError
+
+    try:
+        before = prompt_ids(counter, first)
+        after = prompt_ids(counter, second)
+    except TemplateRefusedError:
+        return "refused"
+    if before is None or after is None:
+        return "no ids"
+    if reply is not None:
+        before += reply_ids(counter, reply) or []
+    for index, (a, b) in enumerate(zip(before, after, strict=False)):
+        if a != b:
+            return f"breaks at token {index} of {len(before)}"
+    if len(before) > len(after):
+        return f"breaks at token {len(after)} of {len(before)}"
+    return "prefix"
