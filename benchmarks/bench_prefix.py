@@ -127,7 +127,12 @@ def reply_text(message: dict[str, Any], qwen: bool) -> str:
 
 
 def run_policy(
-    counter: Any, turns: list[list[dict[str, Any]]], budget: int, policy: str, summaries: bool
+    counter: Any,
+    turns: list[list[dict[str, Any]]],
+    budget: int,
+    policy: str,
+    summaries: bool,
+    think: bool = True,
 ) -> Run:
     name, _, low = policy.partition("@")
     settings: dict[str, Any] = {"window_policy": name}
@@ -142,7 +147,7 @@ def run_policy(
         max_tokens=RESERVE,
         **settings,
     )
-    qwen = not counter.additive
+    qwen = think and not counter.additive
     cache = PrefixCache(block_size=16)
     run = Run(policy, summaries)
     started = time.perf_counter()
@@ -257,6 +262,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="4,096 only, fewer turns")
     parser.add_argument("--counters", default="cl100k,qwen3")
     parser.add_argument("--settings", default="4096:200,32768:600", help="budget:turns,...")
+    parser.add_argument(
+        "--plain-replies",
+        action="store_true",
+        help="Qwen3 replies without the <think> block (what a prefix-stable template would give)",
+    )
     args = parser.parse_args()
     settings = [tuple(int(x) for x in s.split(":")) for s in args.settings.split(",")]
     if args.quick:
@@ -269,7 +279,7 @@ def main() -> None:
         for budget, count in settings:
             turns = conversation(count, seed=budget + count)
             runs = [
-                run_policy(counter, turns, budget, policy, summaries)
+                run_policy(counter, turns, budget, policy, summaries, not args.plain_replies)
                 for summaries in (False, True)
                 for policy in policies
             ]
@@ -295,9 +305,10 @@ def main() -> None:
                 f"{name} {budget}",
                 runs[0],
                 runs[2],
-                RESULTS / f"prefix-{name}-{budget}.svg",
+                RESULTS / f"prefix-{name}{'-plain' if args.plain_replies else ''}-{budget}.svg",
             )
     name = "prefix-" + args.counters.replace(",", "-") + ("-quick" if args.quick else "")
+    name += "-plain" if args.plain_replies else ""
     (RESULTS / f"{name}.json").write_text(json.dumps(report) + "\n", encoding="utf-8")
 
 
