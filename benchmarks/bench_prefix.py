@@ -262,6 +262,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="4,096 only, fewer turns")
     parser.add_argument("--counters", default="cl100k,qwen3")
     parser.add_argument("--settings", default="4096:200,32768:600", help="budget:turns,...")
+    parser.add_argument("--lows", default=",".join(str(x) for x in LOW_WATERS))
+    parser.add_argument("--summaries", default="no,yes", help="no, yes or no,yes")
     parser.add_argument(
         "--plain-replies",
         action="store_true",
@@ -271,7 +273,8 @@ def main() -> None:
     settings = [tuple(int(x) for x in s.split(":")) for s in args.settings.split(",")]
     if args.quick:
         settings = [(4096, 80)]
-    policies = ["sliding", *[f"stable@{low}" for low in LOW_WATERS]]
+    policies = ["sliding", *[f"stable@{low}" for low in args.lows.split(",")]]
+    with_summaries = [part == "yes" for part in args.summaries.split(",")]
     RESULTS.mkdir(exist_ok=True)
     report: dict[str, Any] = {"block_size": 16, "from_turn": FROM_TURN, "runs": []}
     for name in args.counters.split(","):
@@ -280,7 +283,7 @@ def main() -> None:
             turns = conversation(count, seed=budget + count)
             runs = [
                 run_policy(counter, turns, budget, policy, summaries, not args.plain_replies)
-                for summaries in (False, True)
+                for summaries in with_summaries
                 for policy in policies
             ]
             rows = summarize_runs(runs, budget)
@@ -304,7 +307,7 @@ def main() -> None:
             svg_plot(
                 f"{name} {budget}",
                 runs[0],
-                runs[2],
+                next((r for r in runs if r.policy == "stable@0.5"), runs[-1]),
                 RESULTS / f"prefix-{name}{'-plain' if args.plain_replies else ''}-{budget}.svg",
             )
     name = "prefix-" + args.counters.replace(",", "-") + ("-quick" if args.quick else "")

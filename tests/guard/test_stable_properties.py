@@ -20,8 +20,12 @@ from hypothesis import strategies as st
 
 from ctxguard import BudgetError, TemplateRefusedError
 from ctxguard.guard import Guard, PreparedRequest
-from ctxguard.guard.core import GuardCore
-from ctxguard.guard.replay import ReplayOverrides, replay_records
+from ctxguard.guard.replay import (
+    ReplayOverrides,
+    core_for_record,
+    replay_turn,
+    summaries_from_audit,
+)
 from ctxguard.tokens import load_counter
 from ctxguard.tokens.prompt_ids import prompt_ids
 
@@ -143,9 +147,13 @@ def test_a_cold_guard_and_a_replay_decide_the_same_stable_windows(
         assert outcomes[0] == outcomes[1]
     history = warm.store.read("s")
     audit = warm.store.read_audit("s")
-    core = GuardCore(counter(spec), warm.config)
-    for turn in replay_records(core, history, audit, ReplayOverrides()):
-        assert turn.same, (turn.recorded_ids, turn.replayed_ids)
+    summaries = summaries_from_audit(audit)
+    for record in (r for r in audit if r["kind"] == "request"):
+        assert record["policy"]["window_policy"] == "stable"
+        core = core_for_record(counter(spec), record, ReplayOverrides())  # the CLI's path
+        summary = summaries.get(int(record["summary_version"] or 0))
+        replayed = replay_turn(core, history, record, summary, ReplayOverrides())
+        assert replayed.same, (replayed.recorded_ids, replayed.replayed_ids)
 
 
 @pytest.mark.redis
