@@ -24,7 +24,7 @@ from ctxguard.guard.audit import AuditRecords
 from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.plan import Budget, Item, Plan, Sent, SummaryRequest
 from ctxguard.guard.policies import WindowPolicy, check_plan, group, plan_request, tail_start
-from ctxguard.guard.stable import StablePolicy, plan_stable
+from ctxguard.guard.stable import StablePolicy, fetch_positions, plan_stable
 from ctxguard.guard.truncate import shrink_message
 from ctxguard.guard.window_cache import WindowCache, speculate
 from ctxguard.kv.limit import ContextLimit
@@ -205,13 +205,14 @@ class GuardCore(AuditRecords):
         items = self.items(others, recounts)
         summary = fetch.summary
         if self.stable is not None:
+            offset, before = fetch_positions(fetch)
             plan = plan_stable(
                 pinned,
                 items,
                 budget,
-                offset=(offset := stable_offset(fetch)),
+                offset=offset,
                 reached_start=fetch.reached_start,
-                before=_stop_position(fetch, offset),
+                before=before,
                 history_start=0,
                 summary=self.summary_item(summary),
                 summary_version=summary.version if summary else 0,
@@ -456,29 +457,6 @@ class GuardCore(AuditRecords):
     @staticmethod
     def with_summary(fetch: WindowFetch, summary: Summary) -> WindowFetch:
         return dataclasses.replace(fetch, summary=summary)
-
-
-def stable_offset(fetch: WindowFetch) -> int:
-    """Tokens of the non-pinned messages older than the fetch (their stored counts).
-
-    The session's token total less the counts of what the fetch returned (every
-    pinned message and the recent run): the position of the first fetched
-    non-pinned message, for :func:`~ctxguard.guard.stable.plan_stable`.
-    """
-    fetched = sum([s.tokens or 0 for s in fetch.pinned]) + sum(
-        [s.tokens or 0 for s in fetch.recent]
-    )
-    return max(0, fetch.info.token_total - fetched)
-
-
-def _stop_position(fetch: WindowFetch, offset: int) -> int | None:
-    """Position of the message that stopped the walk, if it is non-pinned and counted."""
-    if fetch.reached_start or fetch.stop_tokens is None or not fetch.recent:
-        return None
-    stop_seq = fetch.recent[0].seq - 1
-    if any(s.seq == stop_seq for s in fetch.pinned):
-        return None
-    return offset - fetch.stop_tokens
 
 
 def newest_sent(new: Sequence[NewMessage]) -> Message | None:

@@ -43,9 +43,13 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ctxguard.guard.plan import Budget, Item, Plan, SummaryRequest
 from ctxguard.guard.policies import Shrinker, _repair, admit, group, tail_start
+
+if TYPE_CHECKING:
+    from ctxguard.stores.base import WindowFetch
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,26 @@ class _Run:
     user_pos: list[int]  # their positions
     tail: int  # index of the newest user message
     start_known: bool  # the run's first item is the base (cut 0 is known)
+
+
+def fetch_positions(fetch: WindowFetch) -> tuple[int, int | None]:
+    """(``offset``, ``before``) for :func:`plan_stable` from what a fetch holds.
+
+    ``offset``: the session's token total less the stored counts of what the fetch
+    returned (every pinned message and the recent run), i.e. the tokens of the
+    non-pinned messages older than the fetch. ``before``: the position of the
+    message that stopped the walk, if it is non-pinned and counted.
+    """
+    fetched = sum([s.tokens or 0 for s in fetch.pinned]) + sum(
+        [s.tokens or 0 for s in fetch.recent]
+    )
+    offset = max(0, fetch.info.token_total - fetched)
+    if fetch.reached_start or fetch.stop_tokens is None or not fetch.recent:
+        return offset, None
+    stop_seq = fetch.recent[0].seq - 1
+    if any(s.seq == stop_seq for s in fetch.pinned):
+        return offset, None
+    return offset, offset - fetch.stop_tokens
 
 
 def positions(items: Sequence[Item], offset: int) -> dict[int, int]:
