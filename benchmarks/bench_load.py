@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _synthetic import HistoryGenerator
 from _turn.meters import commandstats
+from _turn.server import bench_url
 from _turn.systems import CtxGuardAsync, FloorMinAsync, System
 from _turn.workload import Cl100k, build_size
 
@@ -258,7 +259,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--redis-url",
-        default=os.environ.get("CTXGUARD_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        default=None,
+        help="a Redis to use (default: $CTXGUARD_BENCH_REDIS_URL, else a private one)",
     )
     ap.add_argument("--cluster-url", default="")
     ap.add_argument("--clients", type=int, default=64)
@@ -269,6 +271,11 @@ def main() -> None:
     ap.add_argument("--redis-benchmark", action="store_true", help="also run redis-benchmark")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
+    with bench_url(args.redis_url) as args.redis_url:
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     seconds = args.seconds or (3.0 if args.quick else 8.0)
     args.rounds = args.rounds or (2 if args.quick else 4)
     rows = asyncio.run(compare(args, seconds))

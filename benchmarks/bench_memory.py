@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import uuid
@@ -44,6 +43,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _synthetic import SYSTEM_PROMPT
+from _turn.server import bench_url
 from _turn.systems import FloorMin
 from _turn.workload import Cl100k, SizeData
 
@@ -218,12 +218,20 @@ def _row(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default = os.environ.get("CTXGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-    ap.add_argument("--redis-url", default=default)
+    ap.add_argument(
+        "--redis-url",
+        default=None,
+        help="a Redis to use (default: $CTXGUARD_BENCH_REDIS_URL, else a private one)",
+    )
     ap.add_argument("--count", type=int, default=None)
     ap.add_argument("--turns", type=int, default=None, help="turns per session (default 1000)")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
+    with bench_url(args.redis_url) as args.redis_url:
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     count = args.count or (100 if args.quick else 1000)
     turns = args.turns or (200 if args.quick else 1000)
     sessions = session_rows(args.redis_url, turns, Cl100k())

@@ -55,6 +55,7 @@ from _synthetic import HistoryGenerator, length_summary
 from _turn.meters import RoundTrips, TurnCost, commandstats
 from _turn.peers import LangChain, LlamaIndex
 from _turn.report import SYSTEMS, evaluate, render
+from _turn.server import bench_url
 from _turn.systems import (
     CtxGuardAsync,
     CtxGuardAsyncCold,
@@ -278,7 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--redis-url",
-        default=os.environ.get("CTXGUARD_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        default=None,
+        help="a Redis to use (default: $CTXGUARD_BENCH_REDIS_URL, else a private one)",
     )
     parser.add_argument("--sizes", default="100,1000,10000")
     parser.add_argument(
@@ -289,7 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=20261)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    report = evaluate(asyncio.run(run(args)))
+    with bench_url(args.redis_url) as args.redis_url:
+        report = evaluate(asyncio.run(run(args)))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     render(report, args.output)

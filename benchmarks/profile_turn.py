@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _synthetic import HistoryGenerator
 from _turn.meters import commandstats
+from _turn.server import bench_url
 from _turn.systems import CtxGuardCold, CtxGuardSync, FloorMin, System
 from _turn.workload import Cl100k, build_size
 
@@ -219,11 +220,19 @@ def step_times(guard: Any, one: Any, turns: int) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--redis-url", required=True)
+    ap.add_argument(
+        "--redis-url",
+        default=None,
+        help="a Redis to use (default: $CTXGUARD_BENCH_REDIS_URL, else a private one)",
+    )
     ap.add_argument("--size", type=int, default=1000)
     ap.add_argument("--turns", type=int, default=2000)
     args = ap.parse_args()
-    url = args.redis_url
+    with bench_url(args.redis_url) as url:
+        profile(args, url)
+
+
+def profile(args: argparse.Namespace, url: str) -> None:
     tok = Cl100k()
     prefix = f"ctxguard-profile-{uuid.uuid4().hex[:8]}"
     data = build_size(args.size, 20261, tok)

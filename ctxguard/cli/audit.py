@@ -181,7 +181,11 @@ def _validity(snap: Snapshot, record: dict[str, Any]) -> list[Violation]:
     role = "user" if (record.get("policy") or {}).get("summary_role") == "user" else "system"
     sent: list[Message] = []
     missing: list[str] = []
-    for message_id in record.get("sent_ids") or []:
+    ids = snap.sent_ids(record)
+    if ids is None:
+        detail = "the history at the recorded positions is not what was sent (changed since)"
+        return [Violation(snap.session_id, "unknown_sent_id", where, detail)]
+    for message_id in ids:
         if summary_version_of(message_id) is not None:
             sent.append(Message(role=role, content="(summary)", id=message_id))
         elif message_id in by_id:
@@ -222,7 +226,7 @@ def _newest_sent(snap: Snapshot, record: dict[str, Any]) -> list[Violation]:
     seen = [s for s in snap.messages if s.seq < count]
     if not seen or seen[-1].seq != count - 1:
         return []  # the newest message of the time does not decode: reported as corrupt
-    sent = set(record.get("sent_ids") or [])
+    sent = set(snap.sent_ids(record) or [])
     where = f"turn {record.get('turn')}"
     found = []
     users = [s for s in seen if s.message.role == "user"]

@@ -100,6 +100,12 @@ class RequestRecord(BaseModel):
     reserved_output: _Count | None = None
     safety_margin: _Count | None = None
     sent_ids: list[StrictStr] | None = None
+    sent: (
+        list[Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=2, max_length=2)]]
+        | None
+    ) = None
+    summary_at: Annotated[StrictInt, Field(ge=0)] | None = None
+    sent_digest: StrictStr | None = None
 
 
 class UsageRecord(BaseModel):

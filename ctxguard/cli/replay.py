@@ -168,7 +168,7 @@ def replay_snapshot(
         summary = summaries.get(version) if version else None
         missing = sorted(REQUIRED - set(record))
         if missing:
-            turns.append(_malformed(record, f"record lacks {', '.join(missing)}"))
+            turns.append(_malformed(snap, record, f"record lacks {', '.join(missing)}"))
             continue
         core = core_for_record(counter, record, overrides)
         turns.append(replay_turn(core, snap.messages, record, summary, overrides))
@@ -177,9 +177,9 @@ def replay_snapshot(
     return with_prefix_estimates(turns, snap.messages, summaries, core)
 
 
-def _malformed(record: dict[str, Any], why: str) -> ReplayedTurn:
+def _malformed(snap: Snapshot, record: dict[str, Any], why: str) -> ReplayedTurn:
     """A turn that cannot be replayed is shown with the reason, not a traceback."""
-    sent = tuple(str(i) for i in record.get("sent_ids") or ())
+    sent = tuple(snap.sent_ids(record) or ())
     numbers = [record.get(k) for k in ("tokens", "limit", "reserved_output")]
     tokens, limit, reserved = (n if isinstance(n, int) else 0 for n in numbers)
     return ReplayedTurn(int(record.get("turn") or 0), sent, (), tokens, None, limit, reserved, why)

@@ -25,6 +25,7 @@ from ctxguard.cli.common import (
     writable_output,
 )
 from ctxguard.cli.snapshot import Snapshot, dropped_ranges, format_ranges, require_snapshot
+from ctxguard.guard.sent import sent_count
 
 WIDTH, HEIGHT = 960, 380
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 16, 40
@@ -90,7 +91,7 @@ def _point(record: dict[str, Any]) -> TurnPoint:
         limit=int(record.get("limit") or 0),
         reserved=int(record.get("reserved_output") or 0),
         margin=int(record.get("safety_margin") or 0),
-        sent=len(record.get("sent_ids") or []),
+        sent=sent_count(record),
         dropped=dropped,
         summary_version=int(record.get("summary_version") or 0),
         decisions=", ".join(str(d.get("policy")) for d in record.get("decisions") or []),

@@ -23,6 +23,7 @@ from ctxguard.cli.common import (
 )
 from ctxguard.cli.sessions import info_json
 from ctxguard.cli.snapshot import Snapshot, dropped_ranges, format_ranges, require_snapshot
+from ctxguard.guard.sent import sent_count
 from ctxguard.stores.base import StoredMessage
 
 _EPILOG = f"""\b
@@ -171,7 +172,7 @@ def _audit_cells(kind: str, record: dict[str, Any]) -> tuple[str, str, str, str,
         budget = f"{record.get('tokens')} + {record.get('reserved_output')} / {record.get('limit')}"
         decisions = ", ".join(str(d.get("policy")) for d in record.get("decisions") or [])
         dropped = format_ranges(dropped_ranges(record))
-        sent = str(len(record.get("sent_ids") or []))
+        sent = str(sent_count(record))
         return str(record.get("turn")), budget, sent, dropped or "-", decisions
     if kind == "usage":
         detail = f"server prompt_tokens={record.get('prompt_tokens')} drift={record.get('drift')}"

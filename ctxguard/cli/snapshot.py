@@ -14,10 +14,9 @@ from typing import Any
 
 from ctxguard.errors import CorruptRecordError, StoreConnectionError, StoreError
 from ctxguard.guard.replay import summaries_from_audit
+from ctxguard.guard.sent import SUMMARY_ID_PREFIX, sent_ids, sent_seqs
 from ctxguard.stores.base import SessionInfo, SessionStore, StoredMessage, Summary
 from ctxguard.stores.integrity import KeyProblem, RawSession, find_problems
-
-SUMMARY_ID_PREFIX = "ctxguard-summary-v"
 
 
 @dataclass(frozen=True)
@@ -52,6 +51,11 @@ class Snapshot:
     @property
     def usages(self) -> list[dict[str, Any]]:
         return [r for r in self.audit if r.get("kind") == "usage"]
+
+    def sent_ids(self, record: dict[str, Any]) -> list[str] | None:
+        """The ids a request sent, rebuilt from the history; None if it changed since."""
+        by_seq = {s.seq: s.message.id for s in self.messages}
+        return sent_ids(record, by_seq.get)
 
     def summary_texts(self) -> dict[int, Summary]:
         """Every summary version whose text we know: the audit trail's, plus the current one."""
@@ -144,7 +148,7 @@ def dropped_ranges(record: dict[str, Any]) -> list[tuple[int, int]]:
     messages (the system prompt) inside that range were sent all the same and
     are not "dropped".
     """
-    sent = {s for s in record.get("sent_seqs") or [] if isinstance(s, int)}
+    sent = set(sent_seqs(record))
     out: list[tuple[int, int]] = []
     for pair in record.get("dropped") or []:
         if not (isinstance(pair, list | tuple) and len(pair) == 2):

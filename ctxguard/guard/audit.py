@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ctxguard.errors import BudgetError, CtxGuardError, TemplateRefusedError
 from ctxguard.guard.plan import Budget, Plan, Sent, SummaryRequest
 from ctxguard.guard.prepared import PreparedRequest
+from ctxguard.guard.sent import sent_fields
 from ctxguard.ids import new_message_id
 from ctxguard.stores.base import NewMessage, Summary, WindowFetch
 
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
     from ctxguard.guard.core import Tools
     from ctxguard.guard.policies import WindowPolicy
     from ctxguard.tokens._protocol import TokenCounter
+
+
+# policy settings a request record leaves out when they hold these (replay's defaults)
+_POLICY_DEFAULTS: dict[str, Any] = {"degrade_tool_results": True, "summary_role": "system"}
 
 
 class AuditRecords:
@@ -62,19 +67,25 @@ class AuditRecords:
         fetch: WindowFetch,
         tools: Tools | None,
     ) -> dict[str, Any]:
-        """The request record (``turn`` first and 0: the store numbers it; then its ``rid``)."""
+        """The request record (``turn`` first and 0: the store numbers it; then its ``rid``).
+
+        Fields at their default (no summary, no tools, nothing dropped, default
+        policy settings) are left out: one record per request, so its size is most
+        of what a session's audit trail costs. Readers take a missing field as its
+        default (``guard.replay``, the CLI).
+        """
         session_id = fetch.info.session_id
-        return {
+        record: dict[str, Any] = {
             "turn": 0,
             "rid": new_message_id(),
             "kind": "request",
             "session": session_id,
             "at": datetime.now(UTC).isoformat(),
-            "sent_ids": [m.id for m in sent.messages],
-            "sent_seqs": [i.seq for i in sent.items],
-            "summary_version": plan.summary_version if plan.summary_message else 0,
-            "summary_covers_to": plan.summary_covers_to if plan.summary_message else 0,
-            "summary_tokens": plan.summary_tokens,
+            **sent_fields(
+                [i.seq for i in sent.items],
+                [m.id for m in sent.messages],
+                summary_index(sent) if plan.summary_message else None,
+            ),
             "tokens": total,
             "exact": self.counter.exact,
             "additive": self.counter.additive,
@@ -85,13 +96,26 @@ class AuditRecords:
             "reserved_output": budget.reserved_output,
             "safety_margin": budget.safety_margin,
             "overhead": budget.overhead,
-            "tools": len(tools or ()),
             "message_count": fetch.info.message_count,
+        }
+        if plan.summary_message:
+            record.update(
+                summary_version=plan.summary_version,
+                summary_covers_to=plan.summary_covers_to,
+                summary_tokens=plan.summary_tokens,
+            )
+        optional = {
+            "tools": len(tools or ()),
             "dropped": [list(r) for r in plan.dropped],
             "decisions": plan.decisions,
-            "policy": self.policy_settings(),
-            "valid": True,
+            "policy": {
+                k: v
+                for k, v in self.policy_settings().items()
+                if v is not None and v != _POLICY_DEFAULTS.get(k)
+            },
         }
+        record.update((k, v) for k, v in optional.items() if v)
+        return record
 
     def policy_settings(self) -> dict[str, Any]:
         """The settings replay needs to re-run this request's policies."""
@@ -229,3 +253,11 @@ class AuditRecords:
         if error is not None:
             record["error"] = error
         return record
+
+
+def summary_index(sent: Sent) -> int:
+    """Where the summary stands among the sent messages: after the pinned ones before it."""
+    for index, message in enumerate(sent.messages):
+        if index >= len(sent.items) or message is not sent.items[index].message:
+            return index
+    return len(sent.items)

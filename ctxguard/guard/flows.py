@@ -335,12 +335,16 @@ def complete(
     prepared: PreparedRequest | None,
     usage: Mapping[str, Any] | None,
 ) -> Flow[AppendResult]:
-    """Store the reply; with usage or the prepared request, audit the server's count too."""
+    """Store the reply; with the server's usage, audit its count against the estimate too.
+
+    Without usage nothing is audited here: the request record already holds the
+    estimate, and a record that repeated it would halve what the capped trail covers.
+    """
     new = core.encode_new([reply])
     held = core.take(session_id, None if prepared is None else prepared.pending_audit)
     if held is not None:
         write = core.write({}, core.with_usage(held, usage))
-    elif prepared is None and usage is None:
+    elif usage is None:
         result: AppendResult = yield StoreCall("append", (session_id, new, core.write_options))
         core.cache.appended(session_id, new, result)
         return result

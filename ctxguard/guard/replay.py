@@ -18,6 +18,7 @@ from ctxguard.errors import BudgetError
 from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.core import GuardCore
 from ctxguard.guard.plan import Budget
+from ctxguard.guard.sent import sent_ids
 from ctxguard.kv.prefix import DEFAULT_BLOCK_SIZE, PrefixCache
 from ctxguard.messages import Message
 from ctxguard.stores.base import SessionInfo, StoredMessage, Summary, WindowFetch
@@ -114,7 +115,8 @@ def replay_turn(
         fetch = walked_fetch(seen, used, core.counter, budget.prompt)
     else:
         fetch = _full_fetch(seen, used, core.counter)
-    recorded = tuple(str(i) for i in record.get("sent_ids", ()))
+    by_seq = {s.seq: s.message.id for s in history}
+    recorded = tuple(sent_ids(record, by_seq.get) or ())
     base = ReplayedTurn(
         int(record.get("turn", 0)), recorded, (), int(record["tokens"]), None, limit, reserved
     )

@@ -10,6 +10,7 @@ parser, and splitting them would let the two drift apart.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -67,9 +68,50 @@ SCRIPT_NAMES = (
 
 
 def load_script(name: str) -> str:
-    """Script text: the shared helpers followed by the operation's own file."""
+    """Script text: the shared helpers it uses, followed by the operation's own file.
+
+    Redis runs a script's whole text on every call, so each helper it carries is a
+    closure made per call: only the ones the operation reaches are included
+    (``_lib_chunks``), in their order in ``_lib.lua``.
+    """
     lua = resources.files("ctxguard.stores") / "lua"
-    return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+    body = (lua / f"{name}.lua").read_text()
+    chunks = _lib_chunks((lua / "_lib.lua").read_text())
+    wanted = set(_WORD.findall(body))
+    added = True
+    while added:  # the helpers the wanted ones use, until nothing new is reached
+        added = False
+        for defines, text in chunks:
+            if defines & wanted and not set(_WORD.findall(text)) <= wanted:
+                wanted |= set(_WORD.findall(text))
+                added = True
+    kept = [text for defines, text in chunks if not defines or defines & wanted]
+    return "".join(kept) + "\n" + body
+
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DEFINES = re.compile(r"^local (?:function ([A-Za-z_]\w*)|([A-Za-z_][\w, ]*?)\s*=)", re.M)
+
+
+def _lib_chunks(lib: str) -> list[tuple[frozenset[str], str]]:
+    """``_lib.lua`` cut before each top-level ``local`` (with the comments above it),
+    each piece with the names it defines; the first piece (the key indices) defines
+    names every script uses and is always kept (empty set: see ``load_script``)."""
+    lines = lib.splitlines(keepends=True)
+    starts = [0]
+    for i, line in enumerate(lines):
+        if line.startswith("local ") and i > 0:
+            j = i
+            while j > 0 and lines[j - 1].startswith("--"):
+                j -= 1
+            starts.append(j)
+    starts = [*sorted(set(starts)), len(lines)]
+    chunks: list[tuple[frozenset[str], str]] = []
+    for a, b in itertools.pairwise(starts):
+        text = "".join(lines[a:b])
+        names = {n.strip() for m in _DEFINES.finditer(text) for n in (m[1] or m[2]).split(",")}
+        chunks.append((frozenset(names) if a else frozenset(), text))
+    return chunks
 
 
 # Scripts that append messages: a retry marks itself (a trailing '1') so that they

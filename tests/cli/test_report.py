@@ -70,8 +70,8 @@ def test_report_is_self_contained_and_charts_every_turn(report: Path, store: Ses
     turns = _turns(store)
     charted = re.findall(r'<circle class="point" data-turn="(\d+)"', page)
     assert [int(t) for t in charted] == [r["turn"] for r in turns]
-    dropped = {r["turn"] for r in turns if r["dropped"]}
-    summarized = {r["turn"] for r in turns if r["summary_version"]}
+    dropped = {r["turn"] for r in turns if r.get("dropped")}
+    summarized = {r["turn"] for r in turns if r.get("summary_version")}
     assert dropped and summarized
     assert {int(t) for t in re.findall(r'mark-dropped" data-mark-turn="(\d+)"', page)} == dropped
     assert {int(t) for t in re.findall(r'mark-summary" data-mark-turn="(\d+)"', page)} == summarized

@@ -24,6 +24,7 @@ from ctxguard.stores import Summary, WriteOptions, open_async_store, open_store
 from ctxguard.stores.base import RecordWrite
 from ctxguard.stores.redis import RetryPolicy
 from ctxguard.stores.redis_protocol import SCRIPT_NAMES, load_script
+from tests.conftest import recorded_ids
 
 from .helpers import RecordingPolicy, new
 from .servers import FaultProxy, RedisServer
@@ -140,7 +141,7 @@ def test_held_records_survive_a_flush_that_failed(proxy: FaultProxy) -> None:
         ("request", False),
         ("request", True),
     ]
-    assert audit[0]["sent_ids"] == [m.id for m in first.messages]
+    assert recorded_ids(store, SID, audit[0]) == [m.id for m in first.messages]
     assert_rids_unique(audit)
     g.close()
 

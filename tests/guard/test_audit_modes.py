@@ -9,6 +9,7 @@ import pytest
 
 from ctxguard import AsyncGuard, Guard
 from ctxguard.guard.replay import ReplayOverrides, core_for_record, replay_records
+from tests.conftest import recorded_ids
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 
@@ -79,14 +80,14 @@ def test_with_reply_mode_keeps_requests_whose_reply_never_came() -> None:
     first = guard.prepare("s", user(1))  # the model call failed: no complete()
     second = guard.prepare("s", user(2))  # the held record is written first
     records = requests(guard.store.read_audit("s"))
-    assert [(r["sent_ids"], r["completed"]) for r in records] == [
+    assert [(recorded_ids(guard.store, "s", r), r["completed"]) for r in records] == [
         (list(m.id for m in first.messages), False)
     ]
     guard.prepare("t", user(3))
     guard.close()  # close writes what is still held, for every session
-    assert [r["sent_ids"] for r in requests(guard.store.read_audit("s"))][-1] == [
-        m.id for m in second.messages
-    ]
+    assert [recorded_ids(guard.store, "s", r) for r in requests(guard.store.read_audit("s"))][
+        -1
+    ] == [m.id for m in second.messages]
     assert len(requests(guard.store.read_audit("t"))) == 1
 
 

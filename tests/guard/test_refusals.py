@@ -26,6 +26,7 @@ from ctxguard.guard.policies import check_plan
 from ctxguard.messages import Message
 from ctxguard.stores import MemoryStore, SessionStore, Summary, open_store
 from ctxguard.tokens import load_counter
+from tests.conftest import recorded_ids
 
 
 def said(text: str, role: str = "user", **kw: Any) -> Message:
@@ -361,7 +362,9 @@ def test_a_commit_after_another_writer_plans_again(
     assert history == ["hello", "other writer 1", "other writer 2", "other writer 3", "mine"]
     assert [m.text for m in req.messages] == history  # planned on the state it committed to
     requests = [r for r in store.read_audit("s") if r["kind"] == "request"]
-    assert len(requests) == 2 and requests[-1]["sent_ids"] == [m.id for m in req.messages]
+    assert len(requests) == 2 and recorded_ids(store, "s", requests[-1]) == [
+        m.id for m in req.messages
+    ]
     assert len(sleeps) == 3  # every attempt after the first waited a little
 
 

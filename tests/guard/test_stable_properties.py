@@ -151,7 +151,7 @@ def test_a_cold_guard_and_a_replay_decide_the_same_stable_windows(
     for record in (r for r in audit if r["kind"] == "request"):
         assert record["policy"]["window_policy"] == "stable"
         core = core_for_record(counter(spec), record, ReplayOverrides())  # the CLI's path
-        summary = summaries.get(int(record["summary_version"] or 0))
+        summary = summaries.get(int(record.get("summary_version") or 0))
         replayed = replay_turn(core, history, record, summary, ReplayOverrides())
         assert replayed.same, (replayed.recorded_ids, replayed.replayed_ids)
 

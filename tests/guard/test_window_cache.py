@@ -23,6 +23,7 @@ from ctxguard.messages import Message
 from ctxguard.stores import NewMessage, Summary, WriteOptions, open_store
 from ctxguard.stores.base import SessionStore
 from ctxguard.stores.memory import MemoryStore
+from tests.conftest import recorded_ids
 
 COUNTER = WriteOptions(counter="c")
 SYSTEM = {"role": "system", "content": "You answer briefly."}
@@ -223,7 +224,7 @@ def test_a_cached_turn_is_one_store_call_that_also_writes_the_audit(
     assert (first.turn, second.turn) == (1, 2)
     records = [r for r in log.inner.read_audit("s") if r["kind"] == "request"]
     assert [r["turn"] for r in records] == [1, 2]
-    assert records[-1]["sent_ids"] == [m.id for m in second.messages]
+    assert recorded_ids(log.inner, "s", records[-1]) == [m.id for m in second.messages]
     assert records[-1]["tokens"] == second.tokens
 
 

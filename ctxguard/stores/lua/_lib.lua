@@ -53,53 +53,36 @@ local function switch_counter(counter)
   changed()
 end
 
--- With a cap: would the messages at ARGV[first ..] (4 args each) pass it? Ids already
--- stored, and ids repeated inside the batch, count once. Returns the current count
--- when the batch must be refused, else false.
-local function over_cap(first, n, cap)
-  cap = tonumber(cap)
-  if cap <= 0 or n == 0 then return false end
-  local count = redis.call('LLEN', KEYS[K_MSGS])
-  local fresh, seen = 0, {}
-  for i = 0, n - 1 do
-    local id = ARGV[first + 4 * i]
-    if not seen[id] and redis.call('HEXISTS', KEYS[K_IDS], id) == 0 then fresh = fresh + 1 end
-    seen[id] = true
-  end
-  if count + fresh > cap then return count end
-  return false
-end
-
 -- Append messages given as ARGV[first .. first + 4*n - 1]: id, record, tokens, pinned,
 -- `retry` is true when the call is a retry (an earlier attempt of the same call may
 -- have run and lost its reply; the scripts take a trailing '1' argument for it).
 -- Returns {count_after, flags, state token before ('' = no session), state token after},
 -- flags[i] = 1 if stored, 0 if the id was already there, 2 (retries only) if the id was
--- there with exactly this record: stored by the earlier attempt. The meta hash is read
--- once and written once: this runs on every turn.
-local function append_many(first, n, counter, retry)
-  local meta = redis.call('HMGET', KEYS[K_META], 'created', 'counter', 'epoch', 'ver', 'tokens',
-    'stamp')
+-- there with exactly this record: stored by the earlier attempt. `st` is what
+-- check_for_append read (the meta fields and the message count): this runs on every
+-- turn, so the meta hash is read once and written once, and the list lengths once.
+local function append_many(first, n, counter, retry, st)
+  local meta = st.meta
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local epoch, ver, total = meta[3], tonumber(meta[4] or '0'), tonumber(meta[5] or '0')
-  local before, stamp = '', meta[6] or ''
+  local epoch, ver, total = meta.epoch, tonumber(meta.ver or '0'), tonumber(meta.tokens or '0')
+  local before, stamp = '', meta.stamp or ''
   if epoch then before = epoch .. ':' .. ver .. ':' .. stamp end
   local fields = {'updated', now}
-  if not meta[1] then
+  if not meta.created then
     -- the epoch (creation time in microseconds) tells a re-created session from the old one
     epoch = t[1] .. '.' .. t[2]
     local f = {'created', now, 'sumver', 0, 'epoch', epoch}
     for i = 1, #f do fields[#fields + 1] = f[i] end
     before = ''
   end
-  if counter ~= '' and meta[2] ~= counter then
+  if counter ~= '' and meta.counter ~= counter then
     switch_counter(counter)  -- counts become unknown; moves ver on by one
     ver, total = ver + 1, 0
     stamp = redis.call('HGET', KEYS[K_META], 'stamp')
   end
   local flags = {}
-  local count = redis.call('LLEN', KEYS[K_MSGS])
+  local count = st.len
   local start_count = count
   for i = 0, n - 1 do
     local at = first + 4 * i
@@ -204,10 +187,27 @@ end
 -- redis_protocol turns into CorruptRecordError) instead of failing halfway.
 -- Each check returns nil, or the error text for redis.error_reply.
 local KEY_TYPES = {'hash', 'list', 'list', 'hash', 'list', 'string', 'list', 'hash'}
-local META_INTEGERS = {'created', 'updated', 'count', 'tokens', 'sumver', 'turns', 'ver'}
+-- the meta fields read on a write: the first 7 must be integers (INTEGER_FIELDS)
+local META_FIELDS = {'created', 'updated', 'count', 'tokens', 'sumver', 'turns', 'ver',
+  'counter', 'epoch', 'stamp'}
+local INTEGER_FIELDS = 7
 
 local function corrupt(i, what)
   return 'CORRUPT ' .. KEYS[i] .. ' ' .. what
+end
+
+-- The reply of a read of key i (redis.pcall), or an error naming the key when it
+-- holds another type: a read is its own type check, so the keys a script reads
+-- before its first write need no TYPE call (one command less each, on every turn).
+local function must(i, reply)
+  if type(reply) == 'table' and reply.err then
+    local t = redis.call('TYPE', KEYS[i])['ok']
+    if t ~= 'none' and t ~= KEY_TYPES[i] then
+      error({err = corrupt(i, 'is a ' .. t .. ', not a ' .. KEY_TYPES[i])})
+    end
+    error(reply)
+  end
+  return reply
 end
 
 -- The keys at the given indices hold their type, or do not exist.
@@ -225,31 +225,42 @@ local function is_integer(v)
   return type(v) == 'string' and string.match(v, '^%-?%d+$') ~= nil
 end
 
--- The meta fields ctxguard computes with are integers.
+-- The meta fields ctxguard computes with are integers. Returns the error, or nil and
+-- the fields by name (false when absent).
 local function check_meta()
-  local v = redis.call('HMGET', KEYS[K_META], unpack(META_INTEGERS))
-  for i, name in ipairs(META_INTEGERS) do
-    if v[i] and not is_integer(v[i]) then
+  local v = must(K_META, redis.pcall('HMGET', KEYS[K_META], unpack(META_FIELDS)))
+  local meta = {}
+  for i, name in ipairs(META_FIELDS) do
+    if i <= INTEGER_FIELDS and v[i] and not is_integer(v[i]) then
       return corrupt(K_META, 'field ' .. name .. ' is not an integer')
     end
+    meta[name] = v[i]
   end
-  return nil
+  return nil, meta
 end
 
--- ... and toks holds one count per record.
+-- The state token (see state_token) from check_meta's fields.
+local function token_of(meta)
+  if not meta.epoch then return '' end
+  return meta.epoch .. ':' .. (meta.ver or '0') .. ':' .. (meta.stamp or '')
+end
+
+-- ... and toks holds one count per record. Returns the error, or nil and what was
+-- read: {meta = fields by name, len = the message count}.
 local function check_meta_and_lengths()
-  local bad = check_meta()
+  local bad, meta = check_meta()
   if bad then return bad end
-  local m, t = redis.call('LLEN', KEYS[K_MSGS]), redis.call('LLEN', KEYS[K_TOKS])
+  local m = must(K_MSGS, redis.pcall('LLEN', KEYS[K_MSGS]))
+  local t = must(K_TOKS, redis.pcall('LLEN', KEYS[K_TOKS]))
   if m ~= t then
     return corrupt(K_TOKS, 'holds ' .. t .. ' counts for ' .. m .. ' messages')
   end
-  return nil
+  return nil, {meta = meta, len = m}
 end
 
 -- Every pinned position is an integer inside the history (returns the positions).
 local function check_pins(len)
-  local pins = redis.call('LRANGE', KEYS[K_PINS], 0, -1)
+  local pins = must(K_PINS, redis.pcall('LRANGE', KEYS[K_PINS], 0, -1))
   for _, s in ipairs(pins) do
     local seq = tonumber(s)
     if not is_integer(s) or seq < 0 or seq >= len then
@@ -260,12 +271,37 @@ local function check_pins(len)
 end
 
 -- Everything an append (with an audit record) relies on.
+-- meta, msgs, toks and pins are read here (each read checks its key's type); the
+-- other keys get a TYPE call.
+-- Returns the error, or nil and what was read (see check_meta_and_lengths).
 local function check_for_append()
-  local bad = check_types(K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM, K_AUDIT, K_RIDS)
-    or check_meta_and_lengths()
+  local bad = check_types(K_IDS, K_SUM, K_AUDIT, K_RIDS)
   if bad then return bad end
-  local _, bad_pins = check_pins(redis.call('LLEN', KEYS[K_MSGS]))
-  return bad_pins
+  local st
+  bad, st = check_meta_and_lengths()
+  if bad then return bad end
+  local _, bad_pins = check_pins(st.len)
+  if bad_pins then return bad_pins end
+  return nil, st
+end
+
+-- With a cap: would the messages at ARGV[first ..] (4 args each) pass it? Ids already
+-- stored, and ids repeated inside the batch, count once. Returns the current count
+-- when the batch must be refused, else false.
+local function over_cap(first, n, cap)
+  cap = tonumber(cap)
+  if cap <= 0 or n == 0 then return false end
+  local count = must(K_MSGS, redis.pcall('LLEN', KEYS[K_MSGS]))
+  local fresh, seen = 0, {}
+  for i = 0, n - 1 do
+    local id = ARGV[first + 4 * i]
+    if not seen[id] and must(K_IDS, redis.pcall('HEXISTS', KEYS[K_IDS], id)) == 0 then
+      fresh = fresh + 1
+    end
+    seen[id] = true
+  end
+  if count + fresh > cap then return count end
+  return false
 end
 
 -- Append `k` count pairs (seq, value) from ARGV[first ..] for `counter`: set_counts,

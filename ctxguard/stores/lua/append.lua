@@ -9,7 +9,7 @@
 --          state token after}
 --          or {-1, count_now} when the cap would be exceeded (nothing stored),
 --          or an error reply CORRUPT <key> <what> (nothing stored).
-local bad = check_for_append()
+local bad, st = check_for_append()
 if bad then return redis.error_reply(bad) end
 local n = tonumber(ARGV[6])
 local full = over_cap(7, n, ARGV[3])
@@ -22,7 +22,7 @@ if n == 0 then
   local token = state_token()
   return {redis.call('LLEN', KEYS[K_MSGS]), {}, token, token}
 end
-local result = append_many(7, n, ARGV[1], ARGV[7 + 4 * n] == '1')
+local result = append_many(7, n, ARGV[1], ARGV[7 + 4 * n] == '1', st)
 if ARGV[4] ~= '' then add_audit(ARGV[4], ARGV[5]) end
 touch(ARGV[2])
 return result

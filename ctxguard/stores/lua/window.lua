@@ -29,13 +29,16 @@ local k = tonumber(ARGV[k_at] or '0')
 local min_messages = tonumber(ARGV[5])
 local counter = ARGV[1]
 
--- validate what is read (and, to commit, written) before anything else
-local bad
+-- validate what is read (and, to commit, written) before anything else; a fetch
+-- writes nothing, so there each read checks its own key's type (must) where it reads
+local bad, st
 if ARGV[6] ~= '' then
-  bad = check_for_append()
+  bad, st = check_for_append()
   if not bad and k > 0 then bad = check_counts(k_at + 1, k) end
 else
-  bad = check_types(K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM) or check_meta()
+  local meta
+  bad, meta = check_meta()
+  st = {meta = meta}
 end
 if bad then return redis.error_reply(bad) end
 if n > 0 then
@@ -47,7 +50,7 @@ end
 local flags, fresh, seen = {}, {}, {}
 for i = 0, n - 1 do
   local id = ARGV[10 + 4 * i]
-  if not seen[id] and redis.call('HEXISTS', KEYS[K_IDS], id) == 0 then
+  if not seen[id] and must(K_IDS, redis.pcall('HEXISTS', KEYS[K_IDS], id)) == 0 then
     flags[#flags + 1] = 1
     fresh[#fresh + 1] = 10 + 4 * i
   else
@@ -57,20 +60,22 @@ for i = 0, n - 1 do
 end
 
 -- A hit: the caller planned on this very state, and every new message is new.
-if ARGV[6] ~= '' and string.sub(ARGV[6], 2) == state_token() and #fresh == n then
+if ARGV[6] ~= '' and string.sub(ARGV[6], 2) == token_of(st.meta) and #fresh == n then
   local appended
   if n > 0 then
-    appended = append_many(10, n, counter, ARGV[k_at + 1 + 2 * k] == '1')
+    appended = append_many(10, n, counter, ARGV[k_at + 1 + 2 * k] == '1', st)
   else
-    local token = state_token()
-    appended = {redis.call('LLEN', KEYS[K_MSGS]), {}, token, token}
+    local token = token_of(st.meta)
+    appended = {st.len, {}, token, token}
   end
-  local exists = redis.call('EXISTS', KEYS[K_META]) == 1
-  if exists then set_counts_many(k_at + 1, k, counter) end
+  local exists = n > 0 or st.meta.created  -- the session exists after the append
+  if exists and k > 0 then
+    set_counts_many(k_at + 1, k, counter)
+    appended[4] = state_token()  -- recounts (or a counter switch) moved the version on
+  end
   local turn = 0
   if exists and ARGV[7] ~= '' then turn = add_audit(ARGV[7], ARGV[8]) end
   if exists then touch(ARGV[2]) end
-  appended[4] = state_token()
   return {'hit', appended, turn, appended[4]}
 end
 -- A retried commit whose first attempt was a hit (its reply was lost): the audit
@@ -86,13 +91,13 @@ if ARGV[6] ~= '' and ARGV[7] ~= '' then
 end
 
 -- A fetch (nothing is written, but a bad position must be named, not fail in the walk).
-local len = redis.call('LLEN', KEYS[K_MSGS])
+local len = st.len or must(K_MSGS, redis.pcall('LLEN', KEYS[K_MSGS]))
 local pins
 pins, bad = check_pins(len)
 if bad then return redis.error_reply(bad) end
 
 local budget = tonumber(ARGV[4])
-local same_counter = counter == '' or redis.call('HGET', KEYS[K_META], 'counter') == counter
+local same_counter = counter == '' or st.meta.counter == counter
 local length = len + #fresh
 local total, first = 0, length
 local stop_count = -1
@@ -120,7 +125,7 @@ local hi = len - 1
 if stopped then hi = -1 end
 while hi >= 0 do
   local lo = math.max(0, hi - step + 1)
-  local toks = redis.call('LRANGE', KEYS[K_TOKS], lo, hi)
+  local toks = must(K_TOKS, redis.pcall('LRANGE', KEYS[K_TOKS], lo, hi))
   local recs = nil
   local stop = false
   for i = hi - lo + 1, 1, -1 do
@@ -156,11 +161,19 @@ for _, s in ipairs(pins) do
   if seq < first then
     p_seqs[#p_seqs + 1] = seq
     p_recs[#p_recs + 1] = redis.call('LINDEX', KEYS[K_MSGS], seq)
-    local c = tonumber(redis.call('LINDEX', KEYS[K_TOKS], seq)) or -1
+    local c = tonumber(must(K_TOKS, redis.pcall('LINDEX', KEYS[K_TOKS], seq))) or -1
     if not same_counter then c = -1 end
     p_counts[#p_counts + 1] = c
   end
 end
-local summary = redis.call('GET', KEYS[K_SUM])
-return {flags, meta_flat(), summary, first, r_out, c_out, p_seqs, p_recs, p_counts,
-        redis.call('TTL', KEYS[K_META]), state_token(), stop_count, len}
+local summary = must(K_SUM, redis.pcall('GET', KEYS[K_SUM]))
+-- the meta fields as HGETALL would list them (read once, above: a fetch writes nothing)
+local flat = {}
+for _, name in ipairs(META_FIELDS) do
+  if st.meta[name] then
+    flat[#flat + 1] = name
+    flat[#flat + 1] = st.meta[name]
+  end
+end
+return {flags, flat, summary, first, r_out, c_out, p_seqs, p_recs, p_counts,
+        redis.call('TTL', KEYS[K_META]), token_of(st.meta), stop_count, len}

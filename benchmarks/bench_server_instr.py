@@ -1,0 +1,181 @@
+"""Redis CPU per turn as instructions (callgrind): ctxguard against the minimal floor, noise-free.
+
+Server time from INFO commandstats is wall time inside Redis: on a shared 2-core
+machine another process can stretch it. This run counts the instructions the
+Redis process executes instead (valgrind's callgrind; the same count for the same
+work, whatever else the machine does). A private ``redis-server`` is started under
+callgrind (``hz 1``, so its timers add little), and for each system, alternating
+in rounds, the counters are zeroed, N turns run, and the count is dumped.
+
+Rows (sync, H stored messages, bench_turn's data and 4,096-token budget):
+``floor-min`` (issue 16's minimal client), ``ctxguard`` (window cache warm: two
+script calls a turn), ``ctxguard-cold`` (three), and what a script call costs
+before it does anything: ``EVALSHA 'return 1'`` with a warm turn's keys and
+arguments, and the same with the helpers a window script carries.
+
+Run: ``python benchmarks/bench_server_instr.py [--size 1000] [--turns 60] [--rounds 3]``
+(about 2-4 minutes; needs valgrind and redis-server on PATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _synthetic import HistoryGenerator
+from _turn.server import private_redis
+from _turn.systems import CtxGuardCold, CtxGuardSync, FloorMin, System
+from _turn.workload import Cl100k, build_size
+
+from ctxguard.stores import redis as redis_store
+from ctxguard.stores.redis_protocol import load_script
+
+RESULTS = Path(__file__).resolve().parent / "results" / "server_instr.json"
+
+
+class Callgrind:
+    """Zero and dump the counters of a process running under callgrind."""
+
+    def __init__(self, pid: int, out_dir: str) -> None:
+        self.pid, self.out_dir = pid, out_dir
+
+    def zero(self) -> None:
+        subprocess.run(["callgrind_control", "-z", str(self.pid)], check=True, capture_output=True)
+
+    def dump(self) -> int:
+        before = set(glob.glob(f"{self.out_dir}/cg.out.*"))
+        subprocess.run(["callgrind_control", "-d", str(self.pid)], check=True, capture_output=True)
+        for _ in range(100):
+            new = set(glob.glob(f"{self.out_dir}/cg.out.*")) - before
+            if new:
+                time.sleep(0.2)  # let callgrind finish writing
+                text = Path(new.pop()).read_text()
+                found = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
+                if found:
+                    return int(found[1])
+            time.sleep(0.1)
+        raise SystemExit("callgrind wrote no dump")
+
+
+def turner(system: System, pool: list[tuple[str, str]]) -> Callable[[int], None]:
+    at = [0]
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            user, reply = pool[at[0] % len(pool)]
+            at[0] += 1
+            system.turn(
+                "s", {"role": "user", "content": user}, {"role": "assistant", "content": reply}
+            )
+
+    return run
+
+
+def script_calls(url: str, system: CtxGuardSync, pool: list[tuple[str, str]]) -> dict[str, Any]:
+    """Two script-call rows: a warm turn's window call with 'return 1' as its body, and
+    with the helpers of window.lua before 'return 1'."""
+    captured: list[tuple[list[str], list[Any]]] = []
+    original = redis_store.RedisStore._evalsha
+
+    def spy(self: Any, script: Any, call: Any) -> Any:
+        captured.append((list(call.keys), list(call.args)))
+        return original(self, script, call)
+
+    redis_store.RedisStore._evalsha = spy  # type: ignore[method-assign]
+    try:
+        turner(system, pool)(1)
+    finally:
+        redis_store.RedisStore._evalsha = original  # type: ignore[method-assign]
+    keys, args = captured[0]
+    client = redis.Redis.from_url(url)
+    window = load_script("window")
+    helpers = window[: window.index("local n = tonumber(ARGV[9])")]
+    rows = {}
+    for name, body in (
+        ("EVALSHA 'return 1'", "return 1"),
+        ("+ window.lua's helpers", helpers + "return 1"),
+    ):
+        script = client.register_script(body)
+        rows[name] = lambda n, s=script: [s(keys=keys, args=args) for _ in range(n)]
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", type=int, default=1000)
+    ap.add_argument("--turns", type=int, default=60, help="turns per system per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("valgrind (with callgrind_control) is not on PATH")
+    out_dir = tempfile.mkdtemp(prefix="ctxguard-callgrind-")
+    wrapper = ("valgrind", "--tool=callgrind", f"--callgrind-out-file={out_dir}/cg.out")
+    tok = Cl100k()
+    data = build_size(args.size, 20261, tok)
+    pool = [(t[0]["content"], t[1]["content"]) for t in HistoryGenerator(7).turns(256)]
+    with private_redis("--hz", "1", wrapper=wrapper) as server:
+        prefix = f"ctxguard-instr-{uuid.uuid4().hex[:8]}"
+        systems: dict[str, System] = {
+            "floor-min": FloorMin(server.url, prefix, tok),
+            "ctxguard": CtxGuardSync(server.url, f"{prefix}-warm"),
+            "ctxguard-cold": CtxGuardCold(server.url, f"{prefix}-cold"),
+        }
+        runs: dict[str, Callable[[int], Any]] = {}
+        for name, system in systems.items():
+            system.load(data, "s")
+            runs[name] = turner(system, pool)
+            runs[name](3)  # warm-up: scripts loaded, the window cached
+        warm = systems["ctxguard"]
+        assert isinstance(warm, CtxGuardSync)
+        runs.update(script_calls(server.url, warm, pool))
+        meter = Callgrind(server.pid, out_dir)
+        counts: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(args.rounds):
+            for name, run in runs.items():
+                meter.zero()
+                run(args.turns)
+                counts[name].append(meter.dump() / args.turns)
+        for system in systems.values():
+            system.cleanup()
+    shutil.rmtree(out_dir, ignore_errors=True)
+    base = statistics.median(counts["floor-min"])
+    rows = [
+        {
+            "row": name,
+            "instructions_per_call": round(statistics.median(v)),
+            "spread": round(max(v) - min(v)),
+            "x_floor_min_turn": round(statistics.median(v) / base, 2),
+        }
+        for name, v in counts.items()
+    ]
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps({"size": args.size, "turns": args.turns, "rows": rows}, indent=2))
+    print(
+        f"Redis instructions per turn (callgrind), H={args.size:,}, median of {args.rounds} rounds"
+    )
+    print(f"{'row':28s} {'k instr':>9s} {'spread':>8s} {'x floor-min turn':>17s}")
+    for r in rows:
+        print(
+            f"{r['row']:28s} {r['instructions_per_call'] / 1000:9.1f} {r['spread'] / 1000:8.1f} "
+            f"{r['x_floor_min_turn']:17.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
