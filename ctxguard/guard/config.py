@@ -44,7 +44,8 @@ class GuardConfig:
     (newest messages that fit, every turn) or ``"stable"`` (grow at the end,
     cut rarely down to ``low_water`` so the server's prefix cache stays warm;
     see :mod:`ctxguard.guard.stable`). ``low_water`` is an int (prompt tokens
-    left after a cut) or a float in (0, 1) (that fraction of the prompt budget).
+    left after a cut) or a float in (0, 1) (that fraction of the prompt budget); a
+    mark at or above the prompt budget cuts at every user turn (a sliding window).
 
     ``connect_timeout`` and ``read_timeout`` (seconds) bound every call to a
     store the guard opens from a URL; ``None`` keeps the URL's
