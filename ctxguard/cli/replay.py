@@ -8,7 +8,7 @@ ones given on the command line.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Literal
 
 import click
 from rich.table import Table
@@ -31,8 +31,14 @@ from ctxguard.cli.common import (
 )
 from ctxguard.cli.snapshot import Snapshot, require_snapshot
 from ctxguard.errors import CtxGuardError
-from ctxguard.guard.replay import ReplayedTurn, ReplayOverrides, core_for_record, replay_turn
-from ctxguard.tokens import TokenCounter, load_counter
+from ctxguard.guard.replay import (
+    ReplayedTurn,
+    ReplayOverrides,
+    core_for_record,
+    replay_turn,
+    with_prefix_estimates,
+)
+from ctxguard.tokens import TokenCounter, load_counter, prefix_probes
 
 REQUIRED = frozenset(
     {"message_count", "limit", "reserved_output", "safety_margin", "overhead", "tokens"}
@@ -45,6 +51,7 @@ Examples:
   ctxguard replay chat-123 --counter tiktoken:cl100k_base --max-tokens 2048
   ctxguard replay chat-123 --no-summaries --json
   ctxguard replay chat-123 --start-on-user       # windows opened on a user turn?
+  ctxguard replay chat-123 --policy stable --low-water 0.5   # keep the prefix cache warm
   ctxguard replay chat-123 --check               # exit 1 if any turn differs (CI)
 
 {EXIT_CODES_HELP}
@@ -64,6 +71,17 @@ Examples:
     default=None,
     help="Windows that leave messages out start on a user turn (default: as recorded).",
 )
+@click.option(
+    "--policy",
+    "window_policy",
+    type=click.Choice(["sliding", "stable"]),
+    help="Window policy instead of the recorded one.",
+)
+@click.option(
+    "--low-water",
+    type=str,
+    help="Stable policy: tokens (int) or fraction of the prompt budget (0-1) left after a cut.",
+)
 @click.option("--check", is_flag=True, help="Exit 1 when any turn differs from what was sent.")
 @store_options
 @json_option
@@ -77,6 +95,8 @@ def replay_command(
     max_window_messages: int | None,
     no_summaries: bool,
     start_on_user: bool | None,
+    window_policy: Literal["sliding", "stable"] | None,
+    low_water: str | None,
     check: bool,
     url: str,
     namespace: str | None,
@@ -91,18 +111,36 @@ def replay_command(
         max_window_messages=max_window_messages,
         summaries=not no_summaries,
         start_on_user=start_on_user,
+        window_policy=window_policy,
+        low_water=_low_water(low_water),
     )
     with opened_store(url, namespace, tenant) as store:
         snap = require_snapshot(store, session)
     if snap.corrupt:
         note(f"warning: {len(snap.corrupt)} undecodable record(s) skipped")
-    turns = replay_snapshot(snap, pick_counter(snap, counter_spec), overrides)
+    counter = pick_counter(snap, counter_spec)
+    turns = replay_snapshot(snap, counter, overrides)
+    if not as_json:
+        _note_prefix_breaks(counter)
     if as_json:
         emit_json([turn_json(t) for t in turns])
     else:
         stdout().print(_table(session, turns))
     if check and not all(t.same for t in turns):
         click.get_current_context().exit(EXIT_VIOLATION)
+
+
+def _low_water(text: str | None) -> int | float | None:
+    """--low-water: an int is tokens, a number with a point a fraction in (0, 1)."""
+    if text is None:
+        return None
+    try:
+        value: int | float = float(text) if "." in text else int(text)
+    except ValueError:
+        fail(f"--low-water must be an int or a fraction, got {text!r}", EXIT_BAD_INPUT)
+    if (isinstance(value, float) and not 0.0 < value < 1.0) or value < 0:
+        fail(f"--low-water must be tokens >= 0 or a fraction in (0, 1), got {text}", EXIT_BAD_INPUT)
+    return value
 
 
 def pick_counter(snap: Snapshot, spec: str | None) -> TokenCounter:
@@ -132,6 +170,7 @@ def replay_snapshot(
     """Replay each request under its own recorded policy settings (they may change over time)."""
     summaries = snap.summary_texts()
     turns = []
+    core = None
     for record in snap.requests:
         version = int(record.get("summary_version") or 0)
         summary = summaries.get(version) if version else None
@@ -141,7 +180,9 @@ def replay_snapshot(
             continue
         core = core_for_record(counter, record, overrides)
         turns.append(replay_turn(core, snap.messages, record, summary, overrides))
-    return turns
+    if core is None:
+        return turns
+    return with_prefix_estimates(turns, snap.messages, summaries, core)
 
 
 def _malformed(snap: Snapshot, record: dict[str, Any], why: str) -> ReplayedTurn:
@@ -161,7 +202,7 @@ def turn_json(turn: ReplayedTurn) -> dict[str, Any]:
 def _table(session: str, turns: list[ReplayedTurn]) -> Table:
     table = Table(title=f"replay of {session}")
     names = ("turn", "sent", "replayed", "same", "added", "removed", "tokens", "starts on", "limit")
-    for name in names:
+    for name in (*names, "reused", "prefilled"):
         table.add_column(name)
     for t in turns:
         replayed = "error" if t.error else f"{len(t.replayed_ids)} msgs"
@@ -177,6 +218,8 @@ def _table(session: str, turns: list[ReplayedTurn]) -> Table:
             tokens,
             _starts(t),
             f"{t.limit} (reserve {t.reserved_output})",
+            _pair(t.recorded_reused, t.replayed_reused),
+            _pair(t.recorded_prefilled, t.replayed_prefilled),
         )
     return table
 
@@ -185,6 +228,21 @@ def _starts(turn: ReplayedTurn) -> str:
     """The role the window opens with (after pinned messages and summary): sent → replayed."""
     before, after = turn.recorded_start or "-", turn.replayed_start or "-"
     return before if turn.error is None and before == after else f"{before} → {after}"
+
+
+def _note_prefix_breaks(counter: TokenCounter) -> None:
+    """Say when the template itself rewrites earlier turns (the model's numbers assume not)."""
+    breaks = {k: v for k, v in prefix_probes(counter).items() if v.startswith("breaks")}
+    if breaks:
+        found = ", ".join(f"{k} ({v})" for k, v in breaks.items())
+        note(f"note: this template rewrites earlier turns, which re-prefills them: {found}")
+
+
+def _pair(recorded: int | None, replayed: int | None) -> str:
+    """Prefix-cache model numbers, recorded → replayed ("-" when the counter has no ids)."""
+    if recorded is None and replayed is None:
+        return "-"
+    return f"{'-' if recorded is None else recorded} → {'-' if replayed is None else replayed}"
 
 
 def _ids(ids: tuple[str, ...]) -> str:

@@ -125,6 +125,8 @@ class AuditRecords:
             "degrade_tool_results": self.config.degrade_tool_results,
             "summary_role": self.config.summary_role,
             "start_on_user": self.config.start_on_user,
+            "window_policy": self.config.window_policy,
+            "low_water": self.config.low_water,
         }
 
     def prepared(

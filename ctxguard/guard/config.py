@@ -43,6 +43,13 @@ class GuardConfig:
     :mod:`ctxguard.guard.policies`); ``oversized`` decides what happens to a single
     message over ``max_message_tokens``.
 
+    ``window_policy`` chooses how the window drops old messages: ``"sliding"``
+    (newest messages that fit, every turn) or ``"stable"`` (grow at the end,
+    cut rarely down to ``low_water`` so the server's prefix cache stays warm;
+    see :mod:`ctxguard.guard.stable`). ``low_water`` is an int (prompt tokens
+    left after a cut) or a float in (0, 1) (that fraction of the prompt budget); a
+    mark at or above the prompt budget cuts at every user turn (a sliding window).
+
     ``connect_timeout`` and ``read_timeout`` (seconds) bound every call to a
     store the guard opens from a URL; ``None`` keeps the URL's
     ``socket_connect_timeout`` / ``socket_timeout`` or the defaults (5 s, 10 s).
@@ -57,6 +64,8 @@ class GuardConfig:
     max_window_messages: int | None = None
     degrade_tool_results: bool = True
     start_on_user: bool = True
+    window_policy: Literal["sliding", "stable"] = "sliding"
+    low_water: int | float = 0.5
     summarizer: Summarizer | None = None
     summarize_after: int = 20
     summary_mode: Literal["inline", "background"] = "inline"
@@ -124,6 +133,7 @@ class GuardConfig:
             )
         for name in ("connect_timeout", "read_timeout"):
             _seconds_or_none(name, getattr(self, name))
+        _check_window_policy(self.window_policy, self.low_water)
 
     def describe(self) -> dict[str, Any]:
         """The settings as plain data (for audit records and replay); no callables."""
@@ -138,6 +148,19 @@ def is_async_callable(fn: object) -> bool:
 
     call = type(fn).__dict__.get("__call__") if not inspect.isfunction(fn) else None
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def _check_window_policy(policy: object, low_water: object) -> None:
+    if policy not in ("sliding", "stable"):
+        raise ConfigError(f"window_policy must be 'sliding' or 'stable', got {show(policy)}")
+    if type(low_water) is int and 0 <= low_water < 2**63:
+        return
+    if type(low_water) is float and 0.0 < low_water < 1.0:
+        return
+    raise ConfigError(
+        "low_water must be a non-negative int (tokens) or a float in (0, 1) "
+        f"(a fraction of the prompt budget), got {show(low_water)}"
+    )
 
 
 def _non_negative(name: str, value: object) -> None:

@@ -31,6 +31,7 @@ from ctxguard.guard.policies import (
     plan_request,
     tail_start,
 )
+from ctxguard.guard.stable import StablePolicy, fetch_positions, plan_stable
 from ctxguard.guard.truncate import shrink_message
 from ctxguard.guard.window_cache import WindowCache, speculate
 from ctxguard.kv.limit import ContextLimit
@@ -82,6 +83,16 @@ class GuardCore(AuditRecords):
             summarize_after=config.summarize_after if config.summarizer else None,
             degrade_tool_results=config.degrade_tool_results,
             start_on_user=config.start_on_user,
+        )
+        self.stable = (
+            StablePolicy(
+                low_water=config.low_water,
+                max_window_messages=config.max_window_messages,
+                summarize_after=self.policy.summarize_after,
+                degrade_tool_results=config.degrade_tool_results,
+            )
+            if config.window_policy == "stable"
+            else None
         )
         self.write_options = WriteOptions(
             counter=counter.fingerprint,
@@ -201,6 +212,24 @@ class GuardCore(AuditRecords):
         pinned = self.items(pinned_stored, recounts)
         items = self.items(others, recounts)
         summary = fetch.summary
+        if self.stable is not None:
+            offset, before = fetch_positions(fetch)
+            plan = plan_stable(
+                pinned,
+                items,
+                budget,
+                offset=offset,
+                reached_start=fetch.reached_start,
+                before=before,
+                history_start=0,
+                summary=self.summary_item(summary),
+                summary_version=summary.version if summary else 0,
+                summary_covers_to=summary.covers_to if summary else 0,
+                summary_text=summary.text if summary else None,
+                policy=self.stable,
+                shrink=self._shrink_item,
+            )
+            return plan, recounts
         plan = plan_request(
             pinned,
             items,

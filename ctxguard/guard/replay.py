@@ -12,16 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from ctxguard.errors import BudgetError
 from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.core import GuardCore
 from ctxguard.guard.plan import Budget
 from ctxguard.guard.sent import sent_ids
+from ctxguard.kv.prefix import DEFAULT_BLOCK_SIZE, PrefixCache
 from ctxguard.messages import Message
 from ctxguard.stores.base import SessionInfo, StoredMessage, Summary, WindowFetch
+from ctxguard.stores.walk import walk_back
 from ctxguard.tokens._protocol import TokenCounter
+from ctxguard.tokens.prompt_ids import prompt_ids
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,8 @@ class ReplayOverrides:
     max_window_messages: int | None = None
     summaries: bool = True
     start_on_user: bool | None = None
+    window_policy: Literal["sliding", "stable"] | None = None
+    low_water: int | float | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,10 @@ class ReplayedTurn:
     error: str | None = None
     recorded_start: str | None = None
     replayed_start: str | None = None
+    recorded_reused: int | None = None
+    recorded_prefilled: int | None = None
+    replayed_reused: int | None = None
+    replayed_prefilled: int | None = None
 
     @property
     def same(self) -> bool:
@@ -104,7 +113,11 @@ def replay_turn(
     )
     overhead = int(record["overhead"]) if same_counter else core.counter.request_overhead()
     budget = Budget(limit, reserved, margin, overhead, str(record.get("limit_source", "replay")))
-    fetch = _full_fetch(seen, summary if overrides.summaries else None, core.counter)
+    used = summary if overrides.summaries else None
+    if core.stable is not None:
+        fetch = walked_fetch(seen, used, core.counter, budget.prompt)
+    else:
+        fetch = _full_fetch(seen, used, core.counter)
     by_seq = {s.seq: s.message.id for s in history}
     recorded = tuple(sent_ids(record, by_seq.get) or ())
     roles = {s.message.id: s.message.role for s in seen}
@@ -156,6 +169,53 @@ def replay_records(
     return turns
 
 
+def with_prefix_estimates(
+    turns: Sequence[ReplayedTurn],
+    history: Sequence[StoredMessage],
+    summaries: Mapping[int, Summary],
+    core: GuardCore,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> list[ReplayedTurn]:
+    """Each turn with the prefix-cache model's reused / prefilled tokens, recorded and replayed.
+
+    The recorded requests and the replayed ones each go through their own
+    :class:`~ctxguard.kv.prefix.PrefixCache` (vLLM's rules, one session alone),
+    with the counter's token ids (:func:`~ctxguard.tokens.prompt_ids.prompt_ids`;
+    turns stay None when the counter has none). Replies are not fed to the model
+    (the audit trail does not say which stored message answered which request),
+    so a reply counts as prefilled in the request after it; tool schemas are not
+    recorded and are left out of both.
+    """
+    by_id = {s.message.id: s.message for s in history}
+    for version, summary in summaries.items():
+        message = core.summary_message(summary.text, version)
+        by_id[message.id] = message
+    caches = (PrefixCache(block_size), PrefixCache(block_size))
+    out = []
+    for turn in turns:
+        numbers: list[int | None] = []
+        for cache, ids in zip(caches, (turn.recorded_ids, turn.replayed_ids), strict=True):
+            found = [by_id.get(i) for i in ids]
+            messages = [m for m in found if m is not None]
+            tokens = prompt_ids(core.counter, messages) if len(messages) == len(ids) else None
+            if not tokens:
+                numbers += [None, None]
+                continue
+            use = cache.request(tokens)
+            numbers += [use.reused, use.prefilled]
+        rec_reused, rec_filled, new_reused, new_filled = numbers
+        out.append(
+            replace(
+                turn,
+                recorded_reused=rec_reused,
+                recorded_prefilled=rec_filled,
+                replayed_reused=new_reused,
+                replayed_prefilled=new_filled,
+            )
+        )
+    return out
+
+
 def core_for_record(
     counter: TokenCounter, record: Mapping[str, Any], overrides: ReplayOverrides
 ) -> GuardCore:
@@ -166,18 +226,45 @@ def core_for_record(
     start_on_user = overrides.start_on_user
     if start_on_user is None:
         start_on_user = bool(policy.get("start_on_user", False))
+    recorded_low = policy.get("low_water", 0.5)
     config = GuardConfig(
         max_window_messages=window,
         degrade_tool_results=bool(policy.get("degrade_tool_results", True)),
         summary_role=policy.get("summary_role", "system"),
         start_on_user=start_on_user,
+        window_policy=overrides.window_policy or policy.get("window_policy", "sliding"),
+        low_water=overrides.low_water if overrides.low_water is not None else recorded_low,
     )
     return GuardCore(counter, config)
+
+
+def walked_fetch(
+    seen: Sequence[StoredMessage], summary: Summary | None, counter: TokenCounter, budget: int
+) -> WindowFetch:
+    """The fetch the store would have answered: its budget walk over the history.
+
+    The stable policy decides from what a fetch holds (see :mod:`ctxguard.guard.stable`),
+    so a replay walks back as the store does (unknown counts counted now) instead of
+    handing it the whole history.
+    """
+    counted = [
+        s if s.tokens is not None else replace(s, tokens=counter.count_message(s.message))
+        for s in seen
+    ]
+    costs = ((s.seq, s.tokens or 0) for s in reversed(counted))
+    first = walk_back(costs, len(counted), budget, 1)[0]
+    now = seen[-1].message.created_at if seen else Message(role="user", content="").created_at
+    total = sum([s.tokens or 0 for s in counted])
+    info = SessionInfo("replay", len(seen), total, counter.fingerprint, now, now, None, 0)
+    pinned = tuple(s for s in counted[:first] if s.message.is_pinned_role)
+    stop = counted[first - 1].tokens if first > 0 else None
+    return WindowFetch(info, pinned, tuple(counted[first:]), summary, first == 0, None, None, stop)
 
 
 def _full_fetch(
     seen: Sequence[StoredMessage], summary: Summary | None, counter: TokenCounter
 ) -> WindowFetch:
     now = seen[-1].message.created_at if seen else Message(role="user", content="").created_at
-    info = SessionInfo("replay", len(seen), 0, counter.fingerprint, now, now, None, 0)
+    total = sum([s.tokens or 0 for s in seen])
+    info = SessionInfo("replay", len(seen), total, counter.fingerprint, now, now, None, 0)
     return WindowFetch(info, (), tuple(seen), summary, True)

@@ -44,10 +44,16 @@ window it sends: every counter refuses there exactly what ``count_request`` refu
 (mistral_common's checks without encoding text; the Jinja template without tokenizing;
 a vLLM server's /tokenize; nothing for the tiktoken rule and ``approx``).
 
+Prefix stability (:func:`prefix_probes`): whether a template renders earlier turns
+the same once later turns follow, so the server's prefix cache can reuse them. Qwen3
+breaks it by itself when a reply carried a ``<think>`` block (dropped from earlier
+turns), so each such reply and everything after it is prefilled again.
+
 Importing this package imports no tokenizer library; each loader imports its own.
 """
 
 from ctxguard.tokens._protocol import TokenCounter, Tools
 from ctxguard.tokens.loader import SPEC_FORMS, load_counter
+from ctxguard.tokens.prompt_ids import prefix_probes, prompt_ids
 
-__all__ = ["SPEC_FORMS", "TokenCounter", "Tools", "load_counter"]
+__all__ = ["SPEC_FORMS", "TokenCounter", "Tools", "load_counter", "prefix_probes", "prompt_ids"]

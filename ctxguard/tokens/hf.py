@@ -107,6 +107,16 @@ class HFRenderer:
         ids = self._apply(conversation, tools, tokenize=True)
         return len(ids)
 
+    def ids(self, conversation: Sequence[Dict], tools: Tools | None = None) -> list[int]:
+        """The rendered prompt's token ids (what the server prefills)."""
+        return [int(i) for i in self._apply(conversation, tools, tokenize=True)]
+
+    def reply_ids(self, text: str) -> list[int]:
+        """A reply's ids as generated: its text, then the end-of-turn token."""
+        ids = [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
+        eos = self.tokenizer.eos_token_id
+        return [*ids, int(eos)] if isinstance(eos, int) else ids
+
     def render_text(self, conversation: Sequence[Dict], tools: Tools | None = None) -> str:
         return str(self._apply(conversation, tools, tokenize=False))
 

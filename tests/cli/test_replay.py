@@ -84,3 +84,27 @@ def test_replay_shows_which_windows_now_start_on_a_user_turn(
     assert changed and all(t["recorded_start"] == "assistant" for t in changed)
     table = run("replay", "greedy", "--start-on-user")
     assert "assistant → user" in table.stdout
+
+
+def test_replay_shows_the_prefix_model_for_the_recorded_and_the_stable_policy(
+    run: Cli, sessions: None
+) -> None:
+    ids = ("--counter", "tiktoken:cl100k_base")  # the sessions' approx counter has no ids
+    assert all(t["recorded_prefilled"] is None for t in run.json("replay", CHAT))
+    turns = run.json("replay", CHAT, *ids, "--policy", "stable", "--low-water", "0.5")
+    assert all(t["error"] is None for t in turns)
+    for t in turns:
+        for key in ("recorded_reused", "recorded_prefilled", "replayed_reused"):
+            assert isinstance(t[key], int)
+        assert t["replayed_reused"] + t["replayed_prefilled"] == t["replayed_tokens"]
+    recorded = sum(t["recorded_prefilled"] for t in turns[1:])
+    stable = sum(t["replayed_prefilled"] for t in turns[1:])
+    assert stable < recorded  # the recorded sliding window dropped messages: it re-prefilled
+    table = run("replay", CHAT, *ids, "--policy", "stable")
+    assert table.exit_code == 0 and "prefilled" in table.stdout
+
+
+@pytest.mark.parametrize("bad", ["1.5", "-3", "half"])
+def test_a_bad_low_water_is_refused(run: Cli, sessions: None, bad: str) -> None:
+    result = run("replay", CHAT, "--policy", "stable", "--low-water", bad)
+    assert result.exit_code == 2 and "--low-water" in result.stderr
