@@ -9,6 +9,7 @@ reason (``None`` when the reply finished).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -32,7 +33,7 @@ class StreamRelay:
         self.assembler = ReplyAssembler()
         self.splitter = EventSplitter()
         self.attempt = uuid.uuid4().hex
-        self.error: str | None = None
+        self.held = b""
 
     def events_of(self, data: bytes) -> list[bytes]:
         """The events to forward from one upstream read."""
@@ -46,6 +47,9 @@ class StreamRelay:
                 and not chunk.get("choices")
                 and chunk.get("usage") is not None
             ):
+                continue
+            if self.assembler.done and payload is not None and payload.strip() == "[DONE]":
+                self.held = event  # sent once the reply is stored
                 continue
             out.append(event)
         return out
@@ -82,22 +86,27 @@ class RelayResponse(Response):
                 group.cancel_scope.cancel()
         with anyio.CancelScope(shield=True):
             await self.relay.upstream.aclose()
-            await self.finish(reason)
+            await self.finish(reason)  # stored before the client sees [DONE]
+            if reason != "client_disconnected":
+                with contextlib.suppress(OSError):
+                    tail = self.relay.held + self.relay.splitter.rest()
+                    if tail.strip():
+                        await send({"type": "http.response.body", "body": tail, "more_body": True})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _stream(self, send: Send) -> str | None:
+        """Start the response and relay every event but ``[DONE]``; the reason it ended."""
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
         relay = self.relay
-        reason: str | None = None
         try:
             async for data in relay.upstream.aiter_raw():
                 for event in relay.events_of(data):
                     await send({"type": "http.response.body", "body": event, "more_body": True})
         except httpx.HTTPError as exc:
-            reason = (
-                "upstream_timeout" if isinstance(exc, httpx.TimeoutException) else "upstream_lost"
-            )
+            timed_out = isinstance(exc, httpx.TimeoutException)
+            reason = "upstream_timeout" if timed_out else "upstream_lost"
             error = {
                 "error": {
                     "message": f"the model server stopped mid-stream ({type(exc).__name__})",
@@ -106,15 +115,9 @@ class RelayResponse(Response):
                     "code": reason,
                 }
             }
-            body = b"data: " + json.dumps(error).encode() + b"\n\n"
-            await send({"type": "http.response.body", "body": body, "more_body": True})
-        rest = relay.splitter.rest()
-        if rest.strip():
-            await send({"type": "http.response.body", "body": rest, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        if reason is None and not relay.assembler.finished:
-            reason = "upstream_ended"
-        return reason
+            relay.held = b"data: " + json.dumps(error).encode() + b"\n\n"
+            return reason
+        return None if relay.assembler.finished else "upstream_ended"
 
 
 def relay_response(relay: StreamRelay, finish: Finish, headers: Mapping[str, str]) -> RelayResponse:
