@@ -189,8 +189,8 @@ def test_session_id_sources_in_order(gateway: str, stored: Stored) -> None:
 def test_tenants_are_separate(gateway: str, stored: Stored) -> None:
     chat(gateway, "for acme", headers={"X-Tenant": "acme"})
     chat(gateway, "for globex", headers={"X-Tenant": "globex"})
-    assert [m["content"] for m in stored("s1", "acme")][0] == "for acme"
-    assert [m["content"] for m in stored("s1", "globex")][0] == "for globex"
+    assert stored("s1", "acme")[0]["content"] == "for acme"
+    assert stored("s1", "globex")[0]["content"] == "for globex"
     assert stored("s1") == []
 
 

@@ -113,9 +113,7 @@ class FakeVLLM:
                 f"you requested {prompt + max_tokens} tokens"
             )
             return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
-        last = next(
-            (m for m in reversed(body["messages"]) if m["role"] in ("user", "tool")), {}
-        )
+        last = next((m for m in reversed(body["messages"]) if m["role"] in ("user", "tool")), {})
         text = str(last.get("content") or "")
         if "FAIL500" in text:
             return JSONResponse({"object": "error", "message": "engine died", "code": 500}, 500)
