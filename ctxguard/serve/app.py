@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -80,6 +81,14 @@ async def _ctxguard_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(error.body(), error.status)
 
 
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    error = ApiError(exc.status_code, str(exc.detail), code="not_found")
+    if exc.status_code == 405:
+        error = ApiError(405, f"{request.method} is not allowed here", code="method_not_allowed")
+    return JSONResponse(error.body(), exc.status_code)
+
+
 async def _unexpected(request: Request, exc: Exception) -> Response:
     # the type only: a message could quote a secret-bearing URL or header
     log.error("unexpected %s on %s %s", type(exc).__name__, request.method, request.url.path)
@@ -109,6 +118,7 @@ def create_app(config: ServeConfig) -> Starlette:
         ],
         exception_handlers={
             ApiError: _api_error,
+            HTTPException: _http_error,
             CtxGuardError: _ctxguard_error,
             Exception: _unexpected,
         },

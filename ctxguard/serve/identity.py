@@ -27,20 +27,28 @@ IDEMPOTENCY_HEADER = "idempotency-key"
 
 
 def session_id_of(headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str | None, str]:
-    """The session id and where it came from (for error messages); (None, "") if stateless."""
-    candidates: list[tuple[object, str]] = [(headers.get(SESSION_HEADER), "X-Session-Id")]
+    """The session id and where it came from (for error messages); (None, "") if stateless.
+
+    Every source present is checked, even when a higher one wins."""
     metadata = body.get("metadata")
-    if isinstance(metadata, Mapping):
-        candidates.append((metadata.get("session_id"), "metadata.session_id"))
-    candidates.append((body.get("user"), "user"))
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise bad_request("'metadata' must be an object of strings", param="metadata")
+    candidates: list[tuple[object, str]] = [
+        (headers.get(SESSION_HEADER), "X-Session-Id"),
+        ((metadata or {}).get("session_id"), "metadata.session_id"),
+        (body.get("user"), "user"),
+    ]
+    found: tuple[str | None, str] = (None, "")
     for value, where in candidates:
         if value is None or value == "":
             continue
         try:
-            return validate_id(value, f"session id ({where})"), where
+            checked = validate_id(value, f"session id ({where})")
         except InvalidIdError as exc:
             raise ApiError(400, str(exc), param=where, code="invalid_session_id") from None
-    return None, ""
+        if found[0] is None:
+            found = (checked, where)
+    return found
 
 
 def tenant_of(

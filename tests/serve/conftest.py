@@ -38,6 +38,7 @@ def vllm(vllm_server: FakeVLLM) -> FakeVLLM:
     vllm_server.max_model_len = 4096
     vllm_server.slow_seconds = 3.0
     vllm_server.stall_started.clear()
+    vllm_server.fail_status = None
     return vllm_server
 
 

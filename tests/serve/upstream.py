@@ -57,6 +57,7 @@ class FakeVLLM:
         self.cancelled = 0
         self.slow_seconds = 3.0
         self.tokenize_calls = 0
+        self.fail_status: int | None = None  # answer every chat request with this status
         self._lock = threading.Lock()
         self.stall_started = threading.Event()
         self.app = Starlette(
@@ -115,6 +116,9 @@ class FakeVLLM:
             return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
         last = next((m for m in reversed(body["messages"]) if m["role"] in ("user", "tool")), {})
         text = str(last.get("content") or "")
+        if self.fail_status is not None:
+            error = {"object": "error", "message": "engine unavailable", "code": self.fail_status}
+            return JSONResponse(error, self.fail_status)
         if "FAIL500" in text:
             return JSONResponse({"object": "error", "message": "engine died", "code": 500}, 500)
         if "SLOW" in text:
