@@ -58,6 +58,7 @@ class FakeVLLM:
         self.slow_seconds = 3.0
         self.tokenize_calls = 0
         self.fail_status: int | None = None  # answer every chat request with this status
+        self.stall_enabled = True  # False: STALL streams like any other reply
         self._lock = threading.Lock()
         self.stall_started = threading.Event()
         self.app = Starlette(
@@ -156,7 +157,9 @@ class FakeVLLM:
             )
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return StreamingResponse(
-            self.stream(reply, usage if include_usage else None, "STALL" in text),
+            self.stream(
+                reply, usage if include_usage else None, "STALL" in text and self.stall_enabled
+            ),
             media_type="text/event-stream",
         )
 
