@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ctxguard import Guard, PreparedRequest
-from ctxguard.errors import CtxGuardError
+from ctxguard.errors import ConflictError, CtxGuardError
 from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.gateway import Gateway, upstream_failure
@@ -33,6 +34,7 @@ from ctxguard.serve.openai_errors import ApiError, from_ctxguard
 from ctxguard.serve.relay import StreamRelay, relay_response
 
 CHAT_PATH = "/v1/chat/completions"
+PREPARE_ATTEMPTS = 4
 
 
 @dataclass
@@ -158,13 +160,7 @@ async def _fit_and_forward(
     gw: Gateway, turn: Turn, body: dict[str, Any], chat: ChatRequest
 ) -> Response:
     try:
-        turn.prepared = await gw.run(
-            turn.guard.prepare,
-            turn.session_id,
-            turn.messages,
-            max_tokens=chat.max_tokens,
-            tools=chat.tools,
-        )
+        turn.prepared = await _prepare(gw, turn, chat)
     finally:
         if not turn.stored:
             await gw.run(turn.guard.store.delete, turn.session_id)
@@ -204,6 +200,27 @@ async def _fit_and_forward(
     finally:
         turn.release()
     return Response(upstream.content, 200, headers, media_type="application/json")
+
+
+async def _prepare(gw: Gateway, turn: Turn, chat: ChatRequest) -> PreparedRequest:
+    """``Guard.prepare``, serialised per session within this worker (fewer lost races), and
+    tried again after a lost race (nothing was stored; the message ids make it safe)."""
+    lock = gw.session_lock(turn.guard.store, turn.session_id)
+    for attempt in range(PREPARE_ATTEMPTS):
+        try:
+            async with lock:
+                return await gw.run(
+                    turn.guard.prepare,
+                    turn.session_id,
+                    turn.messages,
+                    max_tokens=chat.max_tokens,
+                    tools=chat.tools,
+                )
+        except ConflictError:
+            if attempt + 1 == PREPARE_ATTEMPTS:
+                raise
+            await asyncio.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 async def _send(gw: Gateway, url: str, body: dict[str, Any], *, stream: bool) -> httpx.Response:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -56,6 +57,18 @@ class Gateway:
             headers=self.upstream_headers(),
         )
         self.inflight: dict[tuple[str | None, str, str], asyncio.Event] = {}
+        self._session_locks: weakref.WeakValueDictionary[tuple[int, str], asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def session_lock(self, store: object, session_id: str) -> asyncio.Lock:
+        """One lock per (store, session) in this worker, dropped when no request holds it."""
+        key = (id(store), session_id)
+        lock = self._session_locks.get(key)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._session_locks[key] = lock
+        return lock
 
     def upstream_headers(self) -> dict[str, str]:
         key = self.config.upstream_api_key
