@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ctxguard.errors import ConfigError
+from ctxguard.errors import ConfigError, InvalidIdError
 from ctxguard.ids import validate_name
 from ctxguard.stores.urls import redact_url
 
@@ -23,7 +23,7 @@ ENV_PREFIX = "CTXGUARD_SERVE_"
 CONFIG_ENV = "CTXGUARD_SERVE_CONFIG_JSON"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ServeConfig:
     """Everything ``ctxguard serve`` needs; every field but ``upstream`` has a default.
 
@@ -77,13 +77,20 @@ class ServeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
-        for name in ("namespace", "tenant"):
-            if getattr(self, name) is not None:
-                validate_name(getattr(self, name), name)
         if not isinstance(self.api_keys, Mapping):
             raise ConfigError("api_keys must be a table of key = tenant")
-        for tenant in self.api_keys.values():
-            validate_name(tenant, "tenant of an API key")
+        names = [(self.namespace, "namespace"), (self.tenant, "tenant")]
+        names += [(t, "tenant of an API key") for t in self.api_keys.values()]
+        for value, what in names:
+            if value is not None:
+                try:
+                    validate_name(value, what)
+                except InvalidIdError as exc:
+                    raise ConfigError(str(exc)) from None
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.describe().items())
+        return f"ServeConfig({shown})"
 
     @property
     def counter_spec(self) -> str:
