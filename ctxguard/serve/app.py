@@ -25,6 +25,7 @@ from ctxguard.serve.config import CONFIG_ENV, ServeConfig
 from ctxguard.serve.gateway import Gateway, upstream_failure
 from ctxguard.serve.inbound import read_json
 from ctxguard.serve.openai_errors import ApiError, from_ctxguard
+from ctxguard.serve.responses import create_response, get_response
 
 log = logging.getLogger("ctxguard.serve")
 
@@ -112,6 +113,8 @@ def create_app(config: ServeConfig) -> Starlette:
     return Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/responses", create_response, methods=["POST"]),
+            Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/health", health, methods=["GET"]),

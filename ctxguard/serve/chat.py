@@ -51,10 +51,15 @@ class Turn:
     key: tuple[str | None, str, str] | None = None
     prepared: PreparedRequest | None = field(default=None)
 
-    async def complete(self, reply: dict[str, Any], usage: dict[str, Any] | None) -> None:
+    async def complete(
+        self,
+        reply: dict[str, Any],
+        usage: dict[str, Any] | None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
         if not self.stored:
             return
-        message = Message.from_openai(reply, id=self.reply_id)
+        message = Message.from_openai(reply, id=self.reply_id, metadata=metadata)
         usage = usage if isinstance(usage, dict) else None
         await self.gateway.run(
             self.guard.complete, self.session_id, message, prepared=self.prepared, usage=usage
@@ -101,7 +106,7 @@ async def chat_completions(request: Request) -> Response:
     tenant = identity.tenant_of(headers, gw.config.api_keys, gw.config.tenant)
     session_id, where = identity.session_id_of(headers, body)
     try:
-        turn, replay = await _open_turn(gw, tenant, session_id, chat, headers)
+        turn, replay = await open_turn(gw, tenant, session_id, chat, headers)
         if replay is not None:
             return replay_response(replay, body, chat.stream)
         try:
@@ -113,7 +118,7 @@ async def chat_completions(request: Request) -> Response:
         raise from_ctxguard(exc, session_param=where or "X-Session-Id") from None
 
 
-async def _open_turn(
+async def open_turn(
     gw: Gateway,
     tenant: str | None,
     session_id: str | None,
@@ -160,7 +165,7 @@ async def _fit_and_forward(
     gw: Gateway, turn: Turn, body: dict[str, Any], chat: ChatRequest
 ) -> Response:
     try:
-        turn.prepared = await _prepare(gw, turn, chat)
+        turn.prepared = await prepare(gw, turn, chat)
     finally:
         if not turn.stored:
             await gw.run(turn.guard.store.delete, turn.session_id)
@@ -181,14 +186,14 @@ async def _fit_and_forward(
         if not options.get("include_usage"):
             out["stream_options"] = {**options, "include_usage": True}
             drop_usage = True
-        upstream = await _send(gw, url, out, stream=True)
+        upstream = await send_upstream(gw, url, out, stream=True)
         relay = StreamRelay(upstream, drop_usage)
         return relay_response(relay, lambda reason: _finish_stream(turn, relay, reason), headers)
     try:
-        upstream = await _send(gw, url, out, stream=False)
+        upstream = await send_upstream(gw, url, out, stream=False)
         try:
             data = upstream.json()
-            reply = _reply_of(data)
+            reply = reply_of(data)
         except (ValueError, KeyError, TypeError, IndexError):
             raise ApiError(
                 502,
@@ -202,7 +207,7 @@ async def _fit_and_forward(
     return Response(upstream.content, 200, headers, media_type="application/json")
 
 
-async def _prepare(gw: Gateway, turn: Turn, chat: ChatRequest) -> PreparedRequest:
+async def prepare(gw: Gateway, turn: Turn, chat: ChatRequest) -> PreparedRequest:
     """``Guard.prepare``, serialised per session within this worker (fewer lost races), and
     tried again after a lost race (nothing was stored; the message ids make it safe)."""
     lock = gw.session_lock(turn.guard.store, turn.session_id)
@@ -223,7 +228,9 @@ async def _prepare(gw: Gateway, turn: Turn, chat: ChatRequest) -> PreparedReques
     raise AssertionError("unreachable")
 
 
-async def _send(gw: Gateway, url: str, body: dict[str, Any], *, stream: bool) -> httpx.Response:
+async def send_upstream(
+    gw: Gateway, url: str, body: dict[str, Any], *, stream: bool
+) -> httpx.Response:
     """POST upstream; failures become OpenAI-shaped 502/504 (and upstream 4xx pass through)."""
     try:
         request = gw.client.build_request("POST", url, json=body)
@@ -261,7 +268,7 @@ def _upstream_message(response: httpx.Response) -> str:
     return str(error)[:300]
 
 
-def _reply_of(data: dict[str, Any]) -> dict[str, Any]:
+def reply_of(data: dict[str, Any]) -> dict[str, Any]:
     message = data["choices"][0]["message"]
     reply: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
     if message.get("tool_calls"):
