@@ -101,6 +101,8 @@ class ServeConfig:
         data = asdict(self)
         data["url"] = redact_url(self.url)
         data["upstream"] = redact_url(self.upstream)
+        if self.counter is not None:
+            data["counter"] = redact_url(self.counter)
         data["api_keys"] = f"{len(self.api_keys)} keys"
         data["upstream_api_key"] = "***" if self.upstream_api_key else None
         return data

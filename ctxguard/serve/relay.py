@@ -25,34 +25,51 @@ Finish = Callable[[str | None], Awaitable[None]]
 
 
 class StreamRelay:
-    """Upstream bytes in, client events out; the reply assembled on the way."""
+    """Upstream bytes in, client events out. Chunks are kept as text and parsed once, when
+    the reply is assembled after the stream (nothing but a substring test per event on the
+    way, so relaying costs little more than copying)."""
 
     def __init__(self, upstream: httpx.Response, drop_usage: bool) -> None:
         self.upstream = upstream
         self.drop_usage = drop_usage
-        self.assembler = ReplyAssembler()
+        self.payloads: list[str] = []
         self.splitter = EventSplitter()
         self.attempt = uuid.uuid4().hex
         self.held = b""
+        self._assembler: ReplyAssembler | None = None
 
     def events_of(self, data: bytes) -> list[bytes]:
         """The events to forward from one upstream read."""
         out: list[bytes] = []
         for event in self.splitter.feed(data):
             payload = event_data(event)
-            chunk = self.assembler.add(payload) if payload is not None else None
-            if (
-                self.drop_usage
-                and chunk is not None
-                and not chunk.get("choices")
-                and chunk.get("usage") is not None
-            ):
-                continue
-            if self.assembler.done and payload is not None and payload.strip() == "[DONE]":
-                self.held = event  # sent once the reply is stored
-                continue
+            if payload is not None:
+                if payload.strip() == "[DONE]":
+                    self.payloads.append(payload)
+                    self.held = event  # sent once the reply is stored
+                    continue
+                self.payloads.append(payload)
+                if self.drop_usage and '"usage"' in payload and _usage_only(payload):
+                    continue
             out.append(event)
         return out
+
+    @property
+    def assembler(self) -> ReplyAssembler:
+        """The reply folded from every chunk so far (parsed once, on first use)."""
+        if self._assembler is None:
+            self._assembler = ReplyAssembler()
+            for payload in self.payloads:
+                self._assembler.add(payload)
+        return self._assembler
+
+
+def _usage_only(payload: str) -> bool:
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        return False
+    return isinstance(chunk, dict) and not chunk.get("choices") and chunk.get("usage") is not None
 
 
 class RelayResponse(Response):

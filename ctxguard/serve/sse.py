@@ -17,9 +17,14 @@ class EventSplitter:
 
     def __init__(self) -> None:
         self._buffer = b""
+        self._cr = b""  # a trailing CR, until we know whether LF follows
 
     def feed(self, data: bytes) -> list[bytes]:
-        self._buffer += data.replace(b"\r\n", b"\n")
+        """Line ends (CRLF, CR, LF, as SSE allows) are normalised to LF."""
+        data, self._cr = self._cr + data, b""
+        if data.endswith(b"\r"):
+            data, self._cr = data[:-1], b"\r"
+        self._buffer += data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         events: list[bytes] = []
         while True:
             end = self._buffer.find(b"\n\n")
@@ -29,7 +34,7 @@ class EventSplitter:
             self._buffer = self._buffer[end + 2 :]
 
     def rest(self) -> bytes:
-        out, self._buffer = self._buffer, b""
+        out, self._buffer, self._cr = self._buffer + self._cr, b"", b""
         return out
 
 

@@ -77,9 +77,10 @@ def test_secrets_never_show() -> None:
         url="redis://:store-pw@redis:6379/0",
         api_keys={"sk-client": "acme"},
         upstream_api_key="sk-upstream",
+        counter="vllm:http://user:counter-pw@vllm:8000",
     )
     for text in (repr(config), json.dumps(config.describe())):
-        for secret in ("up-pw", "store-pw", "sk-client", "sk-upstream"):
+        for secret in ("up-pw", "store-pw", "sk-client", "sk-upstream", "counter-pw"):
             assert secret not in text
     assert ServeConfig.from_json(config.to_json()) == config
 
