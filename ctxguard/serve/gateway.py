@@ -19,9 +19,18 @@ from typing import Any, ParamSpec, TypeVar
 import anyio.to_thread
 import httpx
 
-from ctxguard import Guard, LimitSource, ServerLimit, StaticLimit, TokenCounter, load_counter
-from ctxguard.errors import CtxGuardError, TokenizerError
+from ctxguard import (
+    ContextLimit,
+    Guard,
+    LimitSource,
+    ServerLimit,
+    StaticLimit,
+    TokenCounter,
+    load_counter,
+)
+from ctxguard.errors import ConfigError, CtxGuardError, TokenizerError
 from ctxguard.serve.config import ServeConfig
+from ctxguard.serve.openai_errors import ApiError
 from ctxguard.stores.urls import redact_url
 
 P = ParamSpec("P")
@@ -44,11 +53,13 @@ class Gateway:
         self.limit_source: LimitSource = (
             StaticLimit(config.limit)
             if config.limit is not None
-            else ServerLimit(
-                self.upstream,
-                model=config.model,
-                timeout=config.connect_timeout,
-                headers=self.upstream_headers(),
+            else UpstreamLimit(
+                ServerLimit(
+                    self.upstream,
+                    model=config.model,
+                    timeout=config.connect_timeout,
+                    headers=self.upstream_headers(),
+                )
             )
         )
         self.client = httpx.AsyncClient(
@@ -156,6 +167,35 @@ class Gateway:
         for guard in [*self._guards.values(), self._stateless]:
             if guard is not None:
                 await self.run(guard.close)
+
+
+class UpstreamLimit:
+    """The upstream's ``/v1/models`` limit; an upstream that cannot say is a 502 (the
+    gateway's fault would be a 500), raised before anything is stored."""
+
+    def __init__(self, inner: ServerLimit) -> None:
+        self.inner = inner
+
+    def resolve(self) -> ContextLimit:
+        try:
+            return self.inner.resolve()
+        except ConfigError as exc:
+            raise _limit_unknown(exc) from None
+
+    async def aresolve(self) -> ContextLimit:
+        try:
+            return await self.inner.aresolve()
+        except ConfigError as exc:
+            raise _limit_unknown(exc) from None
+
+
+def _limit_unknown(exc: ConfigError) -> ApiError:
+    return ApiError(
+        502,
+        f"cannot read the model's context limit from the upstream: {exc}",
+        type="upstream_error",
+        code="upstream_unavailable",
+    )
 
 
 def upstream_failure(exc: Exception, where: str) -> tuple[int, str, str]:

@@ -228,3 +228,20 @@ def test_unknown_routes_and_methods_are_openai_shaped(gateway: str) -> None:
     wrong = httpx.get(gateway + URL, timeout=30)
     assert wrong.status_code == 405
     assert error_of(wrong)
+
+
+def test_an_upstream_that_cannot_say_its_limit_is_a_502_and_nothing_is_stored(
+    start_gateway: Callable[..., str],
+    redis_url: str,
+    namespace: str,
+    vllm: FakeVLLM,
+    stored: Stored,
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    gateway = start_gateway(
+        upstream=dead, counter=f"vllm:{vllm.url}", url=redis_url, namespace=namespace
+    )
+    response = chat(gateway, "what is your limit?")
+    assert response.status_code == 502
+    assert error_of(response)["code"] == "upstream_unavailable"
+    assert stored("s1") == []
