@@ -141,8 +141,7 @@ async def open_turn(
                 await asyncio.wait_for(event.wait(), gw.config.upstream_timeout)
         gw.inflight[token] = asyncio.Event()
     else:
-        stored = await gw.run(guard.store.read_last, session_id, window)
-        anchor = identity.anchor_of([(s.message.id, s.message.role) for s in stored], window)
+        anchor = await gw.run(_anchor, guard, session_id, window)
         token = None
     ids = identity.message_ids(tenant, session_id, anchor, chat.messages)
     rid = identity.reply_id(ids, anchor)
@@ -159,6 +158,16 @@ async def open_turn(
                 turn.release()
                 return turn, item.message
     return turn, None
+
+
+def _anchor(guard: Guard, session_id: str, window: int) -> str:
+    """The newest stored reply's id (a few messages read; ``window`` only if none is there)."""
+    for count in (min(8, window), window):
+        stored = guard.store.read_last(session_id, count)
+        anchor = identity.anchor_of([(s.message.id, s.message.role) for s in stored], count)
+        if not anchor.startswith("o:") or count == window:
+            return anchor
+    raise AssertionError("unreachable")
 
 
 async def _fit_and_forward(
