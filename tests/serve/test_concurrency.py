@@ -7,63 +7,18 @@ that client's view (other clients of the same session interleave)."""
 from __future__ import annotations
 
 import concurrent.futures
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from faults.servers import free_port
 
 from ctxguard import Guard
 
+from .processes import CliGateway
 from .upstream import FakeVLLM
 
 CLIENTS, TURNS, SESSIONS, WORKERS = 32, 50, 8, 4
 RESERVE = 64
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class CliGateway:
-    """``ctxguard serve`` in a child process (uvicorn with worker processes)."""
-
-    def __init__(self, *args: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        command = [sys.executable, "-c", "from ctxguard.cli import main; main()", "serve"]
-        self.proc = subprocess.Popen(
-            [*command, "--port", str(self.port), *args],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"ctxguard serve exited: {self.proc.stderr.read()!r}")  # type: ignore[union-attr]
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("ctxguard serve did not become healthy")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
 
 
 @pytest.fixture(params=["redis_url", "cluster_url"])
