@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ctxguard import Guard, PreparedRequest
-from ctxguard.errors import ConflictError, CtxGuardError
+from ctxguard.errors import ConflictError, CtxGuardError, TemplateRefusedError, TokenizerError
 from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.gateway import Gateway, upstream_failure
@@ -218,7 +218,8 @@ async def _fit_and_forward(
 
 async def prepare(gw: Gateway, turn: Turn, chat: ChatRequest) -> PreparedRequest:
     """``Guard.prepare``, serialised per session within this worker (fewer lost races), and
-    tried again after a lost race (nothing was stored; the message ids make it safe)."""
+    tried again after a lost race or a failed count (nothing was stored; the message ids
+    make it safe anyway)."""
     lock = gw.session_lock(turn.guard.store, turn.session_id)
     for attempt in range(PREPARE_ATTEMPTS):
         try:
@@ -234,6 +235,13 @@ async def prepare(gw: Gateway, turn: Turn, chat: ChatRequest) -> PreparedRequest
             if attempt + 1 == PREPARE_ATTEMPTS:
                 raise
             await asyncio.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
+        except TemplateRefusedError:
+            raise
+        except TokenizerError:
+            # the upstream's /tokenize dropped a kept-alive connection: counting comes
+            # before any write, so one more try is safe
+            if attempt > 0:
+                raise
     raise AssertionError("unreachable")
 
 
