@@ -61,9 +61,23 @@ class Turn:
             return
         message = Message.from_openai(reply, id=self.reply_id, metadata=metadata)
         usage = usage if isinstance(usage, dict) else None
-        await self.gateway.run(
-            self.guard.complete, self.session_id, message, prepared=self.prepared, usage=usage
-        )
+        for attempt in (0, 1):
+            try:
+                await self.gateway.run(
+                    self.guard.complete,
+                    self.session_id,
+                    message,
+                    prepared=self.prepared,
+                    usage=usage,
+                )
+                return
+            except TemplateRefusedError:
+                raise
+            except TokenizerError:
+                # counting the reply failed before anything was written; the reply's id
+                # makes a repeated complete store nothing twice anyway
+                if attempt:
+                    raise
 
     async def record_partial(self, relay: StreamRelay, reason: str) -> None:
         """An audit record for a reply that did not finish (nothing appended)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -20,6 +21,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from ctxguard.serve.sse import EventSplitter, ReplyAssembler, event_data
+
+log = logging.getLogger("ctxguard.serve")
 
 Finish = Callable[[str | None], Awaitable[None]]
 
@@ -103,7 +106,15 @@ class RelayResponse(Response):
                 group.cancel_scope.cancel()
         with anyio.CancelScope(shield=True):
             await self.relay.upstream.aclose()
-            await self.finish(reason)  # stored before the client sees [DONE]
+            try:
+                await self.finish(reason)  # stored before the client sees [DONE]
+            except Exception as exc:  # the client already has a 200: say it in the stream
+                log.error("storing a streamed reply failed: %s", type(exc).__name__)
+                self.relay.held = _error_event(
+                    f"the reply could not be stored ({type(exc).__name__}); retrying the "
+                    "request is safe",
+                    "reply_not_stored",
+                )
             if reason != "client_disconnected":
                 with contextlib.suppress(OSError):
                     tail = self.relay.held + self.relay.splitter.rest()
@@ -124,17 +135,16 @@ class RelayResponse(Response):
         except httpx.HTTPError as exc:
             timed_out = isinstance(exc, httpx.TimeoutException)
             reason = "upstream_timeout" if timed_out else "upstream_lost"
-            error = {
-                "error": {
-                    "message": f"the model server stopped mid-stream ({type(exc).__name__})",
-                    "type": "upstream_error",
-                    "param": None,
-                    "code": reason,
-                }
-            }
-            relay.held = b"data: " + json.dumps(error).encode() + b"\n\n"
+            relay.held = _error_event(
+                f"the model server stopped mid-stream ({type(exc).__name__})", reason
+            )
             return reason
         return None if relay.assembler.finished else "upstream_ended"
+
+
+def _error_event(message: str, code: str) -> bytes:
+    error = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
+    return b"data: " + json.dumps(error).encode() + b"\n\n"
 
 
 def relay_response(relay: StreamRelay, finish: Finish, headers: Mapping[str, str]) -> RelayResponse:

@@ -245,3 +245,27 @@ def test_an_upstream_that_cannot_say_its_limit_is_a_502_and_nothing_is_stored(
     assert response.status_code == 502
     assert error_of(response)["code"] == "upstream_unavailable"
     assert stored("s1") == []
+
+
+def test_a_store_failure_after_a_stream_started_ends_the_stream_with_an_error_event(
+    start_gateway: Callable[..., str], vllm: FakeVLLM, tmp_path: Path
+) -> None:
+    import concurrent.futures
+
+    from .test_chat import sse_chunks
+    from .test_retries import wait_until
+
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        gateway = start_gateway(url=server.url, namespace="late")
+        vllm.slow_seconds = 1.0
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(chat, gateway, "SLOW reply", stream=True)
+            wait_until(lambda: len(vllm.requests) == 1, "the request upstream")
+            server.stop()  # the reply cannot be stored now
+            response = pending.result()
+        assert response.status_code == 200
+        assert sse_chunks(response)[-1]["error"]["code"] == "reply_not_stored"
+        assert "data: [DONE]" not in response.text
+    finally:
+        server.stop(kill=True)
