@@ -25,7 +25,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ctxguard import Guard, PreparedRequest
-from ctxguard.errors import ConflictError, CtxGuardError, TemplateRefusedError, TokenizerError
+from ctxguard.errors import (
+    ConflictError,
+    CtxGuardError,
+    StoreError,
+    TemplateRefusedError,
+    TokenizerError,
+)
 from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.gateway import Gateway, upstream_failure
@@ -78,6 +84,25 @@ class Turn:
                 # makes a repeated complete store nothing twice anyway
                 if attempt:
                     raise
+
+    async def store_reply(
+        self,
+        reply: dict[str, Any],
+        usage: dict[str, Any] | None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """:meth:`complete` for a non-streaming answer: a failure is a 503 that says the
+        model did answer (a retry is safe: the same ids are stored once)."""
+        try:
+            await self.complete(reply, usage, metadata)
+        except CtxGuardError as exc:
+            raise ApiError(
+                503 if isinstance(exc, StoreError) else 502,
+                f"the model answered but the reply could not be stored ({type(exc).__name__}: "
+                f"{exc}); retrying the request is safe",
+                type="server_error",
+                code="reply_not_stored",
+            ) from None
 
     async def record_partial(self, relay: StreamRelay, reason: str) -> None:
         """An audit record for a reply that did not finish (nothing appended)."""
@@ -224,7 +249,7 @@ async def _fit_and_forward(
                 type="upstream_error",
                 code="upstream_bad_reply",
             ) from None
-        await turn.complete(reply, data.get("usage"))
+        await turn.store_reply(reply, data.get("usage"))
     finally:
         turn.release()
     return Response(upstream.content, 200, headers, media_type="application/json")

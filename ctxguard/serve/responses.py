@@ -284,7 +284,7 @@ async def _forward(
         "conversation": conversation,
         "store": turn.stored,
     }
-    await turn.complete(reply, metadata["usage"], metadata)
+    await turn.store_reply(reply, metadata["usage"], metadata)
     message = Message.from_openai(reply, id=turn.reply_id or "stateless", metadata=metadata)
     return JSONResponse(response_object(message, rid))
 

@@ -247,8 +247,9 @@ def test_an_upstream_that_cannot_say_its_limit_is_a_502_and_nothing_is_stored(
     assert stored("s1") == []
 
 
-def test_a_store_failure_after_a_stream_started_ends_the_stream_with_an_error_event(
-    start_gateway: Callable[..., str], vllm: FakeVLLM, tmp_path: Path
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reply_that_cannot_be_stored_says_so(
+    start_gateway: Callable[..., str], vllm: FakeVLLM, tmp_path: Path, stream: bool
 ) -> None:
     import concurrent.futures
 
@@ -260,12 +261,18 @@ def test_a_store_failure_after_a_stream_started_ends_the_stream_with_an_error_ev
         gateway = start_gateway(url=server.url, namespace="late")
         vllm.slow_seconds = 1.0
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            pending = pool.submit(chat, gateway, "SLOW reply", stream=True)
+            pending = pool.submit(chat, gateway, "SLOW reply", stream=stream)
             wait_until(lambda: len(vllm.requests) == 1, "the request upstream")
             server.stop()  # the reply cannot be stored now
             response = pending.result()
-        assert response.status_code == 200
-        assert sse_chunks(response)[-1]["error"]["code"] == "reply_not_stored"
-        assert "data: [DONE]" not in response.text
+        if stream:  # the client has its 200 already: the stream ends with an error event
+            assert response.status_code == 200
+            assert sse_chunks(response)[-1]["error"]["code"] == "reply_not_stored"
+            assert "data: [DONE]" not in response.text
+        else:
+            assert response.status_code == 503
+            error = error_of(response)
+            assert error["code"] == "reply_not_stored"
+            assert "model answered" in error["message"]
     finally:
         server.stop(kill=True)
