@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from ctxguard import Guard, PreparedRequest
 from ctxguard.errors import (
@@ -38,6 +36,7 @@ from ctxguard.serve.gateway import Gateway, upstream_failure
 from ctxguard.serve.inbound import ChatRequest, parse_chat, read_json
 from ctxguard.serve.openai_errors import ApiError, from_ctxguard
 from ctxguard.serve.relay import StreamRelay, relay_response
+from ctxguard.serve.replay import replay_response
 
 CHAT_PATH = "/v1/chat/completions"
 PREPARE_ATTEMPTS = 4
@@ -353,43 +352,3 @@ async def _finish_stream(turn: Turn, relay: StreamRelay, reason: str | None) -> 
             await turn.record_partial(relay, reason)
     finally:
         turn.release()
-
-
-def replay_response(reply: Message, body: dict[str, Any], stream: bool) -> Response:
-    """The recorded reply for a repeated Idempotency-Key, in the shape the client asked."""
-    message = reply.to_openai()
-    finish = "tool_calls" if message.get("tool_calls") else "stop"
-    base = {
-        "id": "chatcmpl-" + reply.id,
-        "created": int(reply.created_at.timestamp()),
-        "model": str(body.get("model", "")),
-    }
-    headers = {"Idempotent-Replayed": "true"}
-    if not stream:
-        payload = {
-            **base,
-            "object": "chat.completion",
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": None,
-        }
-        return JSONResponse(payload, headers=headers)
-    delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-    if message.get("tool_calls"):
-        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
-    chunks = [
-        {**base, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]},
-        {
-            **base,
-            "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": {}, "finish_reason": finish}],
-        },
-    ]
-
-    async def events() -> AsyncIterator[bytes]:
-        for chunk in chunks:
-            yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
-        yield b"data: [DONE]\n\n"
-
-    from starlette.responses import StreamingResponse
-
-    return StreamingResponse(events(), headers=headers, media_type="text/event-stream")
