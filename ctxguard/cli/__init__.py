@@ -38,3 +38,7 @@ cli.add_command(import_command)
 cli.add_command(delete_command)
 cli.add_command(repair_command)
 cli.add_command(report_command)
+
+from ctxguard.cli.serve import serve_command  # noqa: E402
+
+cli.add_command(serve_command)

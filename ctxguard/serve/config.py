@@ -1,0 +1,198 @@
+"""The gateway's settings: flags over environment variables over a TOML file over defaults.
+
+Pure data and parsing (no I/O but reading the TOML file); secrets (the upstream API key,
+the client API keys, a store password) never appear in ``repr`` or :meth:`describe`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ctxguard.errors import ConfigError, InvalidIdError
+from ctxguard.ids import validate_name
+from ctxguard.stores.urls import redact_url
+
+ENV_PREFIX = "CTXGUARD_SERVE_"
+# the whole config for worker processes (uvicorn --workers re-imports the app)
+CONFIG_ENV = "CTXGUARD_SERVE_CONFIG_JSON"
+
+
+@dataclass(frozen=True, repr=False)
+class ServeConfig:
+    """Everything ``ctxguard serve`` needs; every field but ``upstream`` has a default.
+
+    ``counter=None`` counts through the upstream's ``/tokenize`` (``vllm:<upstream>``);
+    ``limit=None`` reads the upstream's ``/v1/models`` ``max_model_len``.
+    ``api_keys`` maps a client's bearer key to its tenant; when set, every request
+    needs a known key. ``max_tokens`` is the output reserve (and the ``max_tokens``
+    forwarded) when a request gives none.
+    """
+
+    upstream: str
+    url: str = field(default="redis://localhost:6379/0", repr=False)
+    counter: str | None = None
+    limit: int | None = None
+    model: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: int = 1
+    namespace: str | None = None
+    tenant: str | None = None
+    api_keys: Mapping[str, str] = field(default_factory=dict, repr=False)
+    upstream_api_key: str | None = field(default=None, repr=False)
+    max_tokens: int = 1024
+    safety_margin: int = 0
+    ttl_seconds: int | None = None
+    max_body_bytes: int = 8 << 20
+    connect_timeout: float = 5.0
+    upstream_timeout: float = 600.0
+    idempotency_window: int = 64
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.upstream, str) or not self.upstream.startswith(
+            ("http://", "https://")
+        ):
+            raise ConfigError(
+                "upstream must be an http(s) URL such as http://vllm:8000, "
+                f"got {redact_url(str(self.upstream))!r}"
+            )
+        for name in ("port", "workers", "max_tokens", "max_body_bytes", "idempotency_window"):
+            value = getattr(self, name)
+            if type(value) is not int or value < (0 if name == "port" else 1):
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        if type(self.safety_margin) is not int or self.safety_margin < 0:
+            raise ConfigError(f"safety_margin must be a non-negative int, got {self.safety_margin}")
+        for name in ("limit", "ttl_seconds"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 1):
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        for name in ("connect_timeout", "upstream_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(self.api_keys, Mapping):
+            raise ConfigError("api_keys must be a table of key = tenant")
+        names = [(self.namespace, "namespace"), (self.tenant, "tenant")]
+        names += [(t, "tenant of an API key") for t in self.api_keys.values()]
+        for value, what in names:
+            if value is not None:
+                try:
+                    validate_name(value, what)
+                except InvalidIdError as exc:
+                    raise ConfigError(str(exc)) from None
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.describe().items())
+        return f"ServeConfig({shown})"
+
+    @property
+    def counter_spec(self) -> str:
+        return self.counter or f"vllm:{self.upstream}"
+
+    def describe(self) -> dict[str, Any]:
+        """The settings without secrets (for the startup log line and /health)."""
+        data = asdict(self)
+        data["url"] = redact_url(self.url)
+        data["upstream"] = redact_url(self.upstream)
+        if self.counter is not None:
+            data["counter"] = redact_url(self.counter)
+        data["api_keys"] = f"{len(self.api_keys)} keys"
+        data["upstream_api_key"] = "***" if self.upstream_api_key else None
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "api_keys": dict(self.api_keys)})
+
+    @classmethod
+    def from_json(cls, text: str) -> ServeConfig:
+        return cls(**json.loads(text))
+
+
+_TYPES: dict[str, type] = {
+    "limit": int,
+    "port": int,
+    "workers": int,
+    "max_tokens": int,
+    "safety_margin": int,
+    "ttl_seconds": int,
+    "max_body_bytes": int,
+    "idempotency_window": int,
+    "connect_timeout": float,
+    "upstream_timeout": float,
+}
+NAMES = tuple(f.name for f in fields(ServeConfig))
+
+
+def load_config(
+    flags: Mapping[str, Any],
+    *,
+    config_file: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ServeConfig:
+    """Merge (highest first) ``flags`` (None = not given), ``CTXGUARD_SERVE_*`` variables
+    (``CTXGUARD_SERVE_API_KEYS`` as ``key=tenant,key2=tenant2``), and the TOML file."""
+    env = os.environ if environ is None else environ
+    merged: dict[str, Any] = {}
+    if config_file is not None:
+        merged.update(_from_toml(Path(config_file)))
+    for name in NAMES:
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is not None and raw != "":
+            merged[name] = _from_text(name, raw)
+    if "url" not in merged and env.get("CTXGUARD_URL"):
+        merged["url"] = env["CTXGUARD_URL"]
+    merged.update({k: v for k, v in flags.items() if v is not None})
+    if "upstream" not in merged:
+        raise ConfigError(
+            "no upstream: pass --upstream http://vllm:8000 (or CTXGUARD_SERVE_UPSTREAM)"
+        )
+    return ServeConfig(**merged)
+
+
+def _from_text(name: str, raw: str) -> Any:
+    if name == "api_keys":
+        pairs = [p for p in raw.split(",") if p.strip()]
+        keys: dict[str, str] = {}
+        for pair in pairs:
+            key, sep, tenant = pair.partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(
+                    f"{ENV_PREFIX}API_KEYS takes key=tenant pairs separated by commas "
+                    f"(entry {len(keys) + 1} has no '=')"
+                )
+            keys[key.strip()] = tenant.strip()
+        return keys
+    kind = _TYPES.get(name)
+    if kind is None:
+        return raw
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{ENV_PREFIX}{name.upper()} must be a number, got {raw[:40]!r}"
+        ) from None
+
+
+def _from_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    section = data.get("serve", data)
+    if not isinstance(section, dict):
+        raise ConfigError(f"config file {path}: [serve] must be a table")
+    unknown = sorted(set(section) - set(NAMES))
+    if unknown:
+        raise ConfigError(
+            f"config file {path}: unknown setting {', '.join(unknown)}; known: {', '.join(NAMES)}"
+        )
+    return dict(section)

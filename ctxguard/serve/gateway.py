@@ -1,0 +1,211 @@
+"""The gateway's shared state: one Guard per tenant, the counter, the limit, the upstream.
+
+Guards are the library's public :class:`~ctxguard.Guard` (blocking), run in worker
+threads so the event loop only moves bytes: its counter (the upstream's ``/tokenize``
+by default) and its store calls block. The counter and the limit source are made once
+and shared by every tenant's guard. Nothing here holds request state but the map of
+in-flight idempotency keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+import weakref
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+import anyio.to_thread
+import httpx
+
+from ctxguard import (
+    ContextLimit,
+    Guard,
+    LimitSource,
+    ServerLimit,
+    StaticLimit,
+    TokenCounter,
+    load_counter,
+)
+from ctxguard.errors import ConfigError, CtxGuardError, TokenizerError
+from ctxguard.serve.config import ServeConfig
+from ctxguard.serve.openai_errors import ApiError
+from ctxguard.stores.urls import redact_url
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Gateway:
+    """What every request handler shares (one per worker process)."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.upstream = config.upstream.rstrip("/")
+        if self.upstream.endswith("/v1"):
+            self.upstream = self.upstream[:-3]
+        self.shown_upstream = redact_url(self.upstream)
+        self._lock = threading.Lock()
+        self._counter: TokenCounter | None = None
+        self._guards: dict[str | None, Guard] = {}
+        self._stateless: Guard | None = None
+        self.limit_source: LimitSource = (
+            StaticLimit(config.limit)
+            if config.limit is not None
+            else UpstreamLimit(
+                ServerLimit(
+                    self.upstream,
+                    model=config.model,
+                    timeout=config.connect_timeout,
+                    headers=self.upstream_headers(),
+                )
+            )
+        )
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(config.upstream_timeout, connect=config.connect_timeout),
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+            headers=self.upstream_headers(),
+        )
+        self.inflight: dict[tuple[str | None, str, str], asyncio.Event] = {}
+        self._session_locks: weakref.WeakValueDictionary[tuple[int, str], asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def session_lock(self, store: object, session_id: str) -> asyncio.Lock:
+        """One lock per (store, session) in this worker, dropped when no request holds it."""
+        key = (id(store), session_id)
+        lock = self._session_locks.get(key)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._session_locks[key] = lock
+        return lock
+
+    def upstream_headers(self) -> dict[str, str]:
+        key = self.config.upstream_api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    # -- guards -----------------------------------------------------------------------
+
+    def counter(self) -> TokenCounter:
+        """The counter, loaded on first use (the upstream may start after the gateway)."""
+        with self._lock:
+            if self._counter is None:
+                spec = self.config.counter_spec
+                options: dict[str, Any] = {}
+                if spec.startswith("vllm:"):
+                    options = {
+                        "model": self.config.model,
+                        "timeout": self.config.connect_timeout * 2,
+                        "headers": self.upstream_headers(),
+                    }
+                self._counter = load_counter(spec, **options)
+            return self._counter
+
+    def guard(self, tenant: str | None) -> Guard:
+        """The tenant's guard (blocking: call it in a thread)."""
+        counter = self.counter()
+        with self._lock:
+            guard = self._guards.get(tenant)
+            if guard is None:
+                guard = Guard(
+                    self.config.url,
+                    counter=counter,
+                    limit=self.limit_source,
+                    namespace=self.config.namespace,
+                    tenant=tenant,
+                    max_tokens=self.config.max_tokens,
+                    safety_margin=self.config.safety_margin,
+                    ttl_seconds=self.config.ttl_seconds,
+                )
+                self._guards[tenant] = guard
+            return guard
+
+    def stateless_guard(self) -> Guard:
+        counter = self.counter()
+        with self._lock:
+            if self._stateless is None:
+                self._stateless = Guard(
+                    "memory://",
+                    counter=counter,
+                    limit=self.limit_source,
+                    max_tokens=self.config.max_tokens,
+                    safety_margin=self.config.safety_margin,
+                    window_cache_size=0,
+                )
+            return self._stateless
+
+    @staticmethod
+    def stateless_session() -> str:
+        return "stateless-" + uuid.uuid4().hex
+
+    async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a blocking call in a worker thread."""
+        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+
+    async def limit_tokens(self) -> int:
+        resolve = getattr(self.limit_source, "aresolve", None)
+        if resolve is not None:
+            limit = await resolve()
+        else:
+            limit = await self.run(self.limit_source.resolve)
+        return int(limit.tokens)
+
+    async def check_ready(self) -> dict[str, Any]:
+        """For /health: the store answers and the counter is loaded."""
+        status: dict[str, Any] = {"status": "ok"}
+        try:
+            guard = await self.run(self.guard, self.config.tenant)
+            await self.run(guard.store.info, "ctxguard-health-probe")
+            status["store"] = "ok"
+        except CtxGuardError as exc:
+            status.update(status="unavailable", store=type(exc).__name__)
+        return status
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        for guard in [*self._guards.values(), self._stateless]:
+            if guard is not None:
+                await self.run(guard.close)
+
+
+class UpstreamLimit:
+    """The upstream's ``/v1/models`` limit; an upstream that cannot say is a 502 (the
+    gateway's fault would be a 500), raised before anything is stored."""
+
+    def __init__(self, inner: ServerLimit) -> None:
+        self.inner = inner
+
+    def resolve(self) -> ContextLimit:
+        try:
+            return self.inner.resolve()
+        except ConfigError as exc:
+            raise _limit_unknown(exc) from None
+
+    async def aresolve(self) -> ContextLimit:
+        try:
+            return await self.inner.aresolve()
+        except ConfigError as exc:
+            raise _limit_unknown(exc) from None
+
+
+def _limit_unknown(exc: ConfigError) -> ApiError:
+    return ApiError(
+        502,
+        f"cannot read the model's context limit from the upstream: {exc}",
+        type="upstream_error",
+        code="upstream_unavailable",
+    )
+
+
+def upstream_failure(exc: Exception, where: str) -> tuple[int, str, str]:
+    """Status, message and code for an httpx failure talking to the upstream."""
+    if isinstance(exc, httpx.TimeoutException):
+        return 504, f"the model server {where} did not answer in time", "upstream_timeout"
+    if isinstance(exc, TokenizerError):
+        return 502, str(exc), "upstream_tokenizer"
+    return (
+        502,
+        f"cannot reach the model server {where} ({type(exc).__name__})",
+        "upstream_unavailable",
+    )

@@ -1,0 +1,151 @@
+"""Relaying an upstream SSE stream to the client, event by event, with disconnect handling.
+
+Each complete event goes to the client as soon as it arrives (the usage-only chunk is
+held back when the gateway, not the client, asked for it). A client that goes away
+cancels the relay: the upstream response is closed (so the model server stops
+generating) and the finish callback runs shielded from the cancellation, with the
+reason (``None`` when the reply finished).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+
+import anyio
+import httpx
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from ctxguard.serve.sse import EventSplitter, ReplyAssembler, event_data
+
+log = logging.getLogger("ctxguard.serve")
+
+Finish = Callable[[str | None], Awaitable[None]]
+
+
+class StreamRelay:
+    """Upstream bytes in, client events out. Chunks are kept as text and parsed once, when
+    the reply is assembled after the stream (nothing but a substring test per event on the
+    way, so relaying costs little more than copying)."""
+
+    def __init__(self, upstream: httpx.Response, drop_usage: bool) -> None:
+        self.upstream = upstream
+        self.drop_usage = drop_usage
+        self.payloads: list[str] = []
+        self.splitter = EventSplitter()
+        self.attempt = uuid.uuid4().hex
+        self.held = b""
+        self._assembler: ReplyAssembler | None = None
+
+    def events_of(self, data: bytes) -> list[bytes]:
+        """The events to forward from one upstream read."""
+        out: list[bytes] = []
+        for event in self.splitter.feed(data):
+            payload = event_data(event)
+            if payload is not None:
+                if payload.strip() == "[DONE]":
+                    self.payloads.append(payload)
+                    self.held = event  # sent once the reply is stored
+                    continue
+                self.payloads.append(payload)
+                if self.drop_usage and '"usage"' in payload and _usage_only(payload):
+                    continue
+            out.append(event)
+        return out
+
+    @property
+    def assembler(self) -> ReplyAssembler:
+        """The reply folded from every chunk so far (parsed once, on first use)."""
+        if self._assembler is None:
+            self._assembler = ReplyAssembler()
+            for payload in self.payloads:
+                self._assembler.add(payload)
+        return self._assembler
+
+
+def _usage_only(payload: str) -> bool:
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        return False
+    return isinstance(chunk, dict) and not chunk.get("choices") and chunk.get("usage") is not None
+
+
+class RelayResponse(Response):
+    """A streaming response that watches for the client going away while it streams."""
+
+    def __init__(self, relay: StreamRelay, finish: Finish, headers: Mapping[str, str]) -> None:
+        self.relay = relay
+        self.finish = finish
+        self.status_code = 200
+        self.background = None
+        self.media_type = "text/event-stream"
+        self.init_headers({**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        reason: str | None = "client_disconnected"
+        async with anyio.create_task_group() as group:
+
+            async def watch() -> None:
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        group.cancel_scope.cancel()
+                        return
+
+            group.start_soon(watch)
+            try:
+                reason = await self._stream(send)
+            except OSError:
+                reason = "client_disconnected"
+            finally:
+                group.cancel_scope.cancel()
+        with anyio.CancelScope(shield=True):
+            await self.relay.upstream.aclose()
+            try:
+                await self.finish(reason)  # stored before the client sees [DONE]
+            except Exception as exc:  # the client already has a 200: say it in the stream
+                log.error("storing a streamed reply failed: %s", type(exc).__name__)
+                self.relay.held = _error_event(
+                    f"the reply could not be stored ({type(exc).__name__}); retrying the "
+                    "request is safe",
+                    "reply_not_stored",
+                )
+            if reason != "client_disconnected":
+                with contextlib.suppress(OSError):
+                    tail = self.relay.held + self.relay.splitter.rest()
+                    if tail.strip():
+                        await send({"type": "http.response.body", "body": tail, "more_body": True})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _stream(self, send: Send) -> str | None:
+        """Start the response and relay every event but ``[DONE]``; the reason it ended."""
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        relay = self.relay
+        try:
+            async for data in relay.upstream.aiter_raw():
+                for event in relay.events_of(data):
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+        except httpx.HTTPError as exc:
+            timed_out = isinstance(exc, httpx.TimeoutException)
+            reason = "upstream_timeout" if timed_out else "upstream_lost"
+            relay.held = _error_event(
+                f"the model server stopped mid-stream ({type(exc).__name__})", reason
+            )
+            return reason
+        return None if relay.assembler.finished else "upstream_ended"
+
+
+def _error_event(message: str, code: str) -> bytes:
+    error = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
+    return b"data: " + json.dumps(error).encode() + b"\n\n"
+
+
+def relay_response(relay: StreamRelay, finish: Finish, headers: Mapping[str, str]) -> RelayResponse:
+    return RelayResponse(relay, finish, headers)

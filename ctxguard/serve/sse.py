@@ -1,0 +1,131 @@
+"""Server-sent events, sans I/O: split a byte stream into events, assemble the reply.
+
+:class:`EventSplitter` cuts bytes into whole events (each forwarded as soon as it is
+complete, so nothing is buffered past one event); :class:`ReplyAssembler` folds chat
+completion chunks into the assistant message (content, tool calls by index) and the
+usage, so the reply can be stored exactly as a non-streaming call would have given it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class EventSplitter:
+    """Feed bytes, get back complete events (each ending with a blank line)."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._cr = b""  # a trailing CR, until we know whether LF follows
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Line ends (CRLF, CR, LF, as SSE allows) are normalised to LF."""
+        data, self._cr = self._cr + data, b""
+        if data.endswith(b"\r"):
+            data, self._cr = data[:-1], b"\r"
+        self._buffer += data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        events: list[bytes] = []
+        while True:
+            end = self._buffer.find(b"\n\n")
+            if end < 0:
+                return events
+            events.append(self._buffer[: end + 2])
+            self._buffer = self._buffer[end + 2 :]
+
+    def rest(self) -> bytes:
+        out, self._buffer, self._cr = self._buffer + self._cr, b"", b""
+        return out
+
+
+def event_data(event: bytes) -> str | None:
+    """The event's ``data:`` payload (lines joined), or None for comments and other fields."""
+    lines = [
+        line[5:].lstrip() if line.startswith(b"data:") else None
+        for line in event.strip(b"\n").split(b"\n")
+    ]
+    data = [line for line in lines if line is not None]
+    if not data:
+        return None
+    return b"\n".join(data).decode("utf-8", "replace")
+
+
+class ReplyAssembler:
+    """The assistant message and usage made from a stream of chat.completion.chunk objects."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.chunks = 0
+        self.done = False
+        self.response_id: str | None = None
+        self.model: str | None = None
+
+    def add(self, data: str) -> dict[str, Any] | None:
+        """Fold one event's data in; returns the parsed chunk (None for ``[DONE]``/junk)."""
+        if data.strip() == "[DONE]":
+            self.done = True
+            return None
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            return None
+        if not isinstance(chunk, dict):
+            return None
+        self.chunks += 1
+        self.response_id = self.response_id or _str(chunk.get("id"))
+        self.model = self.model or _str(chunk.get("model"))
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue  # n > 1: the first choice is the one stored
+            if choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                self._delta(delta)
+        return chunk
+
+    def _delta(self, delta: dict[str, Any]) -> None:
+        if isinstance(delta.get("content"), str):
+            self.content.append(delta["content"])
+        for part in delta.get("tool_calls") or ():
+            if not isinstance(part, dict):
+                continue
+            index = part.get("index", 0)
+            call = self.tool_calls.setdefault(
+                index if isinstance(index, int) else 0,
+                {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+            )
+            if part.get("id"):
+                call["id"] = str(part["id"])
+            function = part.get("function")
+            if isinstance(function, dict):
+                if function.get("name"):
+                    call["function"]["name"] += str(function["name"])
+                if isinstance(function.get("arguments"), str):
+                    call["function"]["arguments"] += function["arguments"]
+
+    @property
+    def finished(self) -> bool:
+        return self.done or self.finish_reason is not None
+
+    def message(self) -> dict[str, Any]:
+        """The reply as an OpenAI assistant message."""
+        text = "".join(self.content)
+        out: dict[str, Any] = {"role": "assistant", "content": text or None}
+        if self.tool_calls:
+            out["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        elif out["content"] is None:
+            out["content"] = ""
+        return out
+
+    def text_chars(self) -> int:
+        return sum(len(c) for c in self.content)
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None

@@ -1,0 +1,116 @@
+"""`ctxguard serve` settings: flags over environment over TOML; typed errors; no secrets shown."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ctxguard.cli import cli
+from ctxguard.errors import ConfigError
+from ctxguard.serve.config import CONFIG_ENV, ServeConfig, load_config
+
+
+def test_flags_win_over_environment_over_file(tmp_path: Path) -> None:
+    file = tmp_path / "gateway.toml"
+    file.write_text(
+        '[serve]\nupstream = "http://file:8000"\nlimit = 1000\nport = 9001\nworkers = 2\n'
+        '[serve.api_keys]\n"sk-a" = "acme"\n'
+    )
+    env = {"CTXGUARD_SERVE_LIMIT": "2000", "CTXGUARD_SERVE_PORT": "9002"}
+    config = load_config({"port": 9003, "limit": None}, config_file=file, environ=env)
+    assert config.upstream == "http://file:8000"
+    assert (config.limit, config.port, config.workers) == (2000, 9003, 2)
+    assert config.api_keys == {"sk-a": "acme"}
+    assert config.counter_spec == "vllm:http://file:8000"
+
+
+def test_environment_alone_and_the_store_url_variable() -> None:
+    env = {
+        "CTXGUARD_SERVE_UPSTREAM": "http://vllm:8000",
+        "CTXGUARD_URL": "redis://:pw@redis:6379/0",
+        "CTXGUARD_SERVE_API_KEYS": "k1=acme, k2=globex",
+    }
+    config = load_config({}, environ=env)
+    assert config.url == "redis://:pw@redis:6379/0"
+    assert config.api_keys == {"k1": "acme", "k2": "globex"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "match"),
+    [
+        ({}, {}, "no upstream"),
+        ({"upstream": "vllm:8000"}, {}, "http"),
+        ({"upstream": "http://x", "workers": 0}, {}, "workers"),
+        ({"upstream": "http://x"}, {"CTXGUARD_SERVE_LIMIT": "lots"}, "number"),
+        ({"upstream": "http://x", "tenant": "a b"}, {}, "tenant"),
+        ({"upstream": "http://x"}, {"CTXGUARD_SERVE_API_KEYS": "nokey"}, "key=tenant"),
+        ({"upstream": "http://x", "upstream_timeout": -1.0}, {}, "upstream_timeout"),
+    ],
+)
+def test_bad_settings_are_config_errors(
+    flags: dict[str, object], env: dict[str, str], match: str
+) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_config(flags, environ=env)
+
+
+def test_bad_toml_is_a_config_error(tmp_path: Path) -> None:
+    file = tmp_path / "bad.toml"
+    file.write_text("upstream = ")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config({}, config_file=file, environ={})
+    file.write_text('upstream = "http://x"\nlimt = 5\n')
+    with pytest.raises(ConfigError, match="unknown setting limt"):
+        load_config({}, config_file=file, environ={})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config({}, config_file=tmp_path / "missing.toml", environ={})
+
+
+def test_secrets_never_show() -> None:
+    config = ServeConfig(
+        upstream="http://user:up-pw@vllm:8000",
+        url="redis://:store-pw@redis:6379/0",
+        api_keys={"sk-client": "acme"},
+        upstream_api_key="sk-upstream",
+        counter="vllm:http://user:counter-pw@vllm:8000",
+    )
+    for text in (repr(config), json.dumps(config.describe())):
+        for secret in ("up-pw", "store-pw", "sk-client", "sk-upstream", "counter-pw"):
+            assert secret not in text
+    assert ServeConfig.from_json(config.to_json()) == config
+
+
+def test_cli_reports_a_bad_config_in_one_line() -> None:
+    result = CliRunner().invoke(
+        cli, ["serve", "--upstream", "ftp://x", "--url", "redis://:pw@h/0"], env={}
+    )
+    assert result.exit_code != 0
+    assert "ConfigError" in result.output and "pw" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_cli_help_lists_the_environment() -> None:
+    result = CliRunner().invoke(cli, ["serve", "--help"])
+    assert result.exit_code == 0
+    assert "CTXGUARD_SERVE_" in result.output and "--upstream" in result.output
+
+
+def test_worker_factory_needs_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctxguard.serve.app import app_from_env
+
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    with pytest.raises(ConfigError, match="ctxguard serve"):
+        app_from_env()
+
+
+def test_importing_the_gateway_package_is_light() -> None:
+    probe = "import sys, ctxguard.serve, ctxguard.cli; print('starlette' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "False"
