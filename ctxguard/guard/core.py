@@ -303,7 +303,11 @@ class GuardCore(AuditRecords):
         if not any(s.message.role == "user" for s in reversed(fetch.recent)):
             return budget.prompt, 2 * len(fetch.recent) + 8
         used = plan.item_tokens() + budget.overhead
-        if fetch.recent and plan.window_start <= fetch.recent[0].seq and used < budget.prompt // 2:
+        start = plan.window_start  # where the walk's window began, before the user-start trim
+        for decision in plan.decisions:
+            if decision["policy"] == "user_start":
+                start = min(start, decision["skipped"][0])
+        if fetch.recent and start <= fetch.recent[0].seq and used < budget.prompt // 2:
             return budget.prompt * 4, len(fetch.recent)
         return None
 

@@ -5,9 +5,10 @@ Follows openai-agents 0.24.0 (installed): ``tests/memory/test_session.py``
 (SessionSettings limits through RunConfig) and the SDK-independent parts of
 ``tests/extensions/memory/test_redis_session.py`` (RedisSession). Upstream's
 ``FakeModel`` is the SDK's own ``agents.testing.model.ScriptedModel`` here.
-Not taken: checks of SQLite/redis-py internals (worker-thread connections,
-file locks, key prefixes and TTL options) and of ``SessionSettings.resolve``,
-which test the SDK, not a session.
+Upstream's ``key_prefix`` is ctxguard's ``tenant``. Not taken: checks of
+SQLite/redis-py internals (worker-thread connections, file locks, ``ping``,
+``from_url``, TTL commands), the run without a session and
+``SessionSettings.resolve``, which test the SDK, not a session.
 """
 
 from __future__ import annotations
@@ -364,3 +365,121 @@ async def test_negative_limit_returns_empty(make_session: MakeSession) -> None:
     assert await session.get_items(limit=0) == []
     assert len(await session.get_items(limit=1)) == 1
     assert len(await session.get_items()) == 2
+
+
+# -- tests/extensions/memory/test_redis_session.py --------------------------------
+
+
+async def test_redis_direct_ops(make_session: MakeSession) -> None:
+    session = make_session("test_session_direct")
+    await session.add_items(
+        [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi there!"}]
+    )
+    assert contents(await session.get_items()) == ["Hello", "Hi there!"]
+    popped = await session.pop_item()
+    assert popped is not None and popped.get("content") == "Hi there!"
+    assert contents(await session.get_items()) == ["Hello"]
+    await session.clear_session()
+    assert len(await session.get_items()) == 0
+
+
+async def test_redis_runner_integration(make_session: MakeSession) -> None:
+    session = make_session("test_session_runner")
+    first, _ = await turn(
+        "run", "What city is the Golden Gate Bridge in?", "San Francisco", session=session
+    )
+    assert first.final_output == "San Francisco"
+    second, seen = await turn("run", "What state is it in?", "California", session=session)
+    assert second.final_output == "California"
+    assert len(seen) > 1
+    assert any("Golden Gate Bridge" in str(item.get("content", "")) for item in seen)
+
+
+async def test_redis_session_isolation(make_session: MakeSession) -> None:
+    one, two = make_session("session_1"), make_session("session_2")
+    await turn("run", "I like cats.", "I like cats.", session=one)
+    await turn("run", "I like dogs.", "I like dogs.", session=two)
+    result, _ = await turn(
+        "run", "What animal did I say I like?", "You said you like cats.", session=one
+    )
+    assert "cats" in result.final_output.lower() and "dogs" not in result.final_output.lower()
+
+
+async def test_redis_get_items_with_limit(make_session: MakeSession) -> None:
+    session = make_session("test_session_limit")
+    await session.add_items(
+        [{"role": "user" if i % 2 else "assistant", "content": str(i)} for i in range(1, 5)]
+    )
+    assert contents(await session.get_items(limit=2)) == ["3", "4"]
+    assert len(await session.get_items()) == 4
+    assert len(await session.get_items(limit=10)) == 4
+    assert len(await session.get_items(limit=0)) == 0
+
+
+async def test_redis_pop_from_empty_session(make_session: MakeSession) -> None:
+    session = make_session("empty_session")
+    await session.clear_session()
+    assert await session.pop_item() is None
+
+
+async def test_redis_add_empty_items_list(make_session: MakeSession) -> None:
+    session = make_session("test_session_empty")
+    assert len(await session.get_items()) == 0
+    await session.add_items([])
+    assert len(await session.get_items()) == 0
+
+
+@pytest.mark.parametrize(
+    "texts",
+    [
+        [
+            "O'Reilly",
+            '{"nested": "json"}',
+            'Quote: "Hello world"',
+            "Line1\nLine2\tTabbed",
+            "Normal message",
+        ],
+        [
+            "O'Reilly",
+            "DROP TABLE sessions;",
+            '"SELECT * FROM users WHERE name = "admin";"',
+            "Robert'); DROP TABLE students;--",
+            '{"malicious": "json"}',
+            "\\n\\t\\r Special escapes",
+            "Normal message",
+        ],
+    ],
+    ids=["json-safety", "problematic-strings"],
+)
+async def test_redis_strings_are_kept_exactly(make_session: MakeSession, texts: list[str]) -> None:
+    session = make_session("test_session_strings")
+    await session.add_items(
+        [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(texts)]
+    )
+    got = await session.get_items()
+    assert len(got) == len(texts) and contents(got) == texts
+
+
+async def test_redis_concurrent_gather(make_session: MakeSession) -> None:
+    session = make_session("concurrent_test")
+
+    async def add(start: int) -> None:
+        await session.add_items(
+            [{"role": "user", "content": f"Message {start + i}"} for i in range(5)]
+        )
+
+    await asyncio.gather(add(0), add(5), add(10))
+    got = contents(await session.get_items())
+    assert len(got) == 15
+    for n in range(15):
+        assert f"Message {n}" in got
+
+
+async def test_redis_key_prefix_isolation(any_store_url: str, namespace: str) -> None:
+    # upstream's key_prefix is ctxguard's tenant (the key prefix under the namespace)
+    one = CtxGuardSession("same_id", any_store_url, namespace=namespace, tenant="app1")
+    two = CtxGuardSession("same_id", any_store_url, namespace=namespace, tenant="app2")
+    await one.add_items([{"role": "user", "content": "app1 message"}])
+    await two.add_items([{"role": "user", "content": "app2 message"}])
+    assert contents(await one.get_items()) == ["app1 message"]
+    assert contents(await two.get_items()) == ["app2 message"]
