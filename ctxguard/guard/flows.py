@@ -42,6 +42,7 @@ from ctxguard.stores.base import (
 T = TypeVar("T")
 MAX_REFETCH = 3
 MAX_COMMITS = 64  # plans of one prepare before ConflictError (each after another writer's change)
+FRESH_REPLANS = 2  # plans on what a lost commit sent back, before waiting (then a fresh fetch)
 # refusals found while planning: audited, nothing stored
 REFUSALS = (BudgetError, TemplateRefusedError, InvalidMessageError)
 
@@ -147,8 +148,14 @@ def _prepare(
     folded = False
     required = newest_sent(new)
     for attempt in range(MAX_COMMITS):
-        if attempt >= 1:  # others keep writing to this session: let them through
+        if attempt >= FRESH_REPLANS:
+            # others keep writing to this session: let them through, then read it afresh
+            # (what the last commit sent back is older than the wait: planning on it
+            # would lose again, and a writer that waited would never win)
             yield Sleep(random.uniform(0, min(0.1, 0.001 * (1 << min(attempt, 10)))))
+            fetch = yield StoreCall(
+                "fetch_window", (session_id, budget.prompt, options, new, len(new))
+            )
         plan, recounts, fetch = yield from _plan(core, session_id, fetch, budget, new)
         summary_started = None
         if plan.summarize is not None and not folded:

@@ -332,6 +332,7 @@ class Interfering:
         self.inner = inner
         self.n = n
         self.other = 0
+        self.fetches = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -345,6 +346,10 @@ class Interfering:
                 guard_on(MemoryStore()).core.encode_new([said(f"other writer {self.other}")]),
             )
         return self.inner.commit_if_unchanged(session_id, *args)
+
+    def fetch_window(self, session_id: str, *args: Any) -> Any:
+        self.fetches += 1
+        return self.inner.fetch_window(session_id, *args)
 
 
 def test_a_commit_after_another_writer_plans_again(
@@ -365,7 +370,10 @@ def test_a_commit_after_another_writer_plans_again(
     assert len(requests) == 2 and recorded_ids(store, "s", requests[-1]) == [
         m.id for m in req.messages
     ]
-    assert len(sleeps) == 3  # every attempt after the first waited a little
+    # the second plan used what the lost commit sent back; later ones waited a little and
+    # read the session afresh (planning on a state older than the wait would lose again)
+    assert len(sleeps) == 3 - flows.FRESH_REPLANS + 1
+    assert wrapped.fetches == 1 + len(sleeps)  # the first fetch (cache off), one after each wait
 
 
 def test_a_commit_that_never_holds_is_a_conflict_and_stores_nothing(
