@@ -17,7 +17,8 @@ Catch the family you can act on::
     ├── TokenizerError               a tokenizer or chat template cannot be used
     │   └── TemplateRefusedError     the chat template rejects this conversation
     ├── BudgetError                  the request cannot fit its token budget
-    │   └── MessageTooLongError      one message is over the per-message cap
+    │   ├── MessageTooLongError      one message is over the per-message cap
+    │   └── ServerBusyError          the model server is past its pressure thresholds
     ├── SummarizerError              a summarizer failed (recorded, never content)
     └── MissingDependencyError       an optional extra is not installed
 
@@ -145,6 +146,31 @@ class BudgetError(CtxGuardError):
 
 class MessageTooLongError(BudgetError):
     """One message is over the configured per-message cap."""
+
+
+class ServerBusyError(BudgetError):
+    """The model server's KV cache or queue is past the refusal threshold (retry later).
+
+    Carries the numbers read from the server's ``/metrics``: ``kv_usage`` (0-1, or
+    None when the server does not say), ``waiting`` (queued requests) and the
+    thresholds passed. ``needed``/``limit``/``reserved`` are 0: no budget was made.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kv_usage: float | None,
+        waiting: float | None,
+        kv_threshold: float,
+        waiting_threshold: float,
+    ) -> None:
+        self.needed = self.limit = self.reserved = 0
+        self.kv_usage = kv_usage
+        self.waiting = waiting
+        self.kv_threshold = kv_threshold
+        self.waiting_threshold = waiting_threshold
+        CtxGuardError.__init__(self, message)
 
 
 class SummarizerError(CtxGuardError):
