@@ -18,7 +18,8 @@ Catch the family you can act on::
     │   └── TemplateRefusedError     the chat template rejects this conversation
     ├── BudgetError                  the request cannot fit its token budget
     │   ├── MessageTooLongError      one message is over the per-message cap
-    │   └── ServerBusyError          the model server is past its pressure thresholds
+    │   ├── ServerBusyError          the model server is past its pressure thresholds
+    │   └── TenantBudgetError        the tenant spent its token budget for the window
     ├── SummarizerError              a summarizer failed (recorded, never content)
     └── MissingDependencyError       an optional extra is not installed
 
@@ -170,6 +171,22 @@ class ServerBusyError(BudgetError):
         self.waiting = waiting
         self.kv_threshold = kv_threshold
         self.waiting_threshold = waiting_threshold
+        CtxGuardError.__init__(self, message)
+
+
+class TenantBudgetError(BudgetError):
+    """The tenant has spent its token budget for the current window (retry later).
+
+    ``spent`` and ``budget`` are tokens over the last ``window_seconds``;
+    ``retry_after`` is the seconds until the oldest spending leaves the window.
+    """
+
+    def __init__(
+        self, message: str, *, spent: int, budget: int, window_seconds: float, retry_after: float
+    ) -> None:
+        self.needed, self.limit, self.reserved = spent, budget, 0
+        self.spent, self.budget = spent, budget
+        self.window_seconds, self.retry_after = window_seconds, retry_after
         CtxGuardError.__init__(self, message)
 
 
