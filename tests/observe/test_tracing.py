@@ -172,3 +172,13 @@ def test_operation_span_joins_the_callers_trace(
     (prepare,) = named(memory.get_finished_spans(), "ctxguard prepare")
     assert prepare.parent is not None
     assert prepare.parent.span_id == handler.get_span_context().span_id
+
+
+def test_store_spans_can_be_left_out(
+    exporter: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, memory = exporter
+    observer = TracingObserver(provider, store_spans=False)
+    guard = Guard("memory://", limit=400, max_tokens=64, observer=observer)
+    guard.prepare("c5", [user(0)])
+    assert [s.name for s in memory.get_finished_spans()] == ["ctxguard prepare"]
