@@ -118,6 +118,13 @@ class PrometheusObserver:
             ["operation", "error"],
             registry=r,
         )
+        self.pressure = Counter(
+            f"{p}_pressure_requests",
+            "Prepared requests whose limit came through a PressureLimit, by its level "
+            '(ok, lowered); refusals are ctxguard_requests_total{policy="ServerBusyError"}',
+            ["level"],
+            registry=r,
+        )
         self.cache_hits = Counter(
             f"{p}_window_cache_hits",
             "Prepares planned on the cached window and taken by the store in one round trip",
@@ -172,6 +179,9 @@ class PrometheusObserver:
             self.dropped.inc(dropped)
         if "tool_integrity" in used:
             self.repaired.inc()
+        source = prepared.limit_source
+        if "; pressure " in source:
+            self.pressure.labels("lowered" if "; pressure lowered" in source else "ok").inc()
 
     def _usage(self, usage: Mapping[str, Any] | None, estimate: int | None) -> None:
         if usage is None:

@@ -8,9 +8,11 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from ctxguard.errors import BudgetError, ConfigError, CtxGuardError, ServerBusyError
 from ctxguard.guard import AsyncGuard, Guard
+from ctxguard.observe.metrics import PrometheusObserver
 from ctxguard.observe.pressure import PressureLimit, parse_metrics
 
 from .metrics_server import MetricsServer, sglang_text, vllm_text
@@ -55,7 +57,8 @@ PHASES = [
 @pytest.mark.parametrize("server", [PHASES], indirect=True)
 def test_budget_follows_pressure_with_hysteresis(server: MetricsServer, namespace: str) -> None:
     limit = PressureLimit(4000, unique(server.url), interval=0)
-    guard = Guard("memory://", limit=limit, max_tokens=64)
+    registry = CollectorRegistry()
+    guard = Guard("memory://", limit=limit, max_tokens=64, observer=PrometheusObserver(registry))
     session = "p-" + namespace
     seen: list[str] = []
     for i in range(len(PHASES)):
@@ -68,6 +71,13 @@ def test_budget_follows_pressure_with_hysteresis(server: MetricsServer, namespac
             seen.append("busy")
     assert seen == ["4000", "2000", "2000", "busy", "busy", "busy", "2000", "4000"]
     assert server.scrapes == len(PHASES)
+    counts = {
+        level: registry.get_sample_value("ctxguard_pressure_requests_total", {"level": level})
+        for level in ("ok", "lowered")
+    }
+    assert counts == {"ok": 2, "lowered": 3}
+    busy = {"outcome": "refused", "policy": "ServerBusyError"}
+    assert registry.get_sample_value("ctxguard_requests_total", busy) == 3
     # the decisions are in the audit records: the limit's source, and the refusals
     records = guard.store.read_audit(session)
     sources = [r.get("limit_source", "") for r in records if r.get("kind") == "request"]
