@@ -91,13 +91,16 @@ class TracingObserver:
                 if d.get("policy") in ("window", "render_trim")
             )
             compacted = bool(prepared.dropped) or prepared.summary_version > 0
+            source = prepared.limit_source
+            if "; pressure " in source:
+                attrs["ctxguard.pressure"] = "lowered" if "; pressure lowered" in source else "ok"
             attrs.update(
                 {
                     "gen_ai.request.max_tokens": prepared.reserved_output,
                     "gen_ai.conversation.compacted": compacted,
                     "ctxguard.turn": prepared.turn,
                     "ctxguard.limit_tokens": prepared.limit,
-                    "ctxguard.limit_source": prepared.limit_source.split(":", 1)[0],
+                    "ctxguard.limit_source": source.split(";", 1)[0].split(":", 1)[0],
                     "ctxguard.budget_tokens": prepared.prompt_budget,
                     "ctxguard.tokens": prepared.tokens,
                     "ctxguard.messages": len(prepared.messages),

@@ -250,3 +250,26 @@ def test_start_http_server_serves_the_registry() -> None:
         server.server_close()
         thread.join(timeout=5)
     assert 'ctxguard_requests_total{outcome="sent",policy="none"} 1.0' in text
+
+
+def test_cache_stale_when_another_writer_moved_the_session(redis_url: str, namespace: str) -> None:
+    registry = CollectorRegistry()
+    a = Guard(
+        redis_url,
+        limit=400,
+        max_tokens=64,
+        namespace=namespace,
+        observer=PrometheusObserver(registry),
+    )
+    b = Guard(redis_url, limit=400, max_tokens=64, namespace=namespace)
+    try:
+        a.prepare("w1", [user(0)])
+        a.append("w1", [reply(0)])
+        b.append("w1", [user(1)])  # another process writes: a's cached window is stale
+        a.prepare("w1", [user(2)])
+    finally:
+        a.close()
+        b.close()
+    assert value(registry, "ctxguard_window_cache_misses_total", reason="miss") == 1
+    assert value(registry, "ctxguard_window_cache_misses_total", reason="stale") == 1
+    assert value(registry, "ctxguard_operation_duration_seconds_count", operation="append") == 1
