@@ -58,3 +58,16 @@ class MetricsServer:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class Serving:
+    """What ``start_http_server`` returned ``(server, thread)``, stopped by :meth:`close`."""
+
+    def __init__(self, started: tuple[Any, threading.Thread]) -> None:
+        self.server, self.thread = started
+        self.port = int(self.server.server_address[1])
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)

@@ -16,6 +16,8 @@ from ctxguard.guard.events import OperationEvent
 from ctxguard.observe import fan_out
 from ctxguard.observe.metrics import PrometheusObserver, start_http_server
 
+from .metrics_server import Serving
+
 SYSTEM = {"role": "system", "content": "You are terse."}
 
 
@@ -240,15 +242,13 @@ def test_start_http_server_serves_the_registry() -> None:
     registry = CollectorRegistry()
     guard = Guard("memory://", limit=400, max_tokens=64, observer=PrometheusObserver(registry))
     guard.prepare("s6", [user(0)])
-    server, thread = start_http_server(0, registry=registry)
+    serving = Serving(start_http_server(0, registry=registry))
     try:
-        port = server.server_address[1]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        url = f"http://127.0.0.1:{serving.port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
             text = response.read().decode()
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+        serving.close()
     assert 'ctxguard_requests_total{outcome="sent",policy="none"} 1.0' in text
 
 
