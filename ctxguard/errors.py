@@ -17,7 +17,9 @@ Catch the family you can act on::
     ├── TokenizerError               a tokenizer or chat template cannot be used
     │   └── TemplateRefusedError     the chat template rejects this conversation
     ├── BudgetError                  the request cannot fit its token budget
-    │   └── MessageTooLongError      one message is over the per-message cap
+    │   ├── MessageTooLongError      one message is over the per-message cap
+    │   ├── ServerBusyError          the model server is past its pressure thresholds
+    │   └── TenantBudgetError        the tenant spent its token budget for the window
     ├── SummarizerError              a summarizer failed (recorded, never content)
     └── MissingDependencyError       an optional extra is not installed
 
@@ -145,6 +147,47 @@ class BudgetError(CtxGuardError):
 
 class MessageTooLongError(BudgetError):
     """One message is over the configured per-message cap."""
+
+
+class ServerBusyError(BudgetError):
+    """The model server's KV cache or queue is past the refusal threshold (retry later).
+
+    Carries the numbers read from the server's ``/metrics``: ``kv_usage`` (0-1, or
+    None when the server does not say), ``waiting`` (queued requests) and the
+    thresholds passed. ``needed``/``limit``/``reserved`` are 0: no budget was made.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kv_usage: float | None,
+        waiting: float | None,
+        kv_threshold: float,
+        waiting_threshold: float,
+    ) -> None:
+        self.needed = self.limit = self.reserved = 0
+        self.kv_usage = kv_usage
+        self.waiting = waiting
+        self.kv_threshold = kv_threshold
+        self.waiting_threshold = waiting_threshold
+        CtxGuardError.__init__(self, message)
+
+
+class TenantBudgetError(BudgetError):
+    """The tenant has spent its token budget for the current window (retry later).
+
+    ``spent`` and ``budget`` are tokens over the last ``window_seconds``;
+    ``retry_after`` is the seconds until the oldest spending leaves the window.
+    """
+
+    def __init__(
+        self, message: str, *, spent: int, budget: int, window_seconds: float, retry_after: float
+    ) -> None:
+        self.needed, self.limit, self.reserved = spent, budget, 0
+        self.spent, self.budget = spent, budget
+        self.window_seconds, self.retry_after = window_seconds, retry_after
+        CtxGuardError.__init__(self, message)
 
 
 class SummarizerError(CtxGuardError):

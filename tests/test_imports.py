@@ -17,6 +17,8 @@ HEAVY = (
     "llama_index",
     "agents",
     "tokenizers",  # the hf extra: not installed for every user
+    "prometheus_client",  # the metrics extra
+    "opentelemetry",  # the otel extra
 )
 
 PROBE = """
@@ -42,6 +44,9 @@ def _top_level_modules_after(imports: str) -> set[str]:
     [
         "import ctxguard",
         "import ctxguard.stores\nctxguard.stores.open_store('memory://')",
+        "import ctxguard\nctxguard.Guard('memory://', limit=100, max_tokens=10)"
+        ".prepare('s', [{'role': 'user', 'content': 'hi'}])",
+        "import ctxguard.observe",
     ],
 )
 def test_import_stays_light(imports: str) -> None:

@@ -15,6 +15,7 @@ from ctxguard.guard import flows
 from ctxguard.guard.base import GuardBase
 from ctxguard.guard.config import GuardConfig, is_async_callable
 from ctxguard.guard.core import Tools
+from ctxguard.guard.events import Observer
 from ctxguard.guard.plan import SummaryRequest
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.kv.limit import ContextLimit, LimitSource
@@ -36,9 +37,12 @@ class AsyncGuard(GuardBase):
         config: GuardConfig | None = None,
         namespace: str | None = None,
         tenant: str | None = None,
+        observer: Observer | None = None,
         **settings: Any,
     ) -> None:
-        super().__init__(counter=counter, limit=limit, config=config, settings=settings)
+        super().__init__(
+            counter=counter, limit=limit, config=config, settings=settings, observer=observer
+        )
         self.store: AsyncSessionStore = (
             open_async_store(
                 store,
@@ -57,7 +61,8 @@ class AsyncGuard(GuardBase):
     async def append(self, session_id: str, messages: Iterable[MessageLike]) -> AppendResult:
         """Store messages (each counted once, now) without preparing a request."""
         self._prepare_args(session_id, messages, None, None, "messages")
-        return await self._run(flows.append(self.core, session_id, messages))
+        flow = flows.append(self.core, session_id, messages)
+        return await self._run(self._observed("append", session_id, flow))
 
     async def prepare(
         self,
@@ -70,7 +75,7 @@ class AsyncGuard(GuardBase):
         """Append ``new_messages`` and return the request to send, within budget."""
         self._prepare_args(session_id, new_messages, max_tokens, tools, "new_messages")
         flow = flows.prepare(self.core, session_id, new_messages, max_tokens, tools)
-        return await self._run(flow)
+        return await self._run(self._observed("prepare", session_id, flow))
 
     async def complete(
         self,
@@ -82,14 +87,17 @@ class AsyncGuard(GuardBase):
     ) -> AppendResult:
         """Store the model's reply; with ``usage`` the server's prompt_tokens is audited."""
         reply = self._complete_args(session_id, reply, prepared, usage)
-        return await self._run(flows.complete(self.core, session_id, reply, prepared, usage))
+        flow = flows.complete(self.core, session_id, reply, prepared, usage)
+        observed = self._observed("complete", session_id, flow, usage=usage, prepared=prepared)
+        return await self._run(observed)
 
     async def summarize(
         self, session_id: str, request: SummaryRequest
     ) -> tuple[Summary | None, str | None]:
         """Run the summarizer for ``request``, commit by compare-and-set, audit the outcome."""
         self._summarize_args(session_id, request)
-        return await self._run(flows.summarize(self.core, session_id, request))
+        flow = flows.summarize(self.core, session_id, request)
+        return await self._run(self._observed("summarize", session_id, flow))
 
     # -- running a flow -------------------------------------------------------------
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 from ctxguard import _validate as v
 from ctxguard.errors import ConfigError, InvalidMessageError
+from ctxguard.guard import flows
 from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.core import GuardCore
+from ctxguard.guard.events import Kind, Observer, observed
+from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.setup import make_counter, make_limit
 from ctxguard.kv.limit import ContextLimit, LimitSource
 from ctxguard.messages import Message, to_message
@@ -28,11 +32,39 @@ class GuardBase:
         limit: int | ContextLimit | LimitSource,
         config: GuardConfig | None,
         settings: dict[str, Any],
+        observer: Observer | None = None,
     ) -> None:
         self.config = _config(config, settings)
         spec = counter if isinstance(counter, str) else None
         self.core = GuardCore(make_counter(counter), self.config, spec)
         self.limit_source = make_limit(limit)
+        if observer is not None and not callable(observer):
+            raise ConfigError(
+                "observer must be a callable taking one OperationEvent, "
+                f"got {v.type_name(observer)}"
+            )
+        self.core.observer = observer
+
+    @property
+    def observer(self) -> Observer | None:
+        """What receives one :class:`~ctxguard.guard.events.OperationEvent` per operation."""
+        return self.core.observer
+
+    def _observed(
+        self,
+        kind: Kind,
+        session_id: str,
+        flow: flows.Flow[flows.T],
+        *,
+        usage: Mapping[str, Any] | None = None,
+        prepared: PreparedRequest | None = None,
+    ) -> flows.Flow[flows.T]:
+        """``flow`` itself, or (with an observer) ``flow`` timed and reported."""
+        observer = self.core.observer
+        if observer is None:
+            return flow
+        estimate = None if prepared is None else prepared.tokens
+        return observed(flow, observer, kind, session_id, usage=usage, estimate=estimate)  # type: ignore[no-any-return]
 
     @staticmethod
     def _check_store(store: object, want_async: bool) -> None:

@@ -22,6 +22,7 @@ from ctxguard.errors import (
 )
 from ctxguard.guard.audit import AuditRecords
 from ctxguard.guard.config import GuardConfig
+from ctxguard.guard.events import Observer
 from ctxguard.guard.plan import Budget, Item, Plan, Sent, SummaryRequest
 from ctxguard.guard.policies import (
     WindowPolicy,
@@ -100,6 +101,7 @@ class GuardCore(AuditRecords):
             max_messages=config.max_stored_messages,
         )
         self.cache = WindowCache(config.window_cache_size, config.window_cache_bytes)
+        self.observer: Observer | None = None  # set by the guard (see guard/events.py)
 
     # -- new messages: validated, capped and counted exactly once ------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ from ctxguard.errors import (
     StoreConnectionError,
     TemplateRefusedError,
 )
+from ctxguard.guard import events
 from ctxguard.guard.core import GuardCore, Speculation, Tools, newest_sent
 from ctxguard.guard.plan import Budget, Plan, SummaryRequest
 from ctxguard.guard.prepared import PreparedRequest
@@ -141,9 +143,15 @@ def _prepare(
             (session_id, token, budget.prompt, options, new, len(new), fast.write),
         )
         if isinstance(outcome, WindowHit):
+            if core.observer is not None:
+                events.note_cache("hit")
             return _committed(core, session_id, fast, outcome, budget, tools)
         fetch = outcome  # the session changed: plan again on what the store sent
+        if core.observer is not None:
+            events.note_cache("stale")
     else:
+        if core.observer is not None:
+            events.note_cache("miss")
         fetch = yield StoreCall("fetch_window", (session_id, budget.prompt, options, new, len(new)))
     folded = False
     required = newest_sent(new)
@@ -308,6 +316,7 @@ def summarize(
     core: GuardCore, session_id: str, request: SummaryRequest
 ) -> Flow[tuple[Summary | None, str | None]]:
     """Run the summarizer, commit by compare-and-set, audit the outcome; never raise."""
+    start = time.monotonic_ns() if core.observer is not None else 0
     stored: list[StoredMessage] = yield StoreCall(
         "read", (session_id, request.covers_from, request.covers_to)
     )
@@ -332,6 +341,16 @@ def summarize(
         error = f"{type(exc).__name__}: {exc}"
     record = core.summary_record(request, summary, error, committed)
     yield StoreCall("record", (session_id, core.write({}, record)))
+    if core.observer is not None:
+        outcome: events.SummaryOutcome = (
+            "committed" if committed else "failed" if summary is None else "lost_race"
+        )
+        version = summary.version if summary is not None else None
+        events.note_summary(
+            events.SummaryEvent(
+                session_id, outcome, start, time.monotonic_ns(), version, request.covers_to, error
+            )
+        )
     return (summary if committed else None), error
 
 

@@ -20,6 +20,7 @@ from ctxguard.guard import flows
 from ctxguard.guard.base import GuardBase
 from ctxguard.guard.config import GuardConfig, is_async_callable
 from ctxguard.guard.core import Tools
+from ctxguard.guard.events import Observer
 from ctxguard.guard.plan import SummaryRequest
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.kv.limit import ContextLimit, LimitSource
@@ -47,9 +48,12 @@ class Guard(GuardBase):
         config: GuardConfig | None = None,
         namespace: str | None = None,
         tenant: str | None = None,
+        observer: Observer | None = None,
         **settings: Any,
     ) -> None:
-        super().__init__(counter=counter, limit=limit, config=config, settings=settings)
+        super().__init__(
+            counter=counter, limit=limit, config=config, settings=settings, observer=observer
+        )
         self.store: SessionStore = (
             open_store(
                 store,
@@ -70,7 +74,8 @@ class Guard(GuardBase):
     def append(self, session_id: str, messages: Iterable[MessageLike]) -> AppendResult:
         """Store messages (each counted once, now) without preparing a request."""
         self._prepare_args(session_id, messages, None, None, "messages")
-        return self._run(flows.append(self.core, session_id, messages))
+        flow = flows.append(self.core, session_id, messages)
+        return self._run(self._observed("append", session_id, flow))
 
     def prepare(
         self,
@@ -82,7 +87,8 @@ class Guard(GuardBase):
     ) -> PreparedRequest:
         """Append ``new_messages`` and return the request to send, within budget."""
         self._prepare_args(session_id, new_messages, max_tokens, tools, "new_messages")
-        return self._run(flows.prepare(self.core, session_id, new_messages, max_tokens, tools))
+        flow = flows.prepare(self.core, session_id, new_messages, max_tokens, tools)
+        return self._run(self._observed("prepare", session_id, flow))
 
     def complete(
         self,
@@ -94,14 +100,17 @@ class Guard(GuardBase):
     ) -> AppendResult:
         """Store the model's reply; with ``usage`` the server's prompt_tokens is audited."""
         reply = self._complete_args(session_id, reply, prepared, usage)
-        return self._run(flows.complete(self.core, session_id, reply, prepared, usage))
+        flow = flows.complete(self.core, session_id, reply, prepared, usage)
+        observed = self._observed("complete", session_id, flow, usage=usage, prepared=prepared)
+        return self._run(observed)
 
     def summarize(
         self, session_id: str, request: SummaryRequest
     ) -> tuple[Summary | None, str | None]:
         """Run the summarizer for ``request``, commit by compare-and-set, audit the outcome."""
         self._summarize_args(session_id, request)
-        return self._run(flows.summarize(self.core, session_id, request))
+        flow = flows.summarize(self.core, session_id, request)
+        return self._run(self._observed("summarize", session_id, flow))
 
     # -- running a flow -------------------------------------------------------------
 

@@ -15,6 +15,12 @@ percent-encoded so it holds no ``{ } * ? [ ] :`` or control characters)::
 
 The ``{<sid>}`` hash tag puts all keys of a session in one cluster slot, so the
 same Lua scripts run unchanged on Redis Cluster.
+
+Outside the sessions (never matched by a session pattern: no ``{`` after the prefix)::
+
+    <ns>:<tenant>:~budget:tokens  HASH  time bucket (ms) -> tokens spent in it, for the
+                                        tenant's token budget over a sliding window
+                                        (ctxguard.observe.tenant_budget; one key, one slot)
 """
 
 from __future__ import annotations
@@ -52,6 +58,10 @@ class KeySpace:
         validate_id(session_id, "session id")
         base = f"{self.prefix}{{{encode_session_id(session_id)}}}:"
         return [base + suffix for suffix in SUFFIXES]
+
+    def tenant_budget_key(self) -> str:
+        """The tenant's token-budget key (a single key: any script on it is cluster-safe)."""
+        return f"{self.prefix}~budget:tokens"
 
     def meta_pattern(self, session_prefix: str = "") -> str:
         """SCAN MATCH pattern for the meta keys of sessions starting with a prefix.

@@ -1,0 +1,210 @@
+"""Prometheus metrics of the guard (extra ``ctxguard[metrics]``: ``prometheus_client``).
+
+Names follow the Prometheus conventions: prefix ``ctxguard_``, base units,
+``_total`` counters, ratios 0-1, and no session or user labels (every label has a
+small fixed set of values: operation names, outcomes, policy names, error classes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import start_http_server as _start_http_server
+
+from ctxguard.errors import BudgetError, ConfigError, InvalidMessageError, TemplateRefusedError
+from ctxguard.guard.events import OperationEvent
+
+REFUSALS = (BudgetError, TemplateRefusedError, InvalidMessageError)  # MessageTooLong is a Budget
+# the policy a request is counted under: the first of these its plan used
+POLICIES = ("summary", "render_trim", "window", "degrade", "tool_integrity")
+TOKEN_BUCKETS = tuple(float(2**n) for n in range(8, 21))  # 256 .. 1M tokens
+RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+DRIFT_BUCKETS = (-256.0, -64.0, -16.0, -4.0, -1.0, 0.0, 1.0, 4.0, 16.0, 64.0, 256.0)
+STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5)
+SUMMARY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class PrometheusObserver:
+    """Turns each guard operation into metric updates on ``registry``.
+
+    >>> from prometheus_client import CollectorRegistry
+    >>> observer = PrometheusObserver(CollectorRegistry())
+    >>> # Guard(..., observer=observer)
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, prefix: str = "ctxguard") -> None:
+        if registry is not None and not isinstance(registry, CollectorRegistry):
+            raise ConfigError(
+                "registry must be a prometheus_client CollectorRegistry, "
+                f"got {type(registry).__name__}"
+            )
+        self.registry = REGISTRY if registry is None else registry
+        r, p = self.registry, prefix
+        self.requests = Counter(
+            f"{p}_requests",
+            "Prepared requests by outcome (sent, refused, error) and the policy "
+            "that shaped the window (none when everything fit)",
+            ["outcome", "policy"],
+            registry=r,
+        )
+        self.operations = Histogram(
+            f"{p}_operation_duration_seconds",
+            "Guard operations (prepare, complete, summarize, append), end to end",
+            ["operation"],
+            buckets=STORE_BUCKETS,
+            registry=r,
+        )
+        self.window_tokens = Histogram(
+            f"{p}_window_tokens",
+            "Prompt tokens of each prepared request (the guard's count)",
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.limit_tokens = Gauge(
+            f"{p}_limit_tokens", "Context limit of the latest prepared request", registry=r
+        )
+        self.utilisation = Histogram(
+            f"{p}_limit_utilisation_ratio",
+            "(prompt + reserved output) / limit per request",
+            buckets=RATIO_BUCKETS,
+            registry=r,
+        )
+        self.dropped = Counter(
+            f"{p}_messages_dropped", "Messages left out of prepared windows", registry=r
+        )
+        self.repaired = Counter(
+            f"{p}_tool_groups_repaired",
+            "Requests whose tool calls/results were repaired (an incomplete tool group left out)",
+            registry=r,
+        )
+        self.summaries = Counter(
+            f"{p}_summaries",
+            "Summaries by outcome (committed, failed, lost_race)",
+            ["outcome"],
+            registry=r,
+        )
+        self.summary_seconds = Histogram(
+            f"{p}_summary_duration_seconds",
+            "Summarizer runs, including the commit",
+            ["outcome"],
+            buckets=SUMMARY_BUCKETS,
+            registry=r,
+        )
+        self.drift = Histogram(
+            f"{p}_estimate_drift_tokens",
+            "Server prompt_tokens minus the guard's count, per "
+            "completed request that carried usage",
+            buckets=DRIFT_BUCKETS,
+            registry=r,
+        )
+        self.prefix_cached = Counter(
+            f"{p}_prefix_cached_tokens",
+            "Prompt tokens the server reported as served from its "
+            "prefix cache (usage.prompt_tokens_details.cached_tokens)",
+            registry=r,
+        )
+        self.store_seconds = Histogram(
+            f"{p}_store_operation_duration_seconds",
+            "Store calls by operation",
+            ["operation"],
+            buckets=STORE_BUCKETS,
+            registry=r,
+        )
+        self.store_errors = Counter(
+            f"{p}_store_errors",
+            "Store calls that raised, by operation and error class",
+            ["operation", "error"],
+            registry=r,
+        )
+        self.pressure = Counter(
+            f"{p}_pressure_requests",
+            "Prepared requests whose limit came through a PressureLimit, by its level "
+            '(ok, lowered); refusals are ctxguard_requests_total{policy="ServerBusyError"}',
+            ["level"],
+            registry=r,
+        )
+        self.cache_hits = Counter(
+            f"{p}_window_cache_hits",
+            "Prepares planned on the cached window and taken by the store in one round trip",
+            registry=r,
+        )
+        self.cache_misses = Counter(
+            f"{p}_window_cache_misses",
+            "Prepares that fetched the window (not cached, or the session had changed)",
+            ["reason"],
+            registry=r,
+        )
+
+    def __call__(self, event: OperationEvent) -> None:
+        self.operations.labels(event.kind).observe(event.seconds)
+        for call in event.store_calls:
+            self.store_seconds.labels(call.method).observe(call.seconds)
+            if call.error is not None:
+                self.store_errors.labels(call.method, call.error).inc()
+        for summary in event.summaries:
+            self.summaries.labels(summary.outcome).inc()
+            self.summary_seconds.labels(summary.outcome).observe(summary.seconds)
+        if event.cache == "hit":
+            self.cache_hits.inc()
+        elif event.cache is not None:
+            self.cache_misses.labels(event.cache).inc()
+        if event.kind == "prepare":
+            self._prepared(event)
+        elif event.kind == "complete" and event.error is None:
+            self._usage(event.usage, event.estimate)
+
+    def _prepared(self, event: OperationEvent) -> None:
+        prepared = event.prepared
+        if prepared is None:
+            refused = _is_refusal(event.error)
+            policy = type(event.error).__name__ if event.error is not None else "none"
+            self.requests.labels("refused" if refused else "error", policy).inc()
+            return
+        used = {str(d.get("policy")) for d in prepared.decisions}
+        policy = next((p for p in POLICIES if p in used), "none")
+        self.requests.labels("sent", policy).inc()
+        self.window_tokens.observe(prepared.tokens)
+        self.limit_tokens.set(prepared.limit)
+        if prepared.limit > 0:
+            ratio = (prepared.tokens + prepared.reserved_output) / prepared.limit
+            self.utilisation.observe(min(1.0, ratio))
+        dropped = sum(
+            int(d.get("dropped_messages") or 0)
+            for d in prepared.decisions
+            if d.get("policy") in ("window", "render_trim")
+        )
+        if dropped:
+            self.dropped.inc(dropped)
+        if "tool_integrity" in used:
+            self.repaired.inc()
+        source = prepared.limit_source
+        if "; pressure " in source:
+            self.pressure.labels("lowered" if "; pressure lowered" in source else "ok").inc()
+
+    def _usage(self, usage: Mapping[str, Any] | None, estimate: int | None) -> None:
+        if usage is None:
+            return
+        prompt = usage.get("prompt_tokens")
+        if isinstance(prompt, int) and estimate is not None:
+            self.drift.observe(prompt - estimate)
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+        if isinstance(cached, int) and cached > 0:
+            self.prefix_cached.inc(cached)
+
+
+def _is_refusal(error: BaseException | None) -> bool:
+    return isinstance(error, REFUSALS)
+
+
+def start_http_server(
+    port: int, addr: str = "127.0.0.1", registry: CollectorRegistry | None = None
+) -> Any:
+    """Serve ``registry`` (the default one if None) on ``http://addr:port/metrics``.
+
+    Binds to localhost unless told otherwise; returns prometheus_client's
+    ``(server, thread)`` so tests and shutdown code can stop it.
+    """
+    return _start_http_server(port, addr=addr, registry=REGISTRY if registry is None else registry)

@@ -1,0 +1,313 @@
+"""Budgets that follow the model server's live KV pressure.
+
+:class:`PressureLimit` wraps any limit source. On each resolve it reads the
+server's ``/metrics`` (at most once per ``interval`` seconds, one reader per URL
+shared by every guard of the process) and, from the KV-cache usage (vLLM
+``vllm:kv_cache_usage_perc``, older ``vllm:gpu_cache_usage_perc``, SGLang
+``sglang:token_usage``; 0-1) and the waiting queue (``vllm:num_requests_waiting``,
+``sglang:num_queue_reqs``), picks a level:
+
+* ``ok``: the wrapped limit, unchanged;
+* ``lowered``: the limit times ``lowered_fraction`` (a shorter prompt, less KV);
+* ``refused``: :class:`~ctxguard.errors.ServerBusyError` with the numbers (after
+  holding up to ``hold_seconds`` for the pressure to fall), audited as a refusal.
+
+A level is entered when a threshold is reached and left only when the numbers are
+``kv_margin`` / ``waiting_margin`` below it (hysteresis: budgets do not flap). The
+level and the numbers are in the limit's ``source`` (so in every request's audit
+record) and ``details``. A server whose ``/metrics`` cannot be read is treated as
+``ok`` once the last good reading is older than ``stale_after`` seconds (fail open:
+the wrapped limit still holds). Every call has a deadline (``timeout``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+from ctxguard import _http
+from ctxguard._validate import check_arg_types
+from ctxguard.errors import ConfigError, ServerBusyError
+from ctxguard.guard.setup import make_limit
+from ctxguard.kv.limit import ContextLimit, LimitSource
+from ctxguard.kv.server import redact
+
+Level = Literal["ok", "lowered", "refused"]
+LEVELS: tuple[Level, ...] = ("ok", "lowered", "refused")
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
+
+
+@dataclass(frozen=True, slots=True)
+class Pressure:
+    """One reading of the server: KV usage 0-1 and queued requests (None: not served)."""
+
+    kv_usage: float | None
+    waiting: float | None
+    at: float  # time.monotonic() of the reading
+
+
+def parse_metrics(text: str) -> tuple[float | None, float | None]:
+    """KV usage (the highest over engines/models) and waiting requests (their sum)."""
+    usage: float | None = None
+    waiting: float | None = None
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        brace, space = line.find("{"), line.find(" ")
+        if brace != -1 and (space == -1 or brace < space):
+            name, rest = line[:brace], line.rpartition("}")[2]
+        elif space != -1:
+            name, rest = line[:space], line[space + 1 :]
+        else:
+            continue
+        if name not in KV_USAGE and name not in WAITING:
+            continue
+        raw = rest.split()
+        try:
+            value = float(raw[0])
+        except (IndexError, ValueError):
+            continue
+        if not math.isfinite(value):
+            continue
+        if name in KV_USAGE:
+            usage = value if usage is None else max(usage, value)
+        else:
+            waiting = value if waiting is None else waiting + value
+    return usage, waiting
+
+
+class PressureMonitor:
+    """Reads one server's ``/metrics`` at most once per ``interval`` (shared per URL)."""
+
+    def __init__(self, metrics_url: str, interval: float, timeout: float) -> None:
+        self.url, self.interval, self.timeout = metrics_url, interval, timeout
+        self.shown = redact(metrics_url)
+        self.last: Pressure | None = None
+        self.error: str | None = None
+        self._checked = -math.inf
+        self._lock = threading.Lock()
+        self._client: httpx.Client | None = None
+
+    def _due(self) -> bool:
+        return time.monotonic() - self._checked >= self.interval
+
+    def sample(self) -> Pressure | None:
+        with self._lock:
+            if self._due():
+                try:
+                    if self._client is None:  # one client (and TLS context) for every reading
+                        self._client = _http.client(timeout=self.timeout)
+                    reply = _http.request(
+                        self._client,
+                        "GET",
+                        self.url,
+                        seconds=self.timeout,
+                        shown=self.shown,
+                        error=ConfigError,
+                    )
+                    self._take(reply)
+                except (httpx.HTTPError, ConfigError) as exc:
+                    self._failed(exc)
+            return self.last
+
+    async def asample(self) -> Pressure | None:
+        if self._due():
+            try:
+                async with httpx.AsyncClient(timeout=self.timeout) as client:
+                    reply = await _http.arequest(
+                        client,
+                        "GET",
+                        self.url,
+                        seconds=self.timeout,
+                        shown=self.shown,
+                        error=ConfigError,
+                    )
+                self._take(reply)
+            except (httpx.HTTPError, ConfigError) as exc:
+                self._failed(exc)
+        return self.last
+
+    def _take(self, reply: _http.Reply) -> None:
+        self._checked = time.monotonic()
+        if reply.status_code != 200:
+            self.error = f"HTTP {reply.status_code}"
+            return
+        usage, waiting = parse_metrics(reply.text)
+        self.last, self.error = Pressure(usage, waiting, self._checked), None
+
+    def _failed(self, exc: Exception) -> None:
+        self._checked = time.monotonic()
+        self.error = type(exc).__name__
+
+
+_MONITORS: dict[tuple[str, float, float], PressureMonitor] = {}
+_MONITORS_LOCK = threading.Lock()
+
+
+def monitor_for(metrics_url: str, interval: float, timeout: float) -> PressureMonitor:
+    """The process's one monitor of ``metrics_url`` (with these settings)."""
+    key = (metrics_url, float(interval), float(timeout))
+    with _MONITORS_LOCK:
+        monitor = _MONITORS.get(key)
+        if monitor is None:
+            monitor = _MONITORS[key] = PressureMonitor(metrics_url, interval, timeout)
+        return monitor
+
+
+class PressureLimit:
+    """A limit source that lowers or refuses while the server is under KV pressure.
+
+    >>> # Guard(url, limit=PressureLimit(32768, "http://vllm:8000/metrics"))
+    """
+
+    def __init__(
+        self,
+        limit: int | ContextLimit | LimitSource,
+        metrics_url: str,
+        *,
+        lower_at: float = 0.85,
+        refuse_at: float = 0.97,
+        waiting_lower: float = 8,
+        waiting_refuse: float = 64,
+        kv_margin: float = 0.1,
+        waiting_margin: float = 4,
+        lowered_fraction: float = 0.5,
+        hold_seconds: float = 0.0,
+        interval: float = 1.0,
+        timeout: float = 1.0,
+        stale_after: float = 10.0,
+    ) -> None:
+        check_arg_types("PressureLimit", metrics_url=(metrics_url, "str"))
+        numbers = {
+            "lower_at": lower_at,
+            "refuse_at": refuse_at,
+            "waiting_lower": waiting_lower,
+            "waiting_refuse": waiting_refuse,
+            "kv_margin": kv_margin,
+            "waiting_margin": waiting_margin,
+            "lowered_fraction": lowered_fraction,
+            "hold_seconds": hold_seconds,
+            "interval": interval,
+            "timeout": timeout,
+            "stale_after": stale_after,
+        }
+        for name, value in numbers.items():
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (math.isfinite(value) and value >= 0)
+            ):
+                raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
+        if not 0 < lower_at <= refuse_at:
+            raise ConfigError(f"need 0 < lower_at <= refuse_at, got {lower_at}, {refuse_at}")
+        if not 0 < waiting_lower <= waiting_refuse:
+            raise ConfigError("need 0 < waiting_lower <= waiting_refuse")
+        if not 0 < lowered_fraction <= 1 or timeout <= 0:
+            raise ConfigError("lowered_fraction must be in (0, 1] and timeout positive")
+        if not metrics_url.startswith(("http://", "https://")):
+            raise ConfigError(f"metrics_url must be an http(s) URL, got {redact(metrics_url)!r}")
+        self.inner = make_limit(limit)
+        self.monitor = monitor_for(metrics_url, interval, timeout)
+        self.lower_at, self.refuse_at = lower_at, refuse_at
+        self.waiting_lower, self.waiting_refuse = waiting_lower, waiting_refuse
+        self.kv_margin, self.waiting_margin = kv_margin, waiting_margin
+        self.lowered_fraction, self.hold_seconds = lowered_fraction, hold_seconds
+        self.stale_after = stale_after
+        self.level: Level = "ok"
+        self._lock = threading.Lock()
+
+    # -- the level, with hysteresis ---------------------------------------------------
+
+    def _target(self, kv: float, waiting: float) -> Level:
+        if kv >= self.refuse_at or waiting >= self.waiting_refuse:
+            return "refused"
+        if kv >= self.lower_at or waiting >= self.waiting_lower:
+            return "lowered"
+        return "ok"
+
+    def update(self, pressure: Pressure | None) -> Level:
+        """Move the level on ``pressure`` (up at a threshold, down only past the margin)."""
+        with self._lock:
+            if pressure is None or time.monotonic() - pressure.at > self.stale_after:
+                self.level = "ok"  # nothing known (fail open: the wrapped limit holds)
+                return self.level
+            kv, waiting = pressure.kv_usage or 0.0, pressure.waiting or 0.0
+            up = self._target(kv, waiting)
+            down = self._target(kv + self.kv_margin, waiting + self.waiting_margin)
+            rank = LEVELS.index
+            if rank(up) > rank(self.level):
+                self.level = up
+            elif rank(down) < rank(self.level):
+                self.level = down
+            return self.level
+
+    def _limit(self, base: ContextLimit, level: Level, pressure: Pressure | None) -> ContextLimit:
+        kv = None if pressure is None else pressure.kv_usage
+        waiting = None if pressure is None else pressure.waiting
+        numbers = f"kv={_show(kv)} waiting={_show(waiting)}"
+        if level == "refused":
+            raise ServerBusyError(
+                f"the model server at {self.monitor.shown} is under KV pressure ({numbers}; "
+                f"refusing at kv>={self.refuse_at} or waiting>={self.waiting_refuse}); "
+                "nothing was stored: retry later",
+                kv_usage=kv,
+                waiting=waiting,
+                kv_threshold=self.refuse_at,
+                waiting_threshold=self.waiting_refuse,
+            )
+        details: dict[str, Any] = {
+            **base.details,
+            "pressure": {
+                "level": level,
+                "kv_usage": kv,
+                "waiting": waiting,
+                "error": self.monitor.error,
+            },
+        }
+        if level == "ok":
+            return ContextLimit(base.tokens, f"{base.source}; pressure ok {numbers}", details)
+        tokens = max(1, int(base.tokens * self.lowered_fraction))
+        source = f"{base.source}; pressure lowered {base.tokens}->{tokens} {numbers}"
+        return ContextLimit(tokens, source, details)
+
+    # -- LimitSource ------------------------------------------------------------------
+
+    def resolve(self) -> ContextLimit:
+        base = self.inner.resolve()
+        pressure = self.monitor.sample()
+        level = self.update(pressure)
+        deadline = time.monotonic() + self.hold_seconds
+        while level == "refused" and time.monotonic() < deadline:
+            time.sleep(min(max(self.monitor.interval, 0.01), deadline - time.monotonic()))
+            pressure = self.monitor.sample()
+            level = self.update(pressure)
+        return self._limit(base, level, pressure)
+
+    async def aresolve(self) -> ContextLimit:
+        base = await self.inner.aresolve()
+        pressure = await self.monitor.asample()
+        level = self.update(pressure)
+        deadline = time.monotonic() + self.hold_seconds
+        while level == "refused" and time.monotonic() < deadline:
+            await asyncio.sleep(min(max(self.monitor.interval, 0.01), deadline - time.monotonic()))
+            pressure = await self.monitor.asample()
+            level = self.update(pressure)
+        return self._limit(base, level, pressure)
+
+
+def _show(value: float | None) -> str:
+    return "?" if value is None else f"{value:g}"
+
+
+def describe(limit: ContextLimit) -> Mapping[str, Any] | None:
+    """The pressure decision a limit carries (None for limits not from PressureLimit)."""
+    found = limit.details.get("pressure")
+    return found if isinstance(found, Mapping) else None

@@ -1,0 +1,178 @@
+"""Per-tenant token budgets over a sliding time window, kept in Redis.
+
+Every process and gateway worker that names the same Redis shares the budget:
+one key per tenant (``KeySpace.tenant_budget_key``, a hash of time buckets) and
+one atomic Lua script that drops the buckets that left the window, adds the
+tokens spent and answers the total, on the server's clock. One key per script
+call, so it runs unchanged on Redis Cluster.
+
+Use it twice on a guard: as its limit (the limit becomes what the tenant has left,
+and a tenant with less than ``min_tokens`` left is refused with
+:class:`~ctxguard.errors.TenantBudgetError`, audited like every refusal) and as its
+observer (each ``complete`` with the server's usage charges prompt + completion)::
+
+    budget = TenantBudget("redis://...", tokens=2_000_000, window_seconds=3600, tenant="acme")
+    guard = Guard(url, limit=budget.limit(32768), observer=budget)
+
+The check and the charge are two steps, so requests running at the same moment
+can pass a budget by at most what they spend together (the budget is a rate
+limit, not a reservation). The observer charges with a blocking Redis call (about
+one round trip); under AsyncGuard, prefer ``await budget.acharge(n)`` yourself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from importlib import resources
+from typing import Any
+
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
+
+from ctxguard.errors import ConfigError, StoreError, TenantBudgetError
+from ctxguard.guard.events import OperationEvent
+from ctxguard.guard.setup import make_limit
+from ctxguard.kv.limit import ContextLimit, LimitSource
+from ctxguard.stores.keys import KeySpace
+from ctxguard.stores.redis_clients import sync_client
+from ctxguard.stores.redis_errors import wrap_error
+from ctxguard.stores.urls import parse_store_url
+
+SCRIPT = resources.files("ctxguard.observe").joinpath("lua/tenant_budget.lua").read_text()
+
+
+class TenantBudget:
+    """``tokens`` per ``window_seconds`` for one tenant (``buckets`` slices of the window)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        tokens: int,
+        window_seconds: float,
+        namespace: str | None = None,
+        tenant: str | None = None,
+        buckets: int = 60,
+        min_tokens: int = 1,
+    ) -> None:
+        for name, value in (("tokens", tokens), ("buckets", buckets), ("min_tokens", min_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        if (
+            isinstance(window_seconds, bool)
+            or not isinstance(window_seconds, (int, float))
+            or not math.isfinite(window_seconds)
+            or window_seconds < 0.001
+        ):
+            raise ConfigError(f"window_seconds must be at least 0.001, got {window_seconds!r}")
+        self.store_url = parse_store_url(url, namespace, tenant)
+        if self.store_url.scheme == "memory":
+            raise ConfigError("a tenant budget is kept in Redis: pass a redis:// URL")
+        self.tenant = self.store_url.tenant
+        self.key = KeySpace(self.store_url.namespace, self.tenant).tenant_budget_key()
+        self.tokens, self.window_seconds, self.min_tokens = tokens, window_seconds, min_tokens
+        self.window_ms = max(1, round(window_seconds * 1000))
+        self.width_ms = max(1, self.window_ms // buckets)
+        self._client: Any = None
+        self._script: Any = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (
+            f"TenantBudget({self.store_url.redacted!r}, tenant={self.tenant!r}, "
+            f"tokens={self.tokens}, window_seconds={self.window_seconds})"
+        )
+
+    # -- the one script ------------------------------------------------------------
+
+    def _run(self, add: int) -> tuple[int, float]:
+        with self._lock:
+            if self._script is None:
+                self._client = sync_client(self.store_url)
+                self._script = self._client.register_script(SCRIPT)
+        try:
+            spent, wait_ms = self._script(
+                keys=[self.key], args=[self.window_ms, self.width_ms, add]
+            )
+        except ResponseError as exc:
+            if str(exc).startswith("CORRUPT"):
+                raise StoreError(
+                    f"tenant budget: key {str(exc)[8:]}; it was written by something other "
+                    "than ctxguard: delete that key (the budget starts again from zero)"
+                ) from None
+            raise wrap_error(exc, "tenant budget", self.store_url.redacted, self.store_url) from exc
+        except (RedisError, RedisClusterException) as exc:
+            raise wrap_error(exc, "tenant budget", self.store_url.redacted, self.store_url) from exc
+        return int(spent), int(wait_ms) / 1000
+
+    def spent(self) -> tuple[int, float]:
+        """Tokens spent in the window now, and seconds until the oldest of them leaves it."""
+        return self._run(0)
+
+    def charge(self, tokens: int) -> int:
+        """Add ``tokens`` spent now; returns the window's total."""
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise ConfigError(f"tokens must be a non-negative int, got {tokens!r}")
+        return self._run(tokens)[0] if tokens else self.spent()[0]
+
+    async def acharge(self, tokens: int) -> int:
+        return await asyncio.to_thread(self.charge, tokens)
+
+    def remaining(self) -> int:
+        """Tokens left in the window; raises TenantBudgetError below ``min_tokens``."""
+        spent, wait = self.spent()
+        left = self.tokens - spent
+        if left < self.min_tokens:
+            raise TenantBudgetError(
+                f"tenant {self.tenant!r} spent {spent} of its {self.tokens} tokens per "
+                f"{self.window_seconds:g}s; nothing was stored: retry in {wait:.1f}s",
+                spent=spent,
+                budget=self.tokens,
+                window_seconds=self.window_seconds,
+                retry_after=wait,
+            )
+        return left
+
+    # -- as a guard's limit and observer --------------------------------------------
+
+    def limit(self, inner: int | ContextLimit | LimitSource) -> TenantLimit:
+        """A limit source: ``inner``, capped at what the tenant has left."""
+        return TenantLimit(make_limit(inner), self)
+
+    def __call__(self, event: OperationEvent) -> None:
+        """Charge each completed request's usage (prompt + completion tokens)."""
+        if event.kind != "complete" or event.error is not None or event.usage is None:
+            return
+        total = event.usage.get("total_tokens")
+        if not isinstance(total, int):
+            parts = (event.usage.get("prompt_tokens"), event.usage.get("completion_tokens"))
+            total = sum(p for p in parts if isinstance(p, int))
+        if total > 0:
+            self.charge(total)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+class TenantLimit:
+    """A limit source capped at the tenant's remaining budget (see :class:`TenantBudget`)."""
+
+    def __init__(self, inner: LimitSource, budget: TenantBudget) -> None:
+        self.inner, self.budget = inner, budget
+
+    def _cap(self, base: ContextLimit) -> ContextLimit:
+        left = self.budget.remaining()
+        if left >= base.tokens:
+            return base
+        details = {**base.details, "tenant_budget": {"left": left, "budget": self.budget.tokens}}
+        source = f"{base.source}; tenant budget {base.tokens}->{left}"
+        return ContextLimit(left, source, details)
+
+    def resolve(self) -> ContextLimit:
+        return self._cap(self.inner.resolve())
+
+    async def aresolve(self) -> ContextLimit:
+        base = await self.inner.aresolve()
+        return await asyncio.to_thread(self._cap, base)

@@ -1,0 +1,158 @@
+"""OpenTelemetry spans of the guard (extra ``ctxguard[otel]``: ``opentelemetry-api``).
+
+One span per operation (``ctxguard prepare`` / ``complete`` / ``summarize`` /
+``append``), a child span per summary and per store call, made when the operation
+ends with the times it really had (the guard's hot path never touches
+OpenTelemetry). The operation span's parent is whatever span is current where the
+guard was called (the caller's request handler, say).
+
+Attributes follow the GenAI semantic conventions where they apply
+(``gen_ai.conversation.id`` = the session, ``gen_ai.request.max_tokens``,
+``gen_ai.usage.input_tokens`` / ``output_tokens`` from the server's usage,
+``gen_ai.conversation.compacted`` when a summary or a drop changed the window) plus
+``ctxguard.*`` for limit, budget, tokens, dropped messages and summary version.
+Message content is recorded (``gen_ai.input.messages``) only when
+``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is true (or
+``capture_content=True``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
+
+from ctxguard.guard.events import OperationEvent, StoreCallEvent, SummaryEvent
+
+CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+SCOPE = "ctxguard"
+
+
+def capture_from_env() -> bool:
+    return os.environ.get(CAPTURE_ENV, "").strip().lower() in ("true", "1", "yes")
+
+
+class TracingObserver:
+    """Makes the spans of each guard operation on ``tracer_provider`` (the global one if None).
+
+    ``store_spans=False`` leaves out the per-store-call child spans (the operation span
+    still says how the window cache served it); each span costs the SDK tens of µs.
+    """
+
+    def __init__(
+        self,
+        tracer_provider: TracerProvider | None = None,
+        capture_content: bool | None = None,
+        *,
+        store_spans: bool = True,
+    ) -> None:
+        self.tracer: Tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
+        self.capture_content = capture_from_env() if capture_content is None else capture_content
+        self.store_spans = store_spans  # False: one span per operation (and summary), half the cost
+
+    def __call__(self, event: OperationEvent) -> None:
+        span = self.tracer.start_span(
+            f"ctxguard {event.kind}",
+            kind=SpanKind.INTERNAL,
+            start_time=event.wall_start_ns,
+            attributes=self._attributes(event),
+        )
+        if event.error is not None:
+            span.set_attribute("error.type", type(event.error).__name__)
+            span.set_status(Status(StatusCode.ERROR, type(event.error).__name__))
+        parent = trace.set_span_in_context(span, otel_context.get_current())
+        summary_spans = [(s, self._summary(s, event, parent)) for s in event.summaries]
+        for call in event.store_calls if self.store_spans else ():
+            inside = next(
+                (sp for s, sp in summary_spans if s.start_ns <= call.start_ns <= s.end_ns), None
+            )
+            context = parent if inside is None else trace.set_span_in_context(inside, parent)
+            self._store(call, event, context)
+        for summary, sspan in summary_spans:
+            sspan.end(end_time=event.wall(summary.end_ns))
+        span.end(end_time=event.wall_end_ns)
+
+    def _attributes(self, event: OperationEvent) -> dict[str, Any]:
+        attrs: dict[str, Any] = {
+            "gen_ai.conversation.id": event.session_id,
+            "ctxguard.operation": event.kind,
+        }
+        if event.cache is not None:
+            attrs["ctxguard.window_cache"] = event.cache
+        prepared = event.prepared
+        if prepared is not None:
+            dropped = sum(
+                int(d.get("dropped_messages") or 0)
+                for d in prepared.decisions
+                if d.get("policy") in ("window", "render_trim")
+            )
+            compacted = bool(prepared.dropped) or prepared.summary_version > 0
+            source = prepared.limit_source
+            if "; pressure " in source:
+                attrs["ctxguard.pressure"] = "lowered" if "; pressure lowered" in source else "ok"
+            attrs.update(
+                {
+                    "gen_ai.request.max_tokens": prepared.reserved_output,
+                    "gen_ai.conversation.compacted": compacted,
+                    "ctxguard.turn": prepared.turn,
+                    "ctxguard.limit_tokens": prepared.limit,
+                    "ctxguard.limit_source": source.split(";", 1)[0].split(":", 1)[0],
+                    "ctxguard.budget_tokens": prepared.prompt_budget,
+                    "ctxguard.tokens": prepared.tokens,
+                    "ctxguard.messages": len(prepared.messages),
+                    "ctxguard.dropped_messages": dropped,
+                    "ctxguard.summary_version": prepared.summary_version,
+                    "ctxguard.policies": sorted({str(d.get("policy")) for d in prepared.decisions}),
+                }
+            )
+            if self.capture_content:
+                attrs["gen_ai.input.messages"] = json.dumps(
+                    prepared.openai_messages(), ensure_ascii=False
+                )
+        usage = event.usage
+        if usage is not None:
+            for key, attr in (
+                ("prompt_tokens", "gen_ai.usage.input_tokens"),
+                ("completion_tokens", "gen_ai.usage.output_tokens"),
+            ):
+                value = usage.get(key)
+                if isinstance(value, int):
+                    attrs[attr] = value
+        if event.estimate is not None:
+            attrs["ctxguard.estimate_tokens"] = event.estimate
+        return attrs
+
+    def _summary(self, summary: SummaryEvent, event: OperationEvent, parent: Any) -> Span:
+        attrs: dict[str, Any] = {
+            "gen_ai.conversation.id": summary.session_id,
+            "ctxguard.summary.outcome": summary.outcome,
+            "ctxguard.summary.covers_to": summary.covers_to,
+        }
+        if summary.version is not None:
+            attrs["ctxguard.summary_version"] = summary.version
+        span = self.tracer.start_span(
+            "ctxguard summary",
+            context=parent,
+            start_time=event.wall(summary.start_ns),
+            attributes=attrs,
+        )
+        if summary.outcome == "failed":
+            span.set_status(Status(StatusCode.ERROR, (summary.error or "failed").split(":")[0]))
+        return span
+
+    def _store(self, call: StoreCallEvent, event: OperationEvent, context: Any) -> None:
+        span = self.tracer.start_span(
+            f"ctxguard.store {call.method}",
+            context=context,
+            kind=SpanKind.CLIENT,
+            start_time=event.wall(call.start_ns),
+            attributes={"db.operation.name": call.method},
+        )
+        if call.error is not None:
+            span.set_attribute("error.type", call.error)
+            span.set_status(Status(StatusCode.ERROR, call.error))
+        span.end(end_time=event.wall(call.end_ns))
