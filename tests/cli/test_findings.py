@@ -95,10 +95,16 @@ def test_show_labels_retract_records(target: tuple[Cli, SessionStore], namespace
     assert "covers [None" not in text
 
 
-def test_without_url_the_cli_says_it_looks_at_an_empty_in_process_store() -> None:
+def test_without_url_the_cli_says_it_looks_at_an_empty_in_process_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from click.testing import CliRunner
 
+    from ctxguard import stores
     from ctxguard.cli import cli
+
+    # a fresh process's in-process stores (other tests of this process use "memory://")
+    monkeypatch.setattr(stores, "_memory", {})
 
     result = CliRunner().invoke(cli, ["sessions", "--json"], env={"CTXGUARD_URL": None})
     assert result.exit_code == 0
