@@ -31,6 +31,7 @@ from ctxguard.guard.policies import (
     plan_request,
     tail_start,
 )
+from ctxguard.guard.prefix_estimate import PrefixEstimates
 from ctxguard.guard.stable import StablePolicy, fetch_positions, plan_stable
 from ctxguard.guard.truncate import shrink_message
 from ctxguard.guard.window_cache import WindowCache, speculate
@@ -100,6 +101,7 @@ class GuardCore(AuditRecords):
             max_messages=config.max_stored_messages,
         )
         self.cache = WindowCache(config.window_cache_size, config.window_cache_bytes)
+        self.prefix = PrefixEstimates(config.prefix_block_size, config.window_cache_size)
 
     # -- new messages: validated, capped and counted exactly once ------------
 
@@ -290,6 +292,11 @@ class GuardCore(AuditRecords):
             self.cache.evict(session_id)  # cannot happen when the token held; never trust it
         else:
             self.cache.put(session_id, fetch)
+
+    def replied(self, session_id: str, reply: Message) -> None:
+        """A stored reply extends the session's prefix-cache chain (when estimates are on)."""
+        if self.prefix.block_size is not None and isinstance(reply.content, str):
+            self.prefix.replied(session_id, self.counter, reply.content)
 
     def refetch(self, fetch: WindowFetch, plan: Plan, budget: Budget) -> tuple[int, int] | None:
         """(budget, min_messages) for a second fetch when the first stopped short; else None.
