@@ -38,6 +38,7 @@ from ctxguard.guard.window_cache import WindowCache, speculate
 from ctxguard.kv.limit import ContextLimit
 from ctxguard.messages import PINNED_ROLES, Message, MessageLike, to_messages
 from ctxguard.stores.base import (
+    AppendResult,
     NewMessage,
     RecordWrite,
     StoredMessage,
@@ -101,7 +102,8 @@ class GuardCore(AuditRecords):
             max_messages=config.max_stored_messages,
         )
         self.cache = WindowCache(config.window_cache_size, config.window_cache_bytes)
-        self.prefix = PrefixEstimates(config.prefix_block_size, config.window_cache_size)
+        sessions = config.window_cache_size or 1024  # as many as the window cache holds
+        self.prefix = PrefixEstimates(config.prefix_block_size, sessions)
 
     # -- new messages: validated, capped and counted exactly once ------------
 
@@ -293,9 +295,13 @@ class GuardCore(AuditRecords):
         else:
             self.cache.put(session_id, fetch)
 
-    def replied(self, session_id: str, reply: Message) -> None:
-        """A stored reply extends the session's prefix-cache chain (when estimates are on)."""
-        if self.prefix.block_size is not None and isinstance(reply.content, str):
+    def replied(self, session_id: str, reply: Message, result: AppendResult) -> None:
+        """A reply stored now (not a retry's) extends the session's prefix-cache chain."""
+        if (
+            self.prefix.block_size is not None
+            and isinstance(reply.content, str)
+            and reply.id in result.stored
+        ):
             self.prefix.replied(session_id, self.counter, reply.content)
 
     def refetch(self, fetch: WindowFetch, plan: Plan, budget: Budget) -> tuple[int, int] | None:

@@ -350,7 +350,7 @@ def complete(
     elif usage is None:
         result: AppendResult = yield StoreCall("append", (session_id, new, core.write_options))
         core.cache.appended(session_id, new, result)
-        core.replied(session_id, new[0].message)
+        core.replied(session_id, new[0].message, result)
         return result
     else:
         write = core.write({}, core.usage_record(prepared, usage, new[0].message.id))
@@ -361,5 +361,5 @@ def complete(
             core.put_back([held])
         raise
     core.cache.appended(session_id, new, result)
-    core.replied(session_id, new[0].message)
+    core.replied(session_id, new[0].message, result)
     return result

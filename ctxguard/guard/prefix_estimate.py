@@ -2,7 +2,8 @@
 
 Opt-in (``GuardConfig(prefix_block_size=16)``): it costs one more encode of the
 sent window per turn (see benchmarks/README.md). The guard keeps, per session and
-in this process only, what the next estimate needs from the previous request: the
+in this process only, what the next estimate needs from the previous request (an LRU of
+``window_cache_size`` sessions, 1,024 when that cache is off, and 16 MiB): the
 chained hashes of its full blocks (8 bytes each, :func:`ctxguard.kv.prefix.block_hashes`)
 and its last partial block, extended by the reply's ids at ``complete``. The next
 request reuses the longest run of its leading blocks found there, capped so its last

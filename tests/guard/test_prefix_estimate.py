@@ -177,3 +177,16 @@ def test_the_state_is_bounded_by_sessions_and_bytes() -> None:
 def test_a_bad_block_size_is_refused(bad: object) -> None:
     with pytest.raises(ConfigError, match="prefix_block_size"):
         Guard("memory://", counter=COUNTER, limit=900, prefix_block_size=bad)
+
+
+def test_estimates_do_not_need_the_window_cache() -> None:
+    guard = Guard(
+        f"memory://{uuid.uuid4().hex}",
+        counter=COUNTER,
+        limit=2000,
+        prefix_block_size=16,
+        window_cache_size=0,
+    )
+    chat(guard, "s", 3)
+    records = requests(guard.store.read_audit("s"))
+    assert [r.get("reused", -1) > 0 for r in records] == [False, True, True]
