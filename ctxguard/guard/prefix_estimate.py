@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ctxguard.kv.prefix import _SEED
 from ctxguard.messages import Message
 from ctxguard.tokens._protocol import TokenCounter, Tools
-from ctxguard.tokens.prompt_ids import prompt_ids, reply_ids
+from ctxguard.tokens.prompt_ids import Memo, prompt_ids, reply_ids
 
 MAX_BYTES = 16 << 20  # all sessions' block hashes together
 
@@ -43,6 +43,18 @@ class Chain:
     @property
     def weight(self) -> int:
         return 8 * len(self.hashes) + 8 * len(self.tail) + 100
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """A session's previous request: its chain, and its messages' ids (see ``prompt_ids``)."""
+
+    chain: Chain
+    memo: Memo
+
+    @property
+    def weight(self) -> int:
+        return self.chain.weight + sum([120 + 4 * len(ids) for _, ids in self.memo.values()])
 
 
 def chain(ids: Sequence[int], block_size: int, start: Chain | None = None) -> Chain:
@@ -76,8 +88,8 @@ class PrefixEstimates:
         self.capacity = capacity
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._kept: OrderedDict[str, Chain] = OrderedDict()
-        self._candidates: dict[str, tuple[str, Chain]] = {}  # session -> (rid, chain)
+        self._kept: OrderedDict[str, Kept] = OrderedDict()
+        self._candidates: dict[str, tuple[str, Kept]] = {}  # session -> (rid, request)
         self._lock = threading.Lock()
 
     def estimate(
@@ -93,19 +105,21 @@ class PrefixEstimates:
         size = self.block_size
         if size is None or self.capacity <= 0:
             return None
-        ids = prompt_ids(counter, messages, tools)
+        with self._lock:
+            previous = self._kept.get(session_id)
+        memo = dict(previous.memo) if previous is not None else {}
+        ids = prompt_ids(counter, messages, tools, memo)
         if not ids:
             return None
         made = chain(ids, size)
         with self._lock:
             self._candidates.pop(session_id, None)
-            self._candidates[session_id] = (rid, made)
+            self._candidates[session_id] = (rid, Kept(made, memo))
             while len(self._candidates) > self.capacity:  # prepares that never committed
                 del self._candidates[next(iter(self._candidates))]
-            previous = self._kept.get(session_id)
         if previous is None:
             return None
-        reused = reused_tokens(previous, made, len(ids), size)
+        reused = reused_tokens(previous.chain, made, len(ids), size)
         return reused, len(ids) - reused
 
     def committed(self, session_id: str, rid: object) -> None:
@@ -129,17 +143,17 @@ class PrefixEstimates:
         ids = reply_ids(counter, text)
         if ids is None:
             return
-        extended = chain(ids[:-1], size, previous)  # the last sampled token is never fed back
+        extended = chain(ids[:-1], size, previous.chain)  # the last sampled token: never fed back
         with self._lock:
             if self._kept.get(session_id) is previous:
-                self._put(session_id, extended)
+                self._put(session_id, Kept(extended, previous.memo))
 
     def forget(self, session_id: str) -> None:
         with self._lock:
             self._candidates.pop(session_id, None)
             self._drop(session_id)
 
-    def _put(self, session_id: str, made: Chain) -> None:
+    def _put(self, session_id: str, made: Kept) -> None:
         self._drop(session_id)
         if made.weight > self.max_bytes:
             return

@@ -190,3 +190,17 @@ def test_estimates_do_not_need_the_window_cache() -> None:
     chat(guard, "s", 3)
     records = requests(guard.store.read_audit("s"))
     assert [r.get("reused", -1) > 0 for r in records] == [False, True, True]
+
+
+def test_the_encoding_memo_gives_the_same_ids_and_sees_changed_content() -> None:
+    counter = load_counter(COUNTER)
+    first = [Message(role="user", content=f"m{i} " * 20, id=f"m{i}") for i in range(4)]
+    memo: dict[str, Any] = {}
+    assert prompt_ids(counter, first, None, memo) == prompt_ids(counter, first)
+    assert set(memo) == {"m0", "m1", "m2", "m3"}
+    # the same id with other content (a degraded tool result, a shrunk message)
+    second = [*first[1:3], Message(role="user", content="shorter", id="m3"), first[0]]
+    assert prompt_ids(counter, second, None, memo) == prompt_ids(counter, second)
+    assert set(memo) == {"m0", "m1", "m2", "m3"}
+    assert prompt_ids(counter, first[:1], None, memo) == prompt_ids(counter, first[:1])
+    assert set(memo) == {"m0"}  # only this request's messages are kept
