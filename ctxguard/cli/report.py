@@ -87,11 +87,11 @@ def report_command(
     with opened_store(url, namespace, tenant) as store:
         snap = require_snapshot(store, session)
     columns = prefix_columns(snap, counter_spec)
-    if columns.why_missing:
-        note(f"prefix-cache columns: {columns.why_missing}")
     page = render_report(snap, columns)
     with writable_output(html_path) as handle:
         handle.write(page)
+    if columns.why_missing:
+        note(f"prefix-cache columns: {columns.why_missing}")
     note(f"wrote {html_path} ({len(snap.requests)} turns)")
 
 
