@@ -54,7 +54,8 @@ class GuardConfig:
     prefix-cache model's estimate of the prompt tokens the server reuses and
     prefills (``reused``, ``prefilled``; vLLM's rules at this block size, 16 on
     GPUs; see :mod:`ctxguard.guard.prefix_estimate`), when the counter has token
-    ids. It costs one more encode of the sent window per turn.
+    ids. It costs a turn about 0.2-0.7 ms at 4k tokens with the tiktoken rule (its
+    block hashes, its new messages encoded) and one render with ``hf:`` templates.
 
     ``connect_timeout`` and ``read_timeout`` (seconds) bound every call to a
     store the guard opens from a URL; ``None`` keeps the URL's

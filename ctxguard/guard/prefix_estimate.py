@@ -1,7 +1,9 @@
 """Each request's prefix-cache estimate for its audit record (``reused`` / ``prefilled``).
 
-Opt-in (``GuardConfig(prefix_block_size=16)``): it costs one more encode of the
-sent window per turn (see benchmarks/README.md). The guard keeps, per session and
+Opt-in (``GuardConfig(prefix_block_size=16)``): it costs a turn the block hashes
+of the sent window and the encoding of its messages not seen in the previous request
+(tiktoken rule, memo kept per session) or one render (``hf:``); see benchmarks/README.md.
+The guard keeps, per session and
 in this process only, what the next estimate needs from the previous request (an LRU of
 ``window_cache_size`` sessions, 1,024 when that cache is off, and 16 MiB): the
 chained hashes of its full blocks (8 bytes each, :func:`ctxguard.kv.prefix.block_hashes`)
