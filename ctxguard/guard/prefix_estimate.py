@@ -3,12 +3,13 @@
 Opt-in (``GuardConfig(prefix_block_size=16)``): it costs a turn the block hashes
 of the sent window and the encoding of its messages not seen in the previous request
 (tiktoken rule, memo kept per session) or one render (``hf:``); see benchmarks/README.md.
-The guard keeps, per session and
-in this process only, what the next estimate needs from the previous request (an LRU of
-``window_cache_size`` sessions, 1,024 when that cache is off, and 16 MiB): the
-chained hashes of its full blocks (8 bytes each, :func:`ctxguard.kv.prefix.block_hashes`)
-and its last partial block, extended by the reply's ids at ``complete``. The next
-request reuses the longest run of its leading blocks found there, capped so its last
+The guard keeps, per session and in this process only, what the next estimate needs
+from the previous request (an LRU of ``window_cache_size`` sessions, 1,024 when that
+cache is off, and 16 MiB): the chained hashes of its full blocks (8 bytes each, as
+:func:`ctxguard.kv.prefix.block_hashes`) and its last partial block, extended by the
+reply's ids at ``complete``, and its messages' ids (4 bytes a token, the encoding
+memo). The next request reuses the longest run of its leading blocks found there,
+capped so its last
 token is recomputed (rules 2 to 6 of :mod:`ctxguard.kv.prefix`).
 
 What it does not know, it leaves out: the first request of a session in this
