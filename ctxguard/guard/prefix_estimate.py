@@ -9,8 +9,7 @@ cache is off, and 16 MiB): the chained hashes of its full blocks (8 bytes each, 
 :func:`ctxguard.kv.prefix.block_hashes`) and its last partial block, extended by the
 reply's ids at ``complete``, and its messages' ids (4 bytes a token, the encoding
 memo). The next request reuses the longest run of its leading blocks found there,
-capped so its last
-token is recomputed (rules 2 to 6 of :mod:`ctxguard.kv.prefix`).
+capped so its last token is recomputed (rules 2 to 6 of :mod:`ctxguard.kv.prefix`).
 
 What it does not know, it leaves out: the first request of a session in this
 process, a counter without token ids, a request after another process wrote to
