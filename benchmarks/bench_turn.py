@@ -13,6 +13,8 @@ Redis with the same tokenizer (tiktoken cl100k_base, the OpenAI cookbook rule:
 * ``floor-min-async``: the same on ``redis.asyncio``; the base of the async rows;
 * ``floor`` / ``floor-async``: the earlier floor (JSON records decoded on the client);
 * ``ctxguard``: :class:`ctxguard.Guard` on ``redis://``, window cache on (default);
+* ``ctxguard-prefix``: the same with ``prefix_block_size=16`` (each record carries
+  the prefix-cache estimate: one more encode of the window per turn);
 * ``ctxguard-cold``: the same with ``window_cache_size=0`` (every prepare fetches);
 * ``ctxguard-with-reply``: ``audit_mode="with_reply"``;
 * ``ctxguard-async`` / ``ctxguard-async-cold``: :class:`ctxguard.AsyncGuard`, one
@@ -60,6 +62,7 @@ from _turn.systems import (
     CtxGuardAsync,
     CtxGuardAsyncCold,
     CtxGuardCold,
+    CtxGuardPrefix,
     CtxGuardSync,
     CtxGuardWithReply,
     Floor,
@@ -97,6 +100,7 @@ def make_systems(
         "floor-async": lambda: FloorAsync(url, prefix, tok),
         "ctxguard": lambda: CtxGuardSync(url, f"{prefix}-sync"),
         "ctxguard-cold": lambda: CtxGuardCold(url, f"{prefix}-cold"),
+        "ctxguard-prefix": lambda: CtxGuardPrefix(url, f"{prefix}-prefix"),
         "ctxguard-with-reply": lambda: CtxGuardWithReply(url, f"{prefix}-reply"),
         "ctxguard-async": lambda: CtxGuardAsync(url, f"{prefix}-async"),
         "ctxguard-async-cold": lambda: CtxGuardAsyncCold(url, f"{prefix}-acold"),

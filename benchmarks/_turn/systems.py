@@ -331,6 +331,15 @@ class CtxGuardCold(CtxGuardSync):
         super().__init__(url, namespace, window_cache_size=0)
 
 
+class CtxGuardPrefix(CtxGuardSync):
+    """The sync guard with the prefix-cache estimate in each record (issue 17)."""
+
+    name = "ctxguard-prefix"
+
+    def __init__(self, url: str, namespace: str) -> None:
+        super().__init__(url, namespace, prefix_block_size=16)
+
+
 class CtxGuardWithReply(CtxGuardSync):
     name = "ctxguard-with-reply"
 

@@ -24,6 +24,7 @@ from ctxguard.cli.common import (
     store_options,
     writable_output,
 )
+from ctxguard.cli.report_prefix import PrefixColumns, PrefixRow, prefix_columns
 from ctxguard.cli.snapshot import Snapshot, dropped_ranges, format_ranges, require_snapshot
 from ctxguard.guard.sent import sent_count
 
@@ -52,6 +53,7 @@ class TurnPoint:
     dropped: str
     summary_version: int
     decisions: str
+    prefix: PrefixRow | None = None
 
     @property
     def prompt_budget(self) -> int:
@@ -65,25 +67,42 @@ class TurnPoint:
 @click.command("report", epilog=_EPILOG)
 @click.argument("session")
 @click.option("--html", "html_path", required=True, help="Output HTML file.")
+@click.option(
+    "--counter",
+    "counter_spec",
+    help="Counter with token ids for the prefix-cache columns (default: the recorded one).",
+)
 @store_options
 @handles_errors
 def report_command(
-    session: str, html_path: str, url: str, namespace: str | None, tenant: str | None
+    session: str,
+    html_path: str,
+    counter_spec: str | None,
+    url: str,
+    namespace: str | None,
+    tenant: str | None,
 ) -> None:
-    """Write an HTML report: prompt tokens per turn against the limit, drops, summaries, turns."""
+    """Write an HTML report: prompt tokens per turn against the limit, drops, summaries,
+    and per turn the tokens sent, reused and prefilled under this policy and the other."""
     with opened_store(url, namespace, tenant) as store:
         snap = require_snapshot(store, session)
-    page = render_report(snap)
+    columns = prefix_columns(snap, counter_spec)
+    page = render_report(snap, columns)
     with writable_output(html_path) as handle:
         handle.write(page)
+    if columns.why_missing:
+        note(f"prefix-cache columns: {columns.why_missing}")
     note(f"wrote {html_path} ({len(snap.requests)} turns)")
 
 
-def turn_points(snap: Snapshot) -> list[TurnPoint]:
-    return [_point(r) for r in snap.requests]
+def turn_points(snap: Snapshot, columns: PrefixColumns | None = None) -> list[TurnPoint]:
+    rows = columns.rows if columns is not None else []
+    if len(rows) != len(snap.requests):
+        return [_point(r) for r in snap.requests]
+    return [_point(r, row) for r, row in zip(snap.requests, rows, strict=True)]
 
 
-def _point(record: dict[str, Any]) -> TurnPoint:
+def _point(record: dict[str, Any], prefix: PrefixRow | None = None) -> TurnPoint:
     dropped = format_ranges(dropped_ranges(record))
     return TurnPoint(
         turn=int(record.get("turn") or 0),
@@ -95,11 +114,12 @@ def _point(record: dict[str, Any]) -> TurnPoint:
         dropped=dropped,
         summary_version=int(record.get("summary_version") or 0),
         decisions=", ".join(str(d.get("policy")) for d in record.get("decisions") or []),
+        prefix=prefix,
     )
 
 
-def render_report(snap: Snapshot) -> str:
-    points = turn_points(snap)
+def render_report(snap: Snapshot, columns: PrefixColumns | None = None) -> str:
+    points = turn_points(snap, columns)
     info = snap.info
     line = (
         f"{info.message_count} messages, {info.token_total} stored tokens, "
@@ -114,7 +134,7 @@ def render_report(snap: Snapshot) -> str:
         summary_line=html.escape(line),
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%SZ"),
         chart=render_chart(points),
-        table=render_table(points),
+        table=render_table(points, columns),
         turn_count=str(len(points)),
     )
 
@@ -150,11 +170,31 @@ def render_chart(points: list[TurnPoint]) -> str:
         _line(scale, [p.limit for p in points], "#cf222e", "6 4", "limit"),
         _line(scale, [p.prompt_budget for p in points], "#9a6700", "2 3", "prompt-budget"),
         _line(scale, [p.tokens for p in points], "#0969da", "", "tokens"),
+        _line(
+            scale,
+            _known([p.prefix.prefilled if p.prefix else None for p in points]),
+            "#1a7f37",
+            "",
+            "prefilled",
+        ),
+        _line(
+            scale,
+            _known([p.prefix.alt_prefilled if p.prefix else None for p in points]),
+            "#1a7f37",
+            "4 3",
+            "alt-prefilled",
+        ),
         *(_marks(scale, i, p) for i, p in enumerate(points)),
         *(_dot(scale, i, p) for i, p in enumerate(points)),
         "</svg>",
     ]
     return "\n".join(parts)
+
+
+def _known(values: list[int | None]) -> list[int]:
+    """A series drawn only when every turn has its number."""
+    known = [v for v in values if v is not None]
+    return known if len(known) == len(values) else []
 
 
 def _axes(scale: _Scale, points: list[TurnPoint]) -> list[str]:
@@ -225,11 +265,15 @@ def _dot(scale: _Scale, index: int, point: TurnPoint) -> str:
 # -- the table ----------------------------------------------------------------
 
 
-def render_table(points: list[TurnPoint]) -> str:
+def render_table(points: list[TurnPoint], columns: PrefixColumns | None = None) -> str:
+    ours = columns.recorded if columns else "recorded"
+    other = columns.alternative if columns else "alternative"
     head = (
         "<tr><th>turn</th><th>prompt tokens</th><th>reserved</th><th>margin</th>"
         "<th>limit</th><th>headroom</th><th>sent</th><th class='left'>dropped</th>"
-        "<th>summary</th><th class='left'>decisions</th></tr>"
+        "<th>summary</th><th class='left'>decisions</th>"
+        f"<th>{ours}: reused</th><th>{ours}: prefilled</th>"
+        f"<th>{other}: tokens sent</th><th>{other}: reused</th><th>{other}: prefilled</th></tr>"
     )
     rows = [_row(p) for p in points]
     return f'<table id="turns">\n{head}\n' + "\n".join(rows) + "\n</table>"
@@ -255,5 +299,22 @@ def _row(p: TurnPoint) -> str:
     css = ' class="over"' if p.over else ""
     return (
         f'<tr id="turn-{p.turn}"{css}>{tds}<td class="left">{" ".join(tags) or "-"}</td>'
-        f'<td>{summary or "-"}</td><td class="left">{html.escape(p.decisions) or "-"}</td></tr>'
+        f'<td>{summary or "-"}</td><td class="left">{html.escape(p.decisions) or "-"}</td>'
+        f"{_prefix_cells(p.prefix)}</tr>"
     )
+
+
+def _prefix_cells(row: PrefixRow | None) -> str:
+    """reused, prefilled (recorded policy), then tokens sent, reused, prefilled (the other)."""
+    if row is None:
+        return "<td>-</td>" * 5
+    source = "record" if row.from_record else "model"
+    values = (row.reused, row.prefilled, row.alt_tokens, row.alt_reused, row.alt_prefilled)
+    names = ("reused", "prefilled", "alt-tokens", "alt-reused", "alt-prefilled")
+    cells = [
+        f'<td class="{name}" data-source="{source}">{"-" if v is None else v}</td>'
+        if index < 2
+        else f'<td class="{name}">{"-" if v is None else v}</td>'
+        for index, (name, v) in enumerate(zip(names, values, strict=True))
+    ]
+    return "".join(cells)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ctxguard.guard.config import GuardConfig
     from ctxguard.guard.core import Tools
     from ctxguard.guard.policies import WindowPolicy
+    from ctxguard.guard.prefix_estimate import PrefixEstimates
     from ctxguard.tokens._protocol import TokenCounter
 
 
@@ -38,6 +39,7 @@ class AuditRecords:
     counter_spec: str | None
     config: GuardConfig
     policy: WindowPolicy
+    prefix: PrefixEstimates
 
     def __init__(self) -> None:
         self._pending: dict[str, list[dict[str, Any]]] = {}
@@ -115,6 +117,12 @@ class AuditRecords:
             },
         }
         record.update((k, v) for k, v in optional.items() if v)
+        if self.prefix.block_size is not None:
+            estimate = self.prefix.estimate(
+                session_id, record["rid"], self.counter, sent.messages, tools
+            )
+            if estimate is not None:
+                record["reused"], record["prefilled"] = estimate
         return record
 
     def policy_settings(self) -> dict[str, Any]:

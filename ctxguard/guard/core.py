@@ -32,12 +32,14 @@ from ctxguard.guard.policies import (
     plan_request,
     tail_start,
 )
+from ctxguard.guard.prefix_estimate import PrefixEstimates
 from ctxguard.guard.stable import StablePolicy, fetch_positions, plan_stable
 from ctxguard.guard.truncate import shrink_message
 from ctxguard.guard.window_cache import WindowCache, speculate
 from ctxguard.kv.limit import ContextLimit
 from ctxguard.messages import PINNED_ROLES, Message, MessageLike, to_messages
 from ctxguard.stores.base import (
+    AppendResult,
     NewMessage,
     RecordWrite,
     StoredMessage,
@@ -102,6 +104,8 @@ class GuardCore(AuditRecords):
         )
         self.cache = WindowCache(config.window_cache_size, config.window_cache_bytes)
         self.observer: Observer | None = None  # set by the guard (see guard/events.py)
+        sessions = config.window_cache_size or 1024  # as many as the window cache holds
+        self.prefix = PrefixEstimates(config.prefix_block_size, sessions)
 
     # -- new messages: validated, capped and counted exactly once ------------
 
@@ -292,6 +296,15 @@ class GuardCore(AuditRecords):
             self.cache.evict(session_id)  # cannot happen when the token held; never trust it
         else:
             self.cache.put(session_id, fetch)
+
+    def replied(self, session_id: str, reply: Message, result: AppendResult) -> None:
+        """A reply stored now (not a retry's) extends the session's prefix-cache chain."""
+        if (
+            self.prefix.block_size is not None
+            and isinstance(reply.content, str)
+            and reply.id in result.stored
+        ):
+            self.prefix.replied(session_id, self.counter, reply.content)
 
     def refetch(self, fetch: WindowFetch, plan: Plan, budget: Budget) -> tuple[int, int] | None:
         """(budget, min_messages) for a second fetch when the first stopped short; else None.

@@ -188,6 +188,7 @@ def _prepare(
         if not fresh:
             # nothing to store: the request stands whatever was written since the fetch
             turn = yield from _record(core, session_id, fetch, write, bool(recounts) or folded)
+            core.prefix.committed(session_id, record["rid"])
             if summary_started is not None:
                 yield StartBackground(session_id, summary_started)
             if with_reply:
@@ -205,6 +206,7 @@ def _prepare(
             core.cache.evict(session_id)  # the cached copy would lack the counts just written
         else:
             core.committed(session_id, fetch, committed)
+        core.prefix.committed(session_id, record["rid"])
         if summary_started is not None:
             yield StartBackground(session_id, summary_started)
         if with_reply:
@@ -271,6 +273,7 @@ def _committed(
 ) -> PreparedRequest:
     """The store took the request planned on the cached window (see window_cache)."""
     core.committed(session_id, fast.fetch, hit)
+    core.prefix.committed(session_id, fast.record["rid"])
     if core.config.audit_mode == "with_reply":
         core.hold(session_id, fast.record)
         return core.prepared(
@@ -373,6 +376,7 @@ def complete(
     elif usage is None:
         result: AppendResult = yield StoreCall("append", (session_id, new, core.write_options))
         core.cache.appended(session_id, new, result)
+        core.replied(session_id, new[0].message, result)
         return result
     else:
         write = core.write({}, core.usage_record(prepared, usage, new[0].message.id))
@@ -383,4 +387,5 @@ def complete(
             core.put_back([held])
         raise
     core.cache.appended(session_id, new, result)
+    core.replied(session_id, new[0].message, result)
     return result

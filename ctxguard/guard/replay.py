@@ -59,6 +59,7 @@ class ReplayedTurn:
     recorded_prefilled: int | None = None
     replayed_reused: int | None = None
     replayed_prefilled: int | None = None
+    prefix_recorded: bool = False  # recorded_reused / _prefilled come from the record
 
     @property
     def same(self) -> bool:
@@ -130,6 +131,7 @@ def replay_turn(
         limit,
         reserved,
         recorded_start=window_start_role([roles.get(i) for i in recorded]),
+        **recorded_prefix(record),
     )
     try:
         plan, _ = core.plan(fetch, budget)
@@ -139,6 +141,16 @@ def replay_turn(
     replayed = tuple(m.id for m in plan.messages())
     start = window_start_role([roles.get(i) for i in replayed])
     return replace(base, replayed_ids=replayed, replayed_tokens=total, replayed_start=start)
+
+
+def recorded_prefix(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The record's own prefix-cache estimate (``reused``, ``prefilled``), if it has one."""
+    reused, prefilled = record.get("reused"), record.get("prefilled")
+    if not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (reused, prefilled)
+    ):
+        return {}
+    return {"recorded_reused": reused, "recorded_prefilled": prefilled, "prefix_recorded": True}
 
 
 def window_start_role(roles: Sequence[str | None]) -> str | None:
@@ -184,7 +196,9 @@ def with_prefix_estimates(
     turns stay None when the counter has none). Replies are not fed to the model
     (the audit trail does not say which stored message answered which request),
     so a reply counts as prefilled in the request after it; tool schemas are not
-    recorded and are left out of both.
+    recorded and are left out of both. A recorded request whose record holds the
+    guard's own estimate (``prefix_block_size``: made with the replies as
+    generated) keeps it; the model still runs over it, for the turns after.
     """
     by_id = {s.message.id: s.message for s in history}
     for version, summary in summaries.items():
@@ -204,6 +218,8 @@ def with_prefix_estimates(
             use = cache.request(tokens)
             numbers += [use.reused, use.prefilled]
         rec_reused, rec_filled, new_reused, new_filled = numbers
+        if turn.prefix_recorded:
+            rec_reused, rec_filled = turn.recorded_reused, turn.recorded_prefilled
         out.append(
             replace(
                 turn,

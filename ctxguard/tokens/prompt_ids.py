@@ -10,6 +10,7 @@ share a prefix exactly when their messages do. Other counters give None.
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,13 +21,25 @@ from ctxguard.tokens._protocol import TokenCounter, Tools
 _START, _SEP, _END, _NAME, _CALL, _TOOLS, _TOOL = -1, -2, -3, -4, -5, -6, -7
 
 
+# message id -> (hash of its content, its ids): what an earlier call encoded
+Memo = dict[str, tuple[int, "array[int]"]]
+
+
 def prompt_ids(
-    counter: TokenCounter, messages: Sequence[Message], tools: Tools | None = None
+    counter: TokenCounter,
+    messages: Sequence[Message],
+    tools: Tools | None = None,
+    memo: Memo | None = None,
 ) -> list[int] | None:
-    """The request's token ids as the server would see them, or None if the counter cannot."""
+    """The request's token ids as the server would see them, or None if the counter cannot.
+
+    With ``memo`` (the tiktoken rule only, whose messages encode independently) a
+    message found there under its id and content is not encoded again; ``memo`` is
+    left holding exactly this request's messages.
+    """
     encoding = getattr(counter, "_encoding", None)
     if encoding is not None and getattr(counter, "additive", False):
-        return _rule_ids(encoding, messages, tools)
+        return _rule_ids(encoding, messages, tools, memo)
     renderer = getattr(counter, "_renderer", None)
     ids = getattr(renderer, "ids", None)
     if ids is None:
@@ -43,7 +56,9 @@ def reply_ids(counter: TokenCounter, text: str) -> list[int] | None:
     return None if make is None else list(make(text))
 
 
-def _rule_ids(encoding: Any, messages: Sequence[Message], tools: Tools | None) -> list[int]:
+def _rule_ids(
+    encoding: Any, messages: Sequence[Message], tools: Tools | None, memo: Memo | None
+) -> list[int]:
     encode = encoding.encode_ordinary
     out: list[int] = []
     if tools:
@@ -53,18 +68,35 @@ def _rule_ids(encoding: Any, messages: Sequence[Message], tools: Tools | None) -
             out += [_TOOL] * 3 + encode(
                 json.dumps(function, ensure_ascii=False, separators=(",", ":"))
             )
-    for data in openai_dicts(messages):
-        out += [_START, *encode(data["role"]), _SEP]
-        for part in text_parts(data.get("content")):
-            out += encode(part)
-        if data.get("name") is not None:
-            out += [_NAME, *encode(data["name"])]
-        for call in data.get("tool_calls") or ():
-            function = call["function"]
-            out += [_CALL, _CALL, _CALL, *encode(function["name"]), *encode(function["arguments"])]
-        out.append(_END)
+    if memo is None:
+        for data in openai_dicts(messages):
+            out += _message_ids(encode, data)
+    else:
+        kept = dict(memo)
+        memo.clear()
+        for message in messages:
+            key = hash(message.content) if isinstance(message.content, str | None) else None
+            found = kept.get(message.id)
+            if found is None or key is None or found[0] != key:
+                found = (key or 0, array("i", _message_ids(encode, openai_dicts([message])[0])))
+            if key is not None:
+                memo[message.id] = found
+            out += found[1]
     assistant = encode("assistant")
     out += [_START, *assistant[:1], _SEP] if len(assistant) == 1 else [_START, _SEP, _SEP]
+    return out
+
+
+def _message_ids(encode: Any, data: dict[str, Any]) -> list[int]:
+    out = [_START, *encode(data["role"]), _SEP]
+    for part in text_parts(data.get("content")):
+        out += encode(part)
+    if data.get("name") is not None:
+        out += [_NAME, *encode(data["name"])]
+    for call in data.get("tool_calls") or ():
+        function = call["function"]
+        out += [_CALL, _CALL, _CALL, *encode(function["name"]), *encode(function["arguments"])]
+    out.append(_END)
     return out
 
 
