@@ -16,14 +16,12 @@ from ctxguard.errors import (
     BudgetError,
     CtxGuardError,
     InvalidInputError,
-    InvalidMessageError,
-    MessageTooLongError,
-    SummarizerError,
 )
 from ctxguard.guard.audit import AuditRecords
 from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.events import Observer
-from ctxguard.guard.plan import Budget, Item, Plan, Sent, SummaryRequest
+from ctxguard.guard.intake import NewMessages
+from ctxguard.guard.plan import Budget, Item, Plan, Sent
 from ctxguard.guard.policies import (
     WindowPolicy,
     check_plan,
@@ -34,16 +32,16 @@ from ctxguard.guard.policies import (
 )
 from ctxguard.guard.prefix_estimate import PrefixEstimates
 from ctxguard.guard.stable import StablePolicy, fetch_positions, plan_stable
+from ctxguard.guard.summary_checks import SummaryChecks
 from ctxguard.guard.truncate import shrink_message
 from ctxguard.guard.window_cache import WindowCache, speculate
 from ctxguard.kv.limit import ContextLimit
-from ctxguard.messages import PINNED_ROLES, Message, MessageLike, to_messages
+from ctxguard.messages import PINNED_ROLES, Message
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
     RecordWrite,
     StoredMessage,
-    Summary,
     WindowFetch,
     WindowHit,
     WriteOptions,
@@ -55,7 +53,6 @@ def _seq(stored: StoredMessage) -> int:
     return stored.seq
 
 
-SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
 Tools = Sequence[Mapping[str, Any]]
 
 
@@ -71,7 +68,7 @@ class Speculation:
     write: RecordWrite | None
 
 
-class GuardCore(AuditRecords):
+class GuardCore(AuditRecords, SummaryChecks, NewMessages):
     """Counting, planning and record-keeping for one counter and one config."""
 
     def __init__(
@@ -106,29 +103,6 @@ class GuardCore(AuditRecords):
         self.observer: Observer | None = None  # set by the guard (see guard/events.py)
         sessions = config.window_cache_size or 1024  # as many as the window cache holds
         self.prefix = PrefixEstimates(config.prefix_block_size, sessions)
-
-    # -- new messages: validated, capped and counted exactly once ------------
-
-    def encode_new(self, values: Iterable[MessageLike], what: str = "messages") -> list[NewMessage]:
-        out: list[NewMessage] = []
-        for message in to_messages(values, what):
-            tokens = self.counter.count_message(message)
-            cap = self.config.max_message_tokens
-            if cap is not None and tokens > cap:
-                message, tokens = self._oversized(message, tokens, cap)
-            out.append(NewMessage(message, tokens))
-        return out
-
-    def _oversized(self, message: Message, tokens: int, cap: int) -> tuple[Message, int]:
-        if self.config.oversized == "reject" or not isinstance(message.content, str):
-            raise MessageTooLongError(
-                f"message {message.id!r} ({message.role}) is over max_message_tokens",
-                needed=tokens,
-                limit=cap,
-                reserved=0,
-            )
-        shrunk = shrink_message(message, cap, self.counter.count_message)
-        return shrunk, self.counter.count_message(shrunk)
 
     # -- budget and plan -------------------------------------------------------
 
@@ -184,23 +158,6 @@ class GuardCore(AuditRecords):
                     recounts[s.seq] = tokens
             append(Item(s.seq, s.message, tokens))
         return out
-
-    def summary_item(self, summary: Summary | None) -> Item | None:
-        if summary is None:
-            return None
-        message = self.summary_message(summary.text, summary.version)
-        tokens = summary.tokens
-        if tokens is None or summary.counter != self.counter.fingerprint:
-            tokens = self.counter.count_message(message)
-        return Item(-1, message, tokens)
-
-    def summary_message(self, text: str, version: int) -> Message:
-        return Message(
-            role=self.config.summary_role,
-            content=SUMMARY_PREFIX + text,
-            id=f"ctxguard-summary-v{version}",
-            metadata={"ctxguard": "summary", "version": version},
-        )
 
     def plan(
         self, fetch: WindowFetch, budget: Budget, recounts: dict[int, int] | None = None
@@ -332,62 +289,6 @@ class GuardCore(AuditRecords):
 
     # -- checks on the new messages, against the fetched window ------------------
 
-    @staticmethod
-    def fresh(fetch: WindowFetch, new: Sequence[NewMessage]) -> list[NewMessage]:
-        """The new messages ``fetch`` says a commit would store (first of a repeated id)."""
-        if fetch.appended is None:
-            return []
-        wanted = set(fetch.appended.stored)
-        out: list[NewMessage] = []
-        for n in new:
-            if n.message.id in wanted:
-                wanted.discard(n.message.id)
-                out.append(n)
-        return out
-
-    @staticmethod
-    def check_new(
-        session_id: str, fetch: WindowFetch, new: Sequence[NewMessage], budget: Budget
-    ) -> None:
-        """Refuse what no window can send: nothing at all, or a tool result whose call
-        is not the assistant message right before it (InvalidMessageError names the
-        id). When the call may lie before a window the budget cut short, the tool
-        group cannot fit: BudgetError."""
-        if fetch.info.message_count == 0:
-            raise InvalidInputError(
-                f"session {session_id!r} holds no messages and none were given: "
-                "nothing to send; pass the user's message to prepare"
-            )
-        fresh = {n.message.id for n in new}
-        if fetch.appended is not None:
-            fresh &= set(fetch.appended.stored)
-        run = fetch.recent
-        for index, stored in enumerate(run):
-            message = stored.message
-            if message.role != "tool" or message.id not in fresh:
-                continue
-            j = index - 1
-            while j >= 0 and run[j].message.role == "tool":
-                j -= 1
-            if j < 0 and not fetch.reached_start:
-                used = sum(s.tokens or 0 for s in run) + (fetch.stop_tokens or 1)
-                raise BudgetError(
-                    f"tool result {message.id!r} and the tool call it answers "
-                    f"({message.tool_call_id!r}) cannot fit the request budget together",
-                    needed=budget.overhead + used + budget.reserved_output + budget.safety_margin,
-                    limit=budget.limit,
-                    reserved=budget.reserved_output + budget.safety_margin,
-                )
-            caller = run[j].message if j >= 0 else None
-            calls = caller.tool_calls if caller is not None and caller.role == "assistant" else None
-            if not calls or message.tool_call_id not in {c.id for c in calls}:
-                raise InvalidMessageError(
-                    f"tool result {message.id!r} answers tool_call_id "
-                    f"{message.tool_call_id!r}, which the assistant message just before it "
-                    "did not call; send tool results right after the assistant message "
-                    "whose tool_calls they answer"
-                )
-
     # -- the exact count -------------------------------------------------------
 
     def finalize(
@@ -445,47 +346,6 @@ class GuardCore(AuditRecords):
             retention=self.config.audit_retention,
             ttl=self.config.ttl_seconds or 0,
         )
-
-    # -- summaries -------------------------------------------------------------
-
-    def summary_inputs(self, stored: Sequence[StoredMessage]) -> list[Message]:
-        return [s.message for s in stored if not s.message.is_pinned_role]
-
-    def accept_summary(
-        self, text: object, request: SummaryRequest, stored: Sequence[StoredMessage]
-    ) -> Summary:
-        """Turn summarizer output into a Summary, or raise SummarizerError; never guess."""
-        if not isinstance(text, str) or not text.strip():
-            raise SummarizerError(f"summarizer returned {type(text).__name__}, not non-empty text")
-        version = request.previous_version + 1
-        tokens = self.counter.count_message(self.summary_message(text, version))
-        if tokens > self.config.summary_max_tokens:
-            limit = self.config.summary_max_tokens
-            raise SummarizerError(f"summary is {tokens} tokens, over summary_max_tokens={limit}")
-        return Summary(
-            version=version,
-            text=text,
-            covers_to=request.covers_to,
-            from_id=stored[0].message.id if stored else None,
-            to_id=stored[-1].message.id if stored else None,
-            tokens=tokens,
-            counter=self.counter.fingerprint,
-        )
-
-    @staticmethod
-    def is_summary(stored: Summary | None, summary: Summary) -> bool:
-        """Whether ``stored`` is ``summary`` (read back after a lost commit reply)."""
-        return stored is not None and (
-            stored.version,
-            stored.covers_to,
-            stored.from_id,
-            stored.to_id,
-            stored.text,
-        ) == (summary.version, summary.covers_to, summary.from_id, summary.to_id, summary.text)
-
-    @staticmethod
-    def with_summary(fetch: WindowFetch, summary: Summary) -> WindowFetch:
-        return dataclasses.replace(fetch, summary=summary)
 
 
 def newest_sent(new: Sequence[NewMessage]) -> Message | None:
