@@ -6,7 +6,8 @@ included), opens on a user turn once older messages are left out and keeps tool 
 whole; the session holds every message of every turn, in order. FunctionAgent has no
 sync run. It sends ``memory.aget()`` plus its ``system_prompt`` and this run's tool steps
 (its scratchpad), which the memory never sees: the memory's ``max_tokens`` reserves room
-for them beside the reply (``agent_reserve``), the recipe the README gives.
+for them beside the reply (``agent_reserve``; the README keeps the system prompt in the
+memory instead, pinned and counted there).
 """
 
 from __future__ import annotations
@@ -80,14 +81,15 @@ def weather_llm(seen: list[list[ChatMessage]]) -> MockFunctionCallingLLM:
     return MockFunctionCallingLLM(response_generator=respond)
 
 
-def agent_reserve(counter: Guard | AsyncGuard) -> int:
-    """The reply, the agent's system prompt, tool schemas and the largest turn's tool steps."""
+def agent_reserve(counter: Guard | AsyncGuard, with_system: bool) -> int:
+    """The reply, tool schemas, the largest turn's tool steps (and the agent's system prompt
+    when the agent, not the memory, holds it)."""
     turn = 0  # a parallel turn: two calls and two results
     steps = [to_ctxguard(tool_calls(turn))] + [
         Message(role="tool", content=weather(c), tool_call_id=f"c{turn}-{c}") for c in cities(turn)
     ]
-    system = Message(role="system", content=SYSTEM)
-    return RESERVE + counter.counter.count_request([system, *steps], tools=SCHEMAS)
+    system = [Message(role="system", content=SYSTEM)] if with_system else []
+    return RESERVE + counter.counter.count_request([*system, *steps], tools=SCHEMAS)
 
 
 def expected_roles(turns: int) -> list[tuple[str, int]]:
@@ -119,26 +121,36 @@ def check_calls(
 
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["async", "stream"])
-@pytest.mark.parametrize("which", ["url", "aguard"])
+@pytest.mark.parametrize(
+    "which", ["url-agent-prompt", "aguard-memory-prompt"], ids=["url", "aguard"]
+)
 async def test_function_agent_fits_every_call_and_keeps_the_session(
     store_url: str, namespace: str, streaming: bool, which: str
 ) -> None:
     aguard = AsyncGuard(store_url, namespace=namespace, limit=AGENT_LIMIT, counter="approx")
     seen: list[list[ChatMessage]] = []
+    in_memory = which.endswith("memory-prompt")  # the README's way: pinned in the session
     agent = FunctionAgent(
-        llm=weather_llm(seen), tools=[TOOL], system_prompt=SYSTEM, streaming=streaming
+        llm=weather_llm(seen),
+        tools=[TOOL],
+        system_prompt=None if in_memory else SYSTEM,
+        streaming=streaming,
     )
-    reserve = agent_reserve(aguard)
-    if which == "url":
+    reserve = agent_reserve(aguard, with_system=not in_memory)
+    system = [ChatMessage(role="system", content=SYSTEM)] if in_memory else None
+    if which.startswith("url"):
         memory = CtxGuardMemory.from_defaults(
             store_url,
             session_id="agent",
             namespace=namespace,
             limit=AGENT_LIMIT,
             max_tokens=reserve,
+            chat_history=system,
         )
     else:
         memory = CtxGuardMemory.from_defaults(aguard, session_id="agent", max_tokens=reserve)
+        if system:  # from_defaults(chat_history=...) writes with the sync API
+            await memory.aset(system)
     ctx = Context(agent)
     for turn in range(TURNS):
         handler = agent.run(f"turn {turn}: what is the weather like today?", ctx=ctx, memory=memory)
@@ -149,7 +161,8 @@ async def test_function_agent_fits_every_call_and_keeps_the_session(
         assert str(result.response.content).startswith(f"It is mild ({turn})")
 
     history = [to_ctxguard(m) for m in await memory.aget_all()]
-    assert roles(history) == expected_roles(TURNS)  # whole and ordered
+    pinned = [("system", 0)] if in_memory else []
+    assert roles(history) == pinned + expected_roles(TURNS)  # whole and ordered
     users = [m.text for m in history if m.role == "user"]
     assert users == [f"turn {t}: what is the weather like today?" for t in range(TURNS)]
     assert len(seen) == 2 * TURNS
