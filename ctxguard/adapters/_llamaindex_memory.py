@@ -20,7 +20,7 @@ from typing import Any
 from ctxguard.adapters import _shared
 from ctxguard.adapters._llamaindex_convert import _checked_one, _converted, to_llamaindex
 from ctxguard.adapters._shared import GuardRef
-from ctxguard.errors import ConfigError, MissingDependencyError
+from ctxguard.errors import ConfigError, InvalidInputError, MissingDependencyError
 from ctxguard.guard.aio import AsyncGuard
 from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.prepared import PreparedRequest
@@ -168,11 +168,21 @@ class CtxGuardMemory(BaseMemory):
     def get(self, input: str | None = None, **kwargs: Any) -> list[ChatMessage]:  # noqa: A002
         guard = self.ref.sync()
         reserve = self._reserve(guard, kwargs.get("initial_token_count", 0))
-        return self._window(_shared.prepare(guard, self.session_id, (), reserve))
+        try:
+            return self._window(_shared.prepare(guard, self.session_id, (), reserve))
+        except InvalidInputError:
+            if _shared.read_all(guard, self.session_id):
+                raise
+            return []  # an empty memory, as every LlamaIndex memory answers
 
     async def aget(self, input: str | None = None, **kwargs: Any) -> list[ChatMessage]:  # noqa: A002
         reserve = self._reserve(self.ref.any_guard(), kwargs.get("initial_token_count", 0))
-        return self._window(await _shared.aprepare(self.ref, self.session_id, (), reserve))
+        try:
+            return self._window(await _shared.aprepare(self.ref, self.session_id, (), reserve))
+        except InvalidInputError:
+            if await _shared.aread_all(self.ref, self.session_id):
+                raise
+            return []
 
     def get_all(self) -> list[ChatMessage]:
         return [to_llamaindex(m) for m in _shared.read_all(self.ref.sync(), self.session_id)]

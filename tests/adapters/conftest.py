@@ -57,3 +57,13 @@ def assert_fits(
 def assert_prepared_fits(prepared: PreparedRequest) -> None:
     assert prepared.tokens + prepared.reserved_output + prepared.safety_margin <= prepared.limit
     assert tool_problems(prepared.messages) == []
+
+
+def assert_starts_on_user(window: Sequence[Message], history: Sequence[Message]) -> None:
+    """A window that leaves older messages out opens on a user turn after its pinned
+    messages and summary (system/developer); ``history`` is the whole conversation."""
+    rest = [m for m in window if m.role not in ("system", "developer")]
+    whole = [m for m in history if m.role not in ("system", "developer")]
+    assert rest, "the window holds no turn"
+    if len(rest) < len(whole):  # messages were left out
+        assert rest[0].role == "user", [m.role for m in window]

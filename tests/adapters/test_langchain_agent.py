@@ -41,7 +41,7 @@ from ctxguard.adapters.langchain import (
 from ctxguard.errors import ConfigError, CtxGuardError
 from ctxguard.guard import AsyncGuard, Guard
 
-from .conftest import LIMIT, RESERVE, assert_fits
+from .conftest import LIMIT, RESERVE, assert_fits, assert_starts_on_user
 
 
 @tool
@@ -105,11 +105,22 @@ async def run_turns(agent: Any, mode: str, turns: int, thread: str = "chat-1") -
     return messages
 
 
-def check_calls(guard: Guard | AsyncGuard, model: WeatherModel, reserve: int = RESERVE) -> None:
+def check_calls(
+    guard: Guard | AsyncGuard,
+    model: WeatherModel,
+    reserve: int = RESERVE,
+    history: list[BaseMessage] | None = None,
+) -> None:
+    """Each call fits, keeps tool pairs whole and, given the whole ``history``, opens on a
+    user turn (after the system prompt) when older messages were left out."""
+    whole = None if history is None else [to_ctxguard(m) for m in history]
     for call in model.seen:
         assert isinstance(call[0], SystemMessage)
         assert isinstance(call[-1], HumanMessage | ToolMessage)
-        assert_fits(guard, [to_ctxguard(m) for m in call], reserve, SCHEMAS)
+        window = [to_ctxguard(m) for m in call]
+        assert_fits(guard, window, reserve, SCHEMAS)
+        if whole is not None:
+            assert_starts_on_user(window, whole)
 
 
 async def stored(guard: Guard | AsyncGuard, session: str) -> tuple[list[Any], list[Any]]:
@@ -132,7 +143,7 @@ async def test_middleware_fits_every_call_and_records_usage(
     state = await run_turns(agent, mode, 12)
 
     assert len(model.seen) == 24  # a tool call and an answer per turn
-    check_calls(guard, model)
+    check_calls(guard, model, history=state)
     assert len(model.seen[-1]) < len(state)  # the history outgrew the budget: trimmed
     history, audit = await stored(guard, "chat-1")  # the session is the run's thread
     assert [s.message.id for s in history] == [m.id for m in state]  # whole and ordered
@@ -152,7 +163,7 @@ def test_middleware_with_an_exact_counter() -> None:
     model = WeatherModel()
     agent = weather_agent(model, CtxGuardMiddleware(guard, max_tokens=RESERVE))
     state = asyncio.run(run_turns(agent, "sync", 12))
-    check_calls(guard, model)
+    check_calls(guard, model, history=state)
     assert len(model.seen[-1]) < len(state)
 
 

@@ -144,3 +144,14 @@ async def test_an_engine_system_prompt_fits(
         tokens = guard.counter.count_request([to_ctxguard(m) for m in sent])
         assert tokens + 40 <= 360, tokens
     assert_fits(guard, [to_ctxguard(m) for m in llm.seen[-1]], 40)
+
+
+async def test_an_empty_memory_gets_no_messages(store_url: str, namespace: str) -> None:
+    memory = CtxGuardMemory.from_defaults(
+        store_url, session_id="empty", namespace=namespace, limit=1000, max_tokens=100
+    )
+    assert memory.get() == [] and await memory.aget() == []
+    memory.put(ChatMessage(role="user", content="hi"))
+    assert [m.content for m in memory.get()] == ["hi"]
+    memory.reset()
+    assert memory.get() == [] and await memory.aget() == []

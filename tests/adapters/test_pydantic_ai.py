@@ -35,7 +35,7 @@ from ctxguard.guard import AsyncGuard, Guard
 from ctxguard.guard.policies import tool_problems
 from ctxguard.messages import Message
 
-from .conftest import LIMIT
+from .conftest import LIMIT, assert_starts_on_user
 from .pydantic_ai_parts import (
     NOT_ROUND_TRIPPED,
     REQUEST_PARTS,
@@ -310,6 +310,7 @@ async def test_capability_fits_every_call_and_keeps_the_run(
 
     assert len(calls) == 24  # a tool call and an answer per turn
     tools = openai_tools(calls[0][1].function_tools)
+    whole = to_pieces(history).messages
     for window, info in calls:
         assert info.model_settings is not None and info.model_settings["max_tokens"] == RESERVE
         tokens = window_tokens(guard, window, info.instructions, tools)
@@ -317,6 +318,7 @@ async def test_capability_fits_every_call_and_keeps_the_run(
         assert isinstance(window[-1], pai.ModelRequest)
         responses = [m for m in window if isinstance(m, pai.ModelResponse)]
         assert all(any(r is h for h in history) for r in responses)  # never split
+        assert_starts_on_user(to_pieces(window).messages, whole)
     assert len(calls[-1][0]) < len(history)  # the history outgrew the budget: trimmed
 
     stored = await capability.aload()
@@ -345,8 +347,10 @@ async def test_capability_with_an_exact_counter() -> None:
     capability = CtxGuardCapability(guard, session_id="exact", max_tokens=RESERVE)
     history = await run_turns(weather_agent(weather_model(calls), capability), "async", 12)
     tools = openai_tools(calls[0][1].function_tools)
+    whole = to_pieces(history).messages
     for window, info in calls:
         assert window_tokens(guard, window, info.instructions, tools) + RESERVE <= LIMIT
+        assert_starts_on_user(to_pieces(window).messages, whole)
     assert len(calls[-1][0]) < len(history)
     assert [dump(m) for m in capability.load()] == [dump(m) for m in history]
 

@@ -2,9 +2,13 @@
 
 Follows, for langchain-core 1.8.3 (installed): ``libs/core/tests/unit_tests/
 chat_history/test_chat_history.py`` and the ``RunnableWithMessageHistory``
-scenarios of ``libs/core/tests/unit_tests/runnables/test_history.py`` (the
-stored upstream revision predates 1.x; the scenarios taken use APIs unchanged
-since, the schema-comparison tests written against pydantic v1 are not taken);
+scenarios of ``libs/core/tests/unit_tests/runnables/test_history.py`` and
+``libs/core/tests/unit_tests/chat_history/test_file_chat_message_history.py``
+(``FileChatMessageHistory``, the persistent history langchain-core ships: a
+second history on the same session id is upstream's reopened file). The newest
+stored upstream revisions of these files predate 1.x; the scenarios taken use
+APIs unchanged since, the schema-comparison tests written against pydantic v1
+are not taken;
 and, for langchain-redis (not installed; its repository's
 ``libs/redis/tests/integration_tests/test_chat_message_history.py``), the
 ``RedisChatMessageHistory`` scenarios that the ``BaseChatMessageHistory``
@@ -74,6 +78,44 @@ async def test_async_interface(history: History) -> None:
     ]
     await history.aclear()
     assert await history.aget_messages() == []
+
+
+# -- langchain-core: chat_history/test_file_chat_message_history.py -----------------
+
+
+def test_file_history_add_messages(history: History) -> None:
+    history.add_user_message("Hello!")
+    history.add_ai_message("Hi there!")
+    messages = history.messages
+    assert len(messages) == 2
+    assert isinstance(messages[0], HumanMessage)
+    assert isinstance(messages[1], AIMessage)
+    assert messages[0].content == "Hello!"
+    assert messages[1].content == "Hi there!"
+
+
+def test_file_history_clear_messages(history: History) -> None:
+    history.add_user_message("Hello!")
+    history.add_ai_message("Hi there!")
+    history.clear()
+    assert len(history.messages) == 0
+
+
+def test_file_history_multiple_sessions(make_history: MakeHistory) -> None:
+    first = make_history("file_session")
+    first.add_user_message("Hello, AI!")
+    first.add_ai_message("Hello, how can I help you?")
+    first.add_user_message("Tell me a joke.")
+    first.add_ai_message("Why did the chicken cross the road? To get to the other side!")
+    expected = [
+        "Hello, AI!",
+        "Hello, how can I help you?",
+        "Tell me a joke.",
+        "Why did the chicken cross the road? To get to the other side!",
+    ]
+    assert [m.content for m in first.messages] == expected
+    second = make_history("file_session")  # upstream: FileChatMessageHistory(same path)
+    assert [m.content for m in second.messages] == expected
 
 
 # -- langchain-core: runnables/test_history.py --------------------------------------
