@@ -258,9 +258,7 @@ def plan_request(
     pinned_seqs = sorted(i.seq for i in pinned)
 
     def left_out(low: int, high: int) -> int:
-        """How many non-pinned messages lie in positions [low, high)."""
-        inside = bisect.bisect_left(pinned_seqs, high) - bisect.bisect_left(pinned_seqs, low)
-        return max(0, high - low - inside)
+        return unpinned_between(pinned_seqs, low, high)
 
     first = window[0].seq if window else history_start
     if left_out(history_start, first) and summary is not None:
@@ -276,14 +274,44 @@ def plan_request(
         if skip:
             plan.decide("user_start", skipped=[i.seq for i in window[:skip]])
             window = window[skip:]
+    return close_window(
+        plan,
+        window,
+        pinned_seqs,
+        history_start,
+        summary_text,
+        summary_version,
+        summary_covers_to,
+        policy.summarize_after,
+    )
+
+
+def unpinned_between(pinned_seqs: Sequence[int], low: int, high: int) -> int:
+    """How many non-pinned messages lie in positions [low, high) (``pinned_seqs`` sorted)."""
+    inside = bisect.bisect_left(pinned_seqs, high) - bisect.bisect_left(pinned_seqs, low)
+    return max(0, high - low - inside)
+
+
+def close_window(
+    plan: Plan,
+    window: list[Item],
+    pinned_seqs: Sequence[int],
+    history_start: int,
+    summary_text: str | None,
+    summary_version: int,
+    summary_covers_to: int,
+    summarize_after: int | None,
+) -> Plan:
+    """The last step of every window policy: set the window, record the history it leaves
+    out, and ask for a summary once enough of it is not summarized yet."""
     plan.window = window
     start = window[0].seq if window else history_start
-    dropped = left_out(history_start, start)
+    dropped = unpinned_between(pinned_seqs, history_start, start)
     if dropped:
         plan.dropped = [(history_start, start)]
         plan.decide("window", first_seq=start, dropped_messages=dropped)
-    unsummarized = left_out(max(history_start, summary_covers_to), start)
-    if policy.summarize_after is not None and unsummarized >= max(1, policy.summarize_after):
+    unsummarized = unpinned_between(pinned_seqs, max(history_start, summary_covers_to), start)
+    if summarize_after is not None and unsummarized >= max(1, summarize_after):
         plan.summarize = SummaryRequest(summary_text, summary_version, summary_covers_to, start)
     return plan
 

@@ -45,8 +45,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ctxguard.guard.plan import Budget, Item, Plan, SummaryRequest
-from ctxguard.guard.policies import Shrinker, _repair, admit, group, tail_start
+from ctxguard.guard.plan import Budget, Item, Plan
+from ctxguard.guard.policies import (
+    Shrinker,
+    _repair,
+    admit,
+    close_window,
+    group,
+    tail_start,
+    unpinned_between,
+)
 
 if TYPE_CHECKING:
     from ctxguard.stores.base import WindowFetch
@@ -194,8 +202,7 @@ def plan_stable(
     pinned_seqs = sorted(i.seq for i in pinned)
 
     def left_out(low: int, high: int) -> int:
-        inside = bisect.bisect_left(pinned_seqs, high) - bisect.bisect_left(pinned_seqs, low)
-        return max(0, high - low - inside)
+        return unpinned_between(pinned_seqs, low, high)
 
     first_seq = items[0].seq if items else history_start
     room = budget.prompt - budget.overhead - sum(i.tokens for i in pinned)
@@ -226,14 +233,15 @@ def plan_stable(
             plan.summary_version = summary_version
             plan.summary_covers_to = summary_covers_to
             plan.decide("summary", covers_to=summary_covers_to, tokens=summary.tokens)
-    plan.window = window
     start = window[0].seq if window else history_start
     plan.decide("stable", cut=k, step=step, first_seq=start)
-    dropped = left_out(history_start, start)
-    if dropped:
-        plan.dropped = [(history_start, start)]
-        plan.decide("window", first_seq=start, dropped_messages=dropped)
-    unsummarized = left_out(max(history_start, summary_covers_to), start)
-    if policy.summarize_after is not None and unsummarized >= max(1, policy.summarize_after):
-        plan.summarize = SummaryRequest(summary_text, summary_version, summary_covers_to, start)
-    return plan
+    return close_window(
+        plan,
+        window,
+        pinned_seqs,
+        history_start,
+        summary_text,
+        summary_version,
+        summary_covers_to,
+        policy.summarize_after,
+    )
