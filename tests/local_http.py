@@ -15,27 +15,39 @@ from typing import Any
 Answer = Callable[[str, Any, Mapping[str, str]], tuple[int, Any]]
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """A handler that writes no access log and answers with one helper."""
+
+    def send(self, status: int, data: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def serve_in_thread(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    """A server on a free port of 127.0.0.1, serving from a daemon thread."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
 class JsonServer:
     """Serves POSTs with ``answer`` until :meth:`close`."""
 
     def __init__(self, answer: Answer) -> None:
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 status, payload = answer(self.path, body, dict(self.headers))
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.send(status, json.dumps(payload).encode(), "application/json")
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = serve_in_thread(Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def close(self) -> None:
         self.httpd.shutdown()

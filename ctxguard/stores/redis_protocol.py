@@ -10,6 +10,7 @@ parser, and splitting them would let the two drift apart.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Mapping, Sequence
@@ -67,6 +68,7 @@ SCRIPT_NAMES = (
 )
 
 
+@functools.cache
 def load_script(name: str) -> str:
     """Script text: the shared helpers it uses, followed by the operation's own file.
 

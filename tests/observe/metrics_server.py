@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.local_http import QuietHandler, serve_in_thread
 
 
 def vllm_text(kv: float, waiting: int, model: str = "m") -> str:
@@ -36,24 +37,15 @@ class MetricsServer:
         lock = threading.Lock()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 with lock:
                     status, text = outer.bodies[min(outer.scrapes, len(outer.bodies) - 1)]
                     outer.scrapes += 1
-                data = text.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.send(status, text.encode(), "text/plain; version=0.0.4")
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = serve_in_thread(Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def close(self) -> None:
         self.httpd.shutdown()
