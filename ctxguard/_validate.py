@@ -414,3 +414,32 @@ def check_record(record: object) -> None:
         raise InvalidInputError(
             f"an audit record must be a dict with string keys, got {type_name(record)}"
         )
+
+
+def check_http_url(url: object, what: str) -> str:
+    """``url`` if it is an ``http(s)://host[:port][/path]`` URL, else ConfigError.
+
+    Checked when an object that will call the URL is made, so a typo (``ftp://``,
+    ``localhost:8000`` without a scheme, a bad port) fails at once and not at the first
+    request. The error shows the URL without credentials or query string."""
+    from urllib.parse import urlsplit
+
+    if not isinstance(url, str):
+        raise ConfigError(f"{what} must be a URL such as http://host:8000, got {type_name(url)}")
+    problem = None
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        problem = "it does not parse (check the port)"
+    else:
+        if parts.scheme.lower() not in ("http", "https"):
+            problem = "only http:// and https:// are supported"
+        elif not parts.hostname:
+            problem = "it names no host"
+    if problem is not None:
+        from ctxguard.kv.server import redact
+
+        shown = redact(url)
+        raise ConfigError(f"{what} must be an http(s) URL, got {shown!r}: {problem}")
+    return url

@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 
 from ctxguard import _http
-from ctxguard.errors import ConfigError, SummarizerError
+from ctxguard._validate import check_http_url
+from ctxguard.errors import SummarizerError
 from ctxguard.messages import Message
 from ctxguard.stores.urls import redact_url
 
@@ -46,8 +47,7 @@ class OpenAISummarizer:
         max_tokens: int = 512,
         timeout: float = 60.0,
     ) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"base_url must be http(s)://..., got {redact_url(base_url)}")
+        check_http_url(base_url, "summarizer base_url")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.where = redact_url(self.url)  # what errors (and so the audit trail) show
         self.model = model

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ctxguard._validate import check_arg_types, show
+from ctxguard._validate import check_arg_types, check_http_url, show
 from ctxguard.errors import ConfigError
 from ctxguard.kv.architecture import KVArchitecture
 from ctxguard.kv.calculator import ServingSetup, plan_kv
@@ -234,6 +234,7 @@ class ServerLimit:
             cache_seconds=(cache_seconds, "number"),
             headers=(headers, "map?"),
         )
+        check_http_url(base_url, "ServerLimit base_url")
         if concurrency is not None and concurrency < 1:
             raise ConfigError(f"concurrency must be at least 1, got {concurrency}")
         if timeout <= 0 or cache_seconds < 0:

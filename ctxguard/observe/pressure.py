@@ -33,7 +33,7 @@ from typing import Any, Literal
 import httpx
 
 from ctxguard import _http
-from ctxguard._validate import check_arg_types
+from ctxguard._validate import check_arg_types, check_http_url
 from ctxguard.errors import ConfigError, ServerBusyError
 from ctxguard.guard.setup import make_limit
 from ctxguard.kv.limit import ContextLimit, LimitSource
@@ -212,8 +212,7 @@ class PressureLimit:
             raise ConfigError("need 0 < waiting_lower <= waiting_refuse")
         if not 0 < lowered_fraction <= 1 or timeout <= 0:
             raise ConfigError("lowered_fraction must be in (0, 1] and timeout positive")
-        if not metrics_url.startswith(("http://", "https://")):
-            raise ConfigError(f"metrics_url must be an http(s) URL, got {redact(metrics_url)!r}")
+        check_http_url(metrics_url, "PressureLimit metrics_url")
         self.inner = make_limit(limit)
         self.monitor = monitor_for(metrics_url, interval, timeout)
         self.lower_at, self.refuse_at = lower_at, refuse_at

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ctxguard._validate import check_http_url
 from ctxguard.errors import ConfigError, InvalidIdError
 from ctxguard.ids import validate_name
 from ctxguard.stores.urls import redact_url
@@ -56,13 +57,7 @@ class ServeConfig:
     log_level: str = "info"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.upstream, str) or not self.upstream.startswith(
-            ("http://", "https://")
-        ):
-            raise ConfigError(
-                "upstream must be an http(s) URL such as http://vllm:8000, "
-                f"got {redact_url(str(self.upstream))!r}"
-            )
+        check_http_url(self.upstream, "upstream")
         for name in ("port", "workers", "max_tokens", "max_body_bytes", "idempotency_window"):
             value = getattr(self, name)
             if type(value) is not int or value < (0 if name == "port" else 1):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ctxguard._validate import check_http_url
 from ctxguard.errors import ConfigError
 from ctxguard.tokens._protocol import TokenCounter
 
@@ -48,10 +49,7 @@ def _shown(text: str) -> str:
 def _vllm(rest: str, options: dict[str, Any]) -> TokenCounter:
     from ctxguard.tokens.vllm import load_vllm_counter
 
-    if not rest.startswith(("http://", "https://")):
-        raise ConfigError(
-            f"vllm counters take a server URL, as in vllm:http://host:8000; got {_shown(rest)}"
-        )
+    check_http_url(rest, "the vllm: counter's server URL (as in vllm:http://host:8000)")
     unknown = set(options) - {"model", "timeout", "headers"}
     if unknown:
         raise ConfigError(f"vllm counters take model=, timeout=, headers=; not {sorted(unknown)}")

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from ctxguard import _http
+from ctxguard._validate import check_http_url
 from ctxguard.errors import TemplateRefusedError, TokenizerError
 from ctxguard.stores.urls import redact_url
 from ctxguard.tokens._protocol import Tools, fingerprint
@@ -40,6 +41,7 @@ class VLLMRenderer:
         timeout: float = 10.0,
         headers: Mapping[str, str] | None = None,
     ) -> None:
+        check_http_url(base_url, "vllm counter base_url")
         root = base_url.rstrip("/")
         self.root = root[: -len("/v1")] if root.endswith("/v1") else root
         self.model = model
