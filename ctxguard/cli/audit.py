@@ -20,6 +20,8 @@ from ctxguard.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_CODES_HELP,
     EXIT_VIOLATION,
+    NON_NEGATIVE_INT,
+    POSITIVE_INT,
     add_row,
     emit_json,
     fail,
@@ -79,11 +81,13 @@ class SessionAudit:
 @click.argument("session", required=False)
 @click.option("--all", "all_sessions", is_flag=True, help="Audit every session in the store.")
 @click.option(
-    "--max-message-tokens", type=click.IntRange(min=1), help="Report stored messages over this."
+    "--max-message-tokens",
+    type=POSITIVE_INT,
+    help="Report stored messages over this.",
 )
 @click.option(
     "--max-drift",
-    type=click.IntRange(min=0),
+    type=NON_NEGATIVE_INT,
     help="Report turns whose server-reported prompt tokens differ from the estimate by more.",
 )
 @store_options

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ctxguard._validate import MAX_INT
 from ctxguard.errors import (
     BudgetError,
     ConfigError,
@@ -39,6 +40,10 @@ from ctxguard.stores.urls import parse_store_url, redact_url
 URL_ENV = "CTXGUARD_URL"
 NAMESPACE_ENV = "CTXGUARD_NAMESPACE"
 TENANT_ENV = "CTXGUARD_TENANT"
+
+# Token counts and caps: bounded like every count the library takes (signed 64-bit).
+POSITIVE_INT = click.IntRange(min=1, max=MAX_INT)
+NON_NEGATIVE_INT = click.IntRange(min=0, max=MAX_INT)
 
 EXIT_OK = 0
 EXIT_VIOLATION = 1

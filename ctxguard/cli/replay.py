@@ -19,6 +19,8 @@ from ctxguard.cli.common import (
     EXIT_CODES_HELP,
     EXIT_TOKENIZER,
     EXIT_VIOLATION,
+    NON_NEGATIVE_INT,
+    POSITIVE_INT,
     add_row,
     emit_json,
     fail,
@@ -60,11 +62,15 @@ Examples:
 
 @click.command("replay", epilog=_EPILOG)
 @click.argument("session")
-@click.option("--limit", type=click.IntRange(min=1), help="Context limit instead of the recorded.")
-@click.option("--max-tokens", type=click.IntRange(min=0), help="Output reserve instead.")
-@click.option("--safety-margin", type=click.IntRange(min=0), help="Safety margin instead.")
+@click.option(
+    "--limit",
+    type=POSITIVE_INT,
+    help="Context limit instead of the recorded.",
+)
+@click.option("--max-tokens", type=NON_NEGATIVE_INT, help="Output reserve instead.")
+@click.option("--safety-margin", type=NON_NEGATIVE_INT, help="Safety margin instead.")
 @click.option("--counter", "counter_spec", help="Token counter spec (default: the recorded one).")
-@click.option("--max-window-messages", type=click.IntRange(min=1), help="Window message cap.")
+@click.option("--max-window-messages", type=POSITIVE_INT, help="Window message cap.")
 @click.option("--no-summaries", is_flag=True, help="Replay as if no summary had been committed.")
 @click.option(
     "--start-on-user/--no-start-on-user",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ctxguard._validate import check_arg_types, check_http_url, show
+from ctxguard._validate import MAX_INT, check_arg_types, check_http_url, show
 from ctxguard.errors import ConfigError
 from ctxguard.kv.architecture import KVArchitecture
 from ctxguard.kv.calculator import ServingSetup, plan_kv
@@ -34,9 +34,10 @@ class ContextLimit:
     details: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 1:
+        tokens = self.tokens
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_INT:
             raise ConfigError(
-                f"a context limit must be a positive integer, got {show(self.tokens)}"
+                f"a context limit must be a positive integer up to 2**63-1, got {show(tokens)}"
             )
         check_arg_types("ContextLimit", source=(self.source, "str"), details=(self.details, "map"))
 

@@ -97,3 +97,24 @@ def test_unreachable_store_exits_3_without_the_password() -> None:
     assert result.stderr.startswith("error: StoreConnectionError")
     assert "hunter2secret" not in result.stderr + result.stdout
     assert "***" in result.stderr
+
+
+def test_python_dash_m_ctxguard_is_the_same_command() -> None:
+    import subprocess
+    import sys
+
+    ran = subprocess.run(
+        [sys.executable, "-m", "ctxguard", "sessions", "--url", "memory://", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip().startswith("[")
+    bad = subprocess.run(
+        [sys.executable, "-m", "ctxguard", "sessions", "--url", "ftp://x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ")

@@ -108,3 +108,18 @@ def test_replay_shows_the_prefix_model_for_the_recorded_and_the_stable_policy(
 def test_a_bad_low_water_is_refused(run: Cli, sessions: None, bad: str) -> None:
     result = run("replay", CHAT, "--policy", "stable", "--low-water", bad)
     assert result.exit_code == 2 and "--low-water" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "option", ["--limit", "--max-tokens", "--safety-margin", "--max-window-messages"]
+)
+@pytest.mark.parametrize("value", [str(2**63), "1" + "0" * 23])
+def test_counts_past_64_bits_are_usage_errors(
+    run: Cli, sessions: None, option: str, value: str
+) -> None:
+    result = run("replay", CHAT, option, value)
+    assert result.exit_code == 2 and option in result.stderr
+    assert run("replay", CHAT, option, str(2**63 - 1)).exit_code in (
+        0,
+        1,
+    )  # the bound itself is taken

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ctxguard.errors import ConfigError
+from ctxguard.guard import Guard
 from ctxguard.kv import ContextLimit, LimitSource, ModelLimit, StaticLimit, from_catalogue
 
 
@@ -136,3 +137,12 @@ def test_model_limit_bad_input(kwargs: dict[str, float], message: str) -> None:
 def test_model_limit_accepts_an_architecture_object() -> None:
     arch = from_catalogue("deepseek-v2-lite")
     assert ModelLimit(arch, max_model_len=32768).resolve().tokens == 32768
+
+
+@pytest.mark.parametrize("tokens", [0, -1, 2**63, 10**23, True, 4096.0, "4096"])
+def test_a_limit_outside_one_to_2_63_is_refused(tokens: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        Guard("memory://limit-bounds", counter="approx", limit=tokens)  # type: ignore[arg-type]
+    assert "limit" in str(info.value)
+    with pytest.raises(ConfigError, match=r"positive integer up to 2\*\*63-1"):
+        ContextLimit(tokens, "test")  # type: ignore[arg-type]
