@@ -54,6 +54,7 @@ class AsyncGuard(GuardBase):
             if isinstance(store, str)
             else store
         )
+        self._owns_store = isinstance(store, str)  # a store passed in stays the caller's
         self._check_store(self.store, want_async=True)
         self._background: set[asyncio.Task[Any]] = set()
         self._summarizing: set[str] = set()
@@ -161,7 +162,10 @@ class AsyncGuard(GuardBase):
             await asyncio.gather(*self._background, return_exceptions=True)
 
     async def aclose(self) -> None:
-        """Wait for background summaries, then release the store's connections."""
+        """Wait for background summaries, write pending audit records, then release the
+        connections of the store this guard opened from a URL (a store passed in is left
+        open: it is the caller's to close)."""
         await self.wait_for_summaries()
         await self._run(flows.flush(self.core))
-        await self.store.close()
+        if self._owns_store:
+            await self.store.close()

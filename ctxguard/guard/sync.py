@@ -65,6 +65,7 @@ class Guard(GuardBase):
             if isinstance(store, str)
             else store
         )
+        self._owns_store = isinstance(store, str)  # a store passed in stays the caller's
         self._check_store(self.store, want_async=False)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._background: set[concurrent.futures.Future[Any]] = set()
@@ -185,9 +186,12 @@ class Guard(GuardBase):
         concurrent.futures.wait(list(self._background), timeout=timeout)
 
     def close(self) -> None:
-        """Wait for background summaries, then release the store's connections."""
+        """Wait for background summaries, write pending audit records, then release the
+        connections of the store this guard opened from a URL (a store passed in is left
+        open: it is the caller's to close)."""
         self.wait_for_summaries()
         self._run(flows.flush(self.core))
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        self.store.close()
+        if self._owns_store:
+            self.store.close()
