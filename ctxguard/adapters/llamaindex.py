@@ -47,6 +47,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxguard.adapters.llamaindex", "llamaindex") from exc
 
+from ctxguard.adapters._llamaindex_llm import CtxGuardLLM
 from ctxguard.adapters._llamaindex_memory import CtxGuardMemory
 
 # -- the chat store ------------------------------------------------------------------
@@ -161,4 +162,4 @@ class CtxGuardChatStore(BaseChatStore):
         return [key async for key in guard.store.list_sessions()]
 
 
-__all__ = ["CtxGuardChatStore", "CtxGuardMemory", "to_ctxguard", "to_llamaindex"]
+__all__ = ["CtxGuardChatStore", "CtxGuardLLM", "CtxGuardMemory", "to_ctxguard", "to_llamaindex"]
