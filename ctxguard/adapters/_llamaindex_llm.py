@@ -88,8 +88,8 @@ class CtxGuardLLM(FunctionCallingLLM):
     ``CtxGuardLLM(llm, guard_or_memory)``: the guard (or the :class:`CtxGuardMemory`
     whose guard to share) gives the counter, the limit and the window settings.
     The reply reserved is the call's ``max_tokens``, else ``max_tokens`` here, else
-    the wrapped LLM's ``max_tokens``, else the guard's default. Tool calls are the
-    wrapped LLM's (``get_tool_calls_from_response`` and ``metadata`` delegate).
+    the wrapped LLM's ``max_tokens``, else the memory's, else the guard's default.
+    Tool calls are the wrapped LLM's (``get_tool_calls_from_response`` and ``metadata`` delegate).
     ``last_prepared`` holds the last call's numbers and decisions.
     """
 
@@ -143,7 +143,9 @@ class CtxGuardLLM(FunctionCallingLLM):
             if value is not None:
                 return _shared.check_optional_count(value, "max_tokens")
         inner = getattr(self._llm, "max_tokens", None)
-        return inner if type(inner) is int and inner > 0 else None
+        if type(inner) is int and inner > 0:
+            return inner
+        return self._source.max_tokens if isinstance(self._source, CtxGuardMemory) else None
 
     def _inputs(self, messages: object) -> tuple[list[ChatMessage], list[Message]]:
         given = _shared.check_batch(messages, ChatMessage)

@@ -109,7 +109,9 @@ def test_function_agent_every_final_input_fits(
         max_tokens=RESERVE,  # the reply only: no hand-set reserve for what the agent adds
         chat_history=[ChatMessage(role="system", content=SYSTEM)] if prompt == "memory" else None,
     )
-    llm = CtxGuardLLM(recording_llm(seen), memory, max_tokens=RESERVE)
+    # the reply reserved: given here, or (unset) the memory's max_tokens
+    reserve = {"max_tokens": RESERVE} if prompt == "agent" else {}
+    llm = CtxGuardLLM(recording_llm(seen), memory, **reserve)
     agent = FunctionAgent(
         llm=llm,
         tools=[TOOL],
