@@ -10,6 +10,9 @@
 * :class:`CtxGuardMemory` implements ``BaseMemory``: ``get()`` returns the window
   the guard chose (system pinned, tool pairs whole, within budget), not the whole
   history; ``get_all()`` returns everything.
+* :class:`CtxGuardLLM` wraps an LLM so that every call's final input fits: what an
+  agent adds beyond its memory (system prompt, tool schemas, the run's tool steps)
+  is counted and fitted too (:mod:`ctxguard.adapters._llamaindex_llm`).
 
 LlamaIndex users import both from here; the conversion (lossless, see
 :mod:`ctxguard.adapters._llamaindex_convert`) and the memory

@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("llama_index.core")
 
-from llama_index.core.agent.workflow import FunctionAgent
+from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent
 from llama_index.core.llms import ChatMessage
 from llama_index.core.llms.mock import MockFunctionCallingLLM
 from llama_index.core.workflow import Context
@@ -135,6 +135,41 @@ def test_function_agent_every_final_input_fits(
     check_inputs(memory.ref.any_guard(), seen, history, pinned=1)
     assert llm.last_prepared is not None
     assert llm.last_prepared.reserved_output == RESERVE
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["async", "stream"])
+async def test_agent_workflow_with_a_handoff_tool_fits(
+    store_url: str, namespace: str, streaming: bool
+) -> None:
+    """An ``AgentWorkflow`` of two agents (so a ``handoff`` tool beside the weather tool) on
+    an ``AsyncGuard``: every call fits with both tools' schemas counted."""
+    aguard = AsyncGuard(store_url, namespace=namespace, limit=AGENT_LIMIT, counter="approx")
+    seen: list[Call] = []
+    memory = CtxGuardMemory.from_defaults(aguard, session_id="flow", max_tokens=RESERVE)
+    llm = CtxGuardLLM(recording_llm(seen), aguard, max_tokens=RESERVE)
+    weather_agent = FunctionAgent(
+        name="weather",
+        description="Answers weather questions.",
+        llm=llm,
+        tools=[TOOL],
+        system_prompt=SYSTEM,
+        can_handoff_to=["clerk"],
+        streaming=streaming,
+    )
+    clerk = FunctionAgent(name="clerk", description="Files requests.", llm=llm, tools=[TOOL])
+    flow = AgentWorkflow(agents=[weather_agent, clerk], root_agent="weather")
+    ctx = Context(flow)
+    for turn in range(TURNS):
+        handler = flow.run(question(turn), ctx=ctx, memory=memory)
+        if streaming:
+            assert [event async for event in handler.stream_events()]
+        result: Any = await handler
+        assert str(result.response.content).startswith(f"It is mild ({turn})")
+    history = [to_ctxguard(m) for m in await memory.aget_all()]
+    assert roles(history) == expected_roles(TURNS)
+    assert all(tools is not None and len(tools) == 2 for _, tools in seen)  # weather + handoff
+    check_inputs(aguard, seen, history, pinned=1)
+    await aguard.aclose()
 
 
 def test_the_agent_overflows_without_the_wrapper(store_url: str, namespace: str) -> None:
