@@ -74,12 +74,21 @@ def _kwarg_schemas(kwargs: dict[str, Any]) -> Schemas | None:
 def _with_user(
     user_msg: str | ChatMessage | None, chat_history: Sequence[ChatMessage] | None
 ) -> list[ChatMessage]:
-    history = list(chat_history or [])
+    history = [] if chat_history is None else _shared.check_batch(chat_history, ChatMessage)
     if isinstance(user_msg, str):
         history.append(ChatMessage(role="user", content=user_msg))
     elif user_msg is not None:
         history.append(user_msg)
     return history
+
+
+def _user(prompt: object) -> ChatMessage:
+    """A completion prompt as the one user message it is counted as."""
+    if not isinstance(prompt, str):
+        raise InvalidInputError(
+            _validate.one_line(f"prompt must be a str, got {_validate.show(prompt)}")
+        )
+    return ChatMessage(role="user", content=prompt)
 
 
 class CtxGuardLLM(FunctionCallingLLM):
@@ -122,6 +131,11 @@ class CtxGuardLLM(FunctionCallingLLM):
     @property
     def llm(self) -> LLM:
         return self._llm
+
+    @property
+    def source(self) -> Source:
+        """The guard (or memory) whose counter, limit and settings fit the calls."""
+        return self._source
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -175,13 +189,10 @@ class CtxGuardLLM(FunctionCallingLLM):
         return self._window(given, await _shared.afit(self._guard(), converted, reserve, tools))
 
     def _fit_prompt(self, prompt: str, kwargs: dict[str, Any]) -> str:
-        return self._prompt(
-            prompt, self.fit([ChatMessage(role="user", content=prompt)], None, kwargs)
-        )
+        return self._prompt(prompt, self.fit([_user(prompt)], None, kwargs))
 
     async def _afit_prompt(self, prompt: str, kwargs: dict[str, Any]) -> str:
-        window = await self.afit([ChatMessage(role="user", content=prompt)], None, kwargs)
-        return self._prompt(prompt, window)
+        return self._prompt(prompt, await self.afit([_user(prompt)], None, kwargs))
 
     def _prompt(self, prompt: str, window: list[ChatMessage]) -> str:
         if self._last is not None and "ctxguard_truncated" in self._last.messages[0].metadata:
