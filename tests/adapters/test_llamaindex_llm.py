@@ -217,6 +217,8 @@ def test_sync_tool_calling_entry_points_fit(guard: Guard, streamed: bool) -> Non
         assert str(final.message.content).startswith(f"It is mild ({turn})")
     whole = [to_ctxguard(m) for m in history]
     assert roles(whole) == [("system", 0), *expected_roles(TURNS)]
+    sent = seen[-1][0]  # the caller's own message objects, not copies
+    assert all(any(m is h for h in history) for m in sent)
     check_inputs(guard, seen, whole, pinned=1)
 
 
