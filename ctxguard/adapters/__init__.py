@@ -6,6 +6,7 @@ class                                        module                   extra
 ``CtxGuardChatMessageHistory``               ``adapters.langchain``   ``langchain``
 ``CtxGuardMiddleware`` (langchain>=1.0)      ``adapters.langchain``   ``langchain``
 ``CtxGuardChatStore``, ``CtxGuardMemory``    ``adapters.llamaindex``  ``llamaindex``
+``CtxGuardLLM`` (agents' final input)         ``adapters.llamaindex``  ``llamaindex``
 ``CtxGuardSession``                          ``adapters.openai_agents``  ``agents``
 ``CtxGuardCapability``                       ``adapters.pydantic_ai``  ``pydantic-ai``
 ===========================================  =======================  ==============
@@ -25,6 +26,7 @@ _WHERE = {
     "CtxGuardMiddleware": "langchain",
     "CtxGuardChatStore": "llamaindex",
     "CtxGuardMemory": "llamaindex",
+    "CtxGuardLLM": "llamaindex",
     "CtxGuardSession": "openai_agents",
     "CtxGuardCapability": "pydantic_ai",
 }

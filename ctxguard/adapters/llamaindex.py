@@ -10,6 +10,9 @@
 * :class:`CtxGuardMemory` implements ``BaseMemory``: ``get()`` returns the window
   the guard chose (system pinned, tool pairs whole, within budget), not the whole
   history; ``get_all()`` returns everything.
+* :class:`CtxGuardLLM` wraps an LLM so that every call's final input fits: what an
+  agent adds beyond its memory (system prompt, tool schemas, the run's tool steps)
+  is counted and fitted too (:mod:`ctxguard.adapters._llamaindex_llm`).
 
 LlamaIndex users import both from here; the conversion (lossless, see
 :mod:`ctxguard.adapters._llamaindex_convert`) and the memory
@@ -47,6 +50,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxguard.adapters.llamaindex", "llamaindex") from exc
 
+from ctxguard.adapters._llamaindex_llm import CtxGuardLLM
 from ctxguard.adapters._llamaindex_memory import CtxGuardMemory
 
 # -- the chat store ------------------------------------------------------------------
@@ -161,4 +165,4 @@ class CtxGuardChatStore(BaseChatStore):
         return [key async for key in guard.store.list_sessions()]
 
 
-__all__ = ["CtxGuardChatStore", "CtxGuardMemory", "to_ctxguard", "to_llamaindex"]
+__all__ = ["CtxGuardChatStore", "CtxGuardLLM", "CtxGuardMemory", "to_ctxguard", "to_llamaindex"]

@@ -25,9 +25,11 @@ pytest.importorskip("agents")
 
 from langchain_core.messages import AIMessage, HumanMessage
 from llama_index.core.llms import ChatMessage
+from llama_index.core.llms.mock import MockFunctionCallingLLM
+from llama_index.core.tools import FunctionTool
 
 from ctxguard.adapters.langchain import CtxGuardChatMessageHistory
-from ctxguard.adapters.llamaindex import CtxGuardChatStore, CtxGuardMemory
+from ctxguard.adapters.llamaindex import CtxGuardChatStore, CtxGuardLLM, CtxGuardMemory
 from ctxguard.adapters.openai_agents import CtxGuardSession
 from ctxguard.errors import CtxGuardError, InvalidInputError
 from ctxguard.messages import Message
@@ -71,9 +73,15 @@ def fresh_url() -> str:
     return f"memory://bad-input-{next(_names)}"
 
 
+def guard_ref(adapter: Any) -> Any:
+    if isinstance(adapter, CtxGuardLLM):
+        adapter = adapter.source
+    return adapter._ref if isinstance(adapter, CtxGuardMemory) else adapter.ref
+
+
 def snapshot(adapter: Any) -> Any:
     """Everything the adapter's memory:// store holds, read back field by field."""
-    ref = adapter._ref if isinstance(adapter, CtxGuardMemory) else adapter.ref
+    ref = guard_ref(adapter)
     sessions = ref.sync().store._sessions
     return {
         name: {
@@ -87,7 +95,7 @@ def snapshot(adapter: Any) -> Any:
 def seeded(make: Callable[[str], Any]) -> Any:
     """An adapter over a fresh memory:// store whose session 's' holds two messages."""
     adapter = make(fresh_url())
-    ref = adapter._ref if isinstance(adapter, CtxGuardMemory) else adapter.ref
+    ref = guard_ref(adapter)
     ref.sync().append(
         "s", [Message(role="user", content="hi"), Message(role="assistant", content="hello")]
     )
@@ -124,6 +132,18 @@ def li(url: str) -> CtxGuardChatStore:
 def lm(url: str) -> CtxGuardMemory:
     return CtxGuardMemory.from_defaults(url, session_id="s", limit=4000)
 
+
+def ll(url: str) -> CtxGuardLLM:
+    return CtxGuardLLM(MockFunctionCallingLLM(), lm(url), max_tokens=64)
+
+
+def echo(text: str) -> str:
+    """Echo."""
+    return text
+
+
+TOOLS = [FunctionTool.from_defaults(echo)]
+HI = [ChatMessage(role="user", content="hi")]
 
 # name -> (adapter factory, call taking (adapter, value))
 CALLS: dict[str, tuple[Callable[[str], Any], Callable[[Any, Any], Any]]] = {
@@ -185,6 +205,30 @@ CALLS: dict[str, tuple[Callable[[str], Any], Callable[[Any, Any], Any]]] = {
     "lm.from_defaults.chat_history": (
         lm,
         lambda a, v: CtxGuardMemory.from_defaults(fresh_url(), chat_history=v),
+    ),
+    # LlamaIndex LLM wrapper
+    "ll.chat": (ll, lambda a, v: a.chat(v)),
+    "ll.achat": (ll, lambda a, v: a.achat(v)),
+    "ll.stream_chat": (ll, lambda a, v: a.stream_chat(v)),
+    "ll.astream_chat": (ll, lambda a, v: a.astream_chat(v)),
+    "ll.chat.max_tokens": (ll, lambda a, v: a.chat(HI, max_tokens=v)),
+    "ll.complete": (ll, lambda a, v: a.complete(v)),
+    "ll.acomplete": (ll, lambda a, v: a.acomplete(v)),
+    "ll.chat_with_tools.tools": (ll, lambda a, v: a.chat_with_tools(v, user_msg="hi")),
+    "ll.chat_with_tools.user_msg": (ll, lambda a, v: a.chat_with_tools(TOOLS, user_msg=v)),
+    "ll.achat_with_tools.chat_history": (
+        ll,
+        lambda a, v: a.achat_with_tools(TOOLS, chat_history=v),
+    ),
+    "ll.stream_chat_with_tools.chat_history": (
+        ll,
+        lambda a, v: a.stream_chat_with_tools(TOOLS, chat_history=v),
+    ),
+    "ll.init.guard": (ll, lambda a, v: CtxGuardLLM(MockFunctionCallingLLM(), v)),
+    "ll.init.llm": (ll, lambda a, v: CtxGuardLLM(v, a.source)),
+    "ll.init.max_tokens": (
+        ll,
+        lambda a, v: CtxGuardLLM(MockFunctionCallingLLM(), a.source, max_tokens=v),
     ),
 }
 

@@ -36,6 +36,7 @@ def test_importing_ctxguard_and_adapters_imports_no_framework() -> None:
         ("langchain_core", "langchain", "CtxGuardChatMessageHistory", "langchain"),
         ("llama_index.core", "llamaindex", "CtxGuardChatStore", "llamaindex"),
         ("llama_index.core", "llamaindex", "CtxGuardMemory", "llamaindex"),
+        ("llama_index.core", "llamaindex", "CtxGuardLLM", "llamaindex"),
         ("agents", "openai_agents", "CtxGuardSession", "agents"),
         ("pydantic_ai", "pydantic_ai", "CtxGuardCapability", "pydantic-ai"),
         ("langchain.agents.middleware", "langchain", "CtxGuardMiddleware", "langchain"),
