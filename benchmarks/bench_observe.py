@@ -13,7 +13,15 @@ window cache on. Ratios are against ``off`` (no observer) in the same run.
   with a ``BatchSpanProcessor`` (what production uses) into an in-memory exporter
   (cleared between rounds): a span per operation and per store call, 4 per turn;
 * ``tracing-ops``: ``TracingObserver(provider, store_spans=False)``, 2 spans per turn;
-* ``both`` / ``both-ops``: ``fan_out(metrics, tracing)`` / with ``tracing-ops``.
+* ``both`` / ``both-ops``: ``fan_out(metrics, tracing)`` / with ``tracing-ops``;
+* ``span-floor``: the SDK's floor for ``tracing``: an observer that makes the same
+  spans (one per operation, a child per store call, same times, same provider)
+  with no attributes and nothing else;
+* ``span-floor+attrs``: the same spans carrying constant attribute dicts with the
+  keys and value types ``tracing`` sets (what storing the attributes costs the SDK).
+
+``tracing`` minus ``span-floor+attrs`` is what ctxguard's own code adds; the
+floors minus ``off`` is the SDK's price for the spans the issue asks for.
 
 Run: ``python benchmarks/bench_observe.py [--redis-url URL] [--turns 200] [--rounds 5]``
 (needs ``.[metrics,otel]`` and ``opentelemetry-sdk``). Without ``--redis-url`` a
@@ -34,18 +42,69 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _turn.server import private_redis
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 
 from ctxguard import Guard
-from ctxguard.guard.events import Observer
+from ctxguard.guard.events import Observer, OperationEvent
 from ctxguard.observe import fan_out
 from ctxguard.observe.metrics import PrometheusObserver
 from ctxguard.observe.tracing import TracingObserver
 
 SESSIONS = 8
+
+
+# the attributes TracingObserver sets on a cached turn's spans (keys and value types)
+PREPARE_ATTRS: dict[str, Any] = {
+    "gen_ai.conversation.id": "obs-3",
+    "ctxguard.operation": "prepare",
+    "ctxguard.window_cache": "hit",
+    "gen_ai.request.max_tokens": 256,
+    "gen_ai.conversation.compacted": True,
+    "ctxguard.turn": 40,
+    "ctxguard.limit_tokens": 2048,
+    "ctxguard.limit_source": "static",
+    "ctxguard.budget_tokens": 1792,
+    "ctxguard.tokens": 1750,
+    "ctxguard.messages": 14,
+    "ctxguard.dropped_messages": 66,
+    "ctxguard.summary_version": 0,
+    "ctxguard.policies": ("admission", "window"),
+}
+COMPLETE_ATTRS: dict[str, Any] = {
+    "gen_ai.conversation.id": "obs-3",
+    "ctxguard.operation": "complete",
+    "gen_ai.usage.input_tokens": 1750,
+    "gen_ai.usage.output_tokens": 60,
+    "ctxguard.estimate_tokens": 1750,
+}
+
+
+def span_floor(provider: TracerProvider, with_attributes: bool) -> Observer:
+    """The same spans as TracingObserver (parentage, kinds, times), nothing of ours."""
+    tracer = trace.get_tracer("floor", tracer_provider=provider)
+
+    def observe(event: OperationEvent) -> None:
+        attrs = None
+        if with_attributes:
+            attrs = PREPARE_ATTRS if event.kind == "prepare" else COMPLETE_ATTRS
+        span = tracer.start_span("op", start_time=event.wall_start_ns, attributes=attrs)
+        parent = trace.set_span_in_context(span)
+        for call in event.store_calls:
+            tracer.start_span(
+                "store",
+                context=parent,
+                kind=SpanKind.CLIENT,
+                start_time=event.wall(call.start_ns),
+                attributes={"db.operation.name": call.method} if with_attributes else None,
+            ).end(end_time=event.wall(call.end_ns))
+        span.end(end_time=event.wall_end_ns)
+
+    return observe
 
 
 def make_observers(exporter: InMemorySpanExporter) -> dict[str, Observer | None]:
@@ -57,6 +116,8 @@ def make_observers(exporter: InMemorySpanExporter) -> dict[str, Observer | None]
     return {
         "off": None,
         "metrics": metrics,
+        "span-floor": span_floor(provider, with_attributes=False),
+        "span-floor+attrs": span_floor(provider, with_attributes=True),
         "tracing": tracing,
         "tracing-ops": ops_only,
         "both": fan_out(metrics, tracing),
@@ -101,9 +162,27 @@ def run(url: str, turns_per_round: int, rounds: int) -> dict[str, Any]:
             exporter.clear()
     for guard in guards.values():
         guard.close()
-    base = statistics.median(per_turn["off"])
+
+    # ratios per round (each round's systems ran back to back), then their median
+    def ratio(name: str, against: str) -> float:
+        return statistics.median(
+            a / b for a, b in zip(per_turn[name], per_turn[against], strict=True)
+        )
+
+    def added(name: str, against: str) -> float:
+        return (
+            statistics.median(a - b for a, b in zip(per_turn[name], per_turn[against], strict=True))
+            * 1e6
+        )
+
     return {
-        name: {"median_us": statistics.median(v) * 1e6, "ratio": statistics.median(v) / base}
+        name: {
+            "median_us": statistics.median(v) * 1e6,
+            "ratio": ratio(name, "off"),
+            "over_off_us": added(name, "off"),
+            "over_floor_us": added(name, "span-floor+attrs") if "tracing" in name else None,
+            "vs_floor": ratio(name, "span-floor+attrs") if "tracing" in name else None,
+        }
         for name, v in per_turn.items()
     }
 
@@ -112,16 +191,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url")
     parser.add_argument("--turns", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     if args.redis_url:
         results = run(args.redis_url, args.turns, args.rounds)
     else:
         with private_redis() as server:
             results = run(server.url, args.turns, args.rounds)
-    print(f"{'system':<10} {'per turn (us)':>14} {'ratio vs off':>13}")
+    print(
+        f"{'system':<17} {'per turn (us)':>14} {'ratio vs off':>13} {'us over off':>12}"
+        f" {'ratio vs floor+attrs':>21} {'us over floor+attrs':>20}"
+    )
     for name, row in results.items():
-        print(f"{name:<10} {row['median_us']:>14.1f} {row['ratio']:>13.3f}")
+        floor = "" if row["vs_floor"] is None else f"{row['vs_floor']:.3f}"
+        over = "" if row["over_floor_us"] is None else f"{row['over_floor_us']:.1f}"
+        print(
+            f"{name:<17} {row['median_us']:>14.1f} {row['ratio']:>13.3f}"
+            f" {row['over_off_us']:>12.1f} {floor:>21} {over:>20}"
+        )
 
 
 if __name__ == "__main__":
