@@ -21,9 +21,12 @@ window cache on. Ratios are against ``off`` (no observer) in the same run.
   keys and value types ``tracing`` sets (what storing the attributes costs the SDK).
 
 ``tracing`` minus ``span-floor+attrs`` is what ctxguard's own code adds; the
-floors minus ``off`` is the SDK's price for the spans the issue asks for.
+floors minus ``off`` is the SDK's price for the spans the issue asks for. The last
+column replays one recorded cached turn's events (prepare + complete) through each
+observer alone, interleaved rounds, same provider: the observer's cost without the
+Redis round trips' noise.
 
-Run: ``python benchmarks/bench_observe.py [--redis-url URL] [--turns 200] [--rounds 5]``
+Run: ``python benchmarks/bench_observe.py [--redis-url URL] [--turns 200] [--rounds 7]``
 (needs ``.[metrics,otel]`` and ``opentelemetry-sdk``). Without ``--redis-url`` a
 private redis-server is started on a free port and stopped at the end.
 """
@@ -143,6 +146,28 @@ def turns(guard: Guard, prefix: str, start: int, count: int) -> float:
     return (time.perf_counter() - began) / count
 
 
+def replay(
+    observers: dict[str, Observer | None],
+    events: list[OperationEvent],
+    exporter: InMemorySpanExporter,
+    rounds: int,
+    calls: int = 2000,
+) -> dict[str, float]:
+    """Per turn (µs): each observer alone, called on one recorded turn's events, interleaved."""
+    per_turn: dict[str, list[float]] = {n: [] for n, o in observers.items() if o is not None}
+    for _ in range(rounds):
+        for name in per_turn:
+            observer = observers[name]
+            assert observer is not None
+            began = time.perf_counter()
+            for _ in range(calls):
+                for event in events:
+                    observer(event)
+            per_turn[name].append((time.perf_counter() - began) / calls * 1e6)
+            exporter.clear()
+    return {name: statistics.median(v) for name, v in per_turn.items()}
+
+
 def run(url: str, turns_per_round: int, rounds: int) -> dict[str, Any]:
     exporter = InMemorySpanExporter()
     observers = make_observers(exporter)
@@ -160,8 +185,13 @@ def run(url: str, turns_per_round: int, rounds: int) -> dict[str, Any]:
             start = 4 * SESSIONS + r * turns_per_round
             per_turn[name].append(turns(guard, name, start, turns_per_round))
             exporter.clear()
-    for guard in guards.values():
+    recorded: list[OperationEvent] = []  # one cached turn's events, for the replay table
+    recorder = Guard(url, limit=2048, namespace=namespace, observer=recorded.append)
+    turns(recorder, "off", 0, SESSIONS + 1)  # the last turn: a cached session's, as above
+    del recorded[:-2]
+    for guard in [*guards.values(), recorder]:
         guard.close()
+    alone = replay(observers, recorded, exporter, rounds)
 
     # ratios per round (each round's systems ran back to back), then their median
     def ratio(name: str, against: str) -> float:
@@ -182,6 +212,7 @@ def run(url: str, turns_per_round: int, rounds: int) -> dict[str, Any]:
             "over_off_us": added(name, "off"),
             "over_floor_us": added(name, "span-floor+attrs") if "tracing" in name else None,
             "vs_floor": ratio(name, "span-floor+attrs") if "tracing" in name else None,
+            "alone_us": alone.get(name),
         }
         for name, v in per_turn.items()
     }
@@ -200,14 +231,15 @@ def main() -> None:
             results = run(server.url, args.turns, args.rounds)
     print(
         f"{'system':<17} {'per turn (us)':>14} {'ratio vs off':>13} {'us over off':>12}"
-        f" {'ratio vs floor+attrs':>21} {'us over floor+attrs':>20}"
+        f" {'ratio vs floor+attrs':>21} {'us over floor+attrs':>20} {'observer alone (us)':>20}"
     )
     for name, row in results.items():
         floor = "" if row["vs_floor"] is None else f"{row['vs_floor']:.3f}"
         over = "" if row["over_floor_us"] is None else f"{row['over_floor_us']:.1f}"
+        alone = "" if row["alone_us"] is None else f"{row['alone_us']:.1f}"
         print(
             f"{name:<17} {row['median_us']:>14.1f} {row['ratio']:>13.3f}"
-            f" {row['over_off_us']:>12.1f} {floor:>21} {over:>20}"
+            f" {row['over_off_us']:>12.1f} {floor:>21} {over:>20} {alone:>20}"
         )
 
 
