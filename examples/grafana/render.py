@@ -11,7 +11,7 @@ arithmetic) and drawn in the dashboard's grid as SVG, screenshotted to PNG by
 headless Chromium (``scripts/install-chromium.sh``; ``--html-only`` skips it).
 
 Run: ``python examples/grafana/render.py [--out examples/grafana/dashboard.png]``
-(needs ``.[metrics,serve]``: prometheus_client, httpx).
+(needs ``.[metrics]``: prometheus_client; a redis-server on PATH without ``--redis-url``).
 """
 
 from __future__ import annotations
