@@ -17,8 +17,9 @@ think time (uniform 20-200 ticks). The prompt is the history up to the limit
 
 ``pressure`` runs the same sessions with the real :class:`PressureLimit` level logic
 (``update`` with the server's KV usage and queue length at each prepare; defaults:
-lower at 0.85, refuse at 0.97 or 64 waiting, margins 0.1 / 4): lowered halves the
-limit, refused makes the session back off 50 ticks and try again.
+lower at 0.85 KV or 8 waiting, refuse at 64 waiting or at 0.97 KV with 8 waiting,
+margins 0.1 / 4): lowered halves the limit, refused makes the session back off
+``BACKOFF`` (50) ticks and try again. ``lower-only`` is the same with refusals off.
 
 Reported: preemptions, delay (ticks from a turn's first attempt, refused tries and
 back-off included, to its first admission), prompt tokens sent, turns done, turns sent
@@ -48,6 +49,7 @@ MAX_MODEL_LEN = 32768
 RESERVED = 512
 PREFILL_BUDGET = 16384
 MAX_RUNNING = 256
+BACKOFF = 50  # ticks a refused session waits before it tries again
 
 
 @dataclass
@@ -78,7 +80,17 @@ def capacity_tokens() -> int:
     return int(limit.details["capacity_tokens"])
 
 
-def simulate(sessions: int, ticks: int, pressure: bool, capacity: int, seed: int = 7) -> Stats:
+# the budgets compared: static, the PressureLimit defaults, and lowering without refusals
+SYSTEMS: dict[str, dict[str, float] | None] = {
+    "static": None,
+    "pressure": {},
+    "lower-only": {"refuse_at": 2.0, "waiting_refuse": 1e9},
+}
+
+
+def simulate(
+    sessions: int, ticks: int, pressure: dict[str, float] | None, capacity: int, seed: int = 7
+) -> Stats:
     rng = random.Random(seed)
     total_blocks = capacity // BLOCK
     free = total_blocks
@@ -89,9 +101,9 @@ def simulate(sessions: int, ticks: int, pressure: bool, capacity: int, seed: int
     stats = Stats()
     first_try: list[int | None] = [None] * sessions  # a refused turn's wait counts too
     level = (
-        PressureLimit(MAX_MODEL_LEN, "http://127.0.0.1:9/metrics", interval=3600)
-        if pressure
-        else None
+        None
+        if pressure is None
+        else PressureLimit(MAX_MODEL_LEN, "http://127.0.0.1:9/metrics", interval=3600, **pressure)
     )
     for tick in range(ticks):
         # sessions whose think time is over prepare a turn
@@ -105,7 +117,7 @@ def simulate(sessions: int, ticks: int, pressure: bool, capacity: int, seed: int
                 state = level.update(Pressure(usage, float(len(waiting)), time.monotonic()))
                 if state == "refused":
                     stats.refusals += 1
-                    bisect.insort(wake, (tick + 50, s))
+                    bisect.insort(wake, (tick + BACKOFF, s))
                     continue
                 if state == "lowered":
                     stats.lowered += 1
@@ -170,18 +182,20 @@ def main() -> None:
     capacity = capacity_tokens()
     print(f"KV capacity: {capacity:,} tokens ({capacity // BLOCK:,} blocks of {BLOCK})")
     header = (
-        f"{'sessions':>8} {'budgets':>9} {'preempt':>8} {'delay p50':>9} {'delay p95':>9} "
+        f"{'sessions':>8} {'budgets':>10} {'preempt':>8} {'delay p50':>9} {'delay p95':>9} "
+        f"{'delay p99':>9} "
         f"{'tokens sent':>12} {'turns':>6} {'lowered':>8} {'refused':>8}"
     )
     print(header)
     for n in (int(x) for x in args.sessions.split(",")):
-        for pressure in (False, True):
+        for name, pressure in SYSTEMS.items():
             st = simulate(n, args.ticks, pressure, capacity)
             delays = sorted(st.delays) or [0]
             p95 = delays[int(0.95 * (len(delays) - 1))]
+            p99 = delays[int(0.99 * (len(delays) - 1))]
             print(
-                f"{n:>8} {'pressure' if pressure else 'static':>9} {st.preemptions:>8} "
-                f"{statistics.median(delays):>9.0f} {p95:>9} {st.tokens_sent:>12,} "
+                f"{n:>8} {name:>10} {st.preemptions:>8} "
+                f"{statistics.median(delays):>9.0f} {p95:>9} {p99:>9} {st.tokens_sent:>12,} "
                 f"{st.turns:>6} {st.lowered:>8} {st.refusals:>8}"
             )
 

@@ -14,7 +14,9 @@ Stores are chosen by URL (``memory://``, ``redis://``, ``rediss://``,
 ``redis+cluster://``); counters by spec (``approx``, ``tiktoken:…``, ``hf:/path``,
 ``mistral:…``); limits are an int, a :class:`ContextLimit`, or a source that derives
 one (:class:`ModelLimit` from the KV cache, :class:`ServerLimit` from a running vLLM).
-Framework adapters live in :mod:`ctxguard.adapters` and load only when imported.
+Framework adapters live in :mod:`ctxguard.adapters` and load only when imported;
+``observer=`` gets one :class:`OperationEvent` per operation (Prometheus and
+OpenTelemetry observers in :mod:`ctxguard.observe`, loaded only when imported).
 """
 
 from ctxguard.errors import (
@@ -28,11 +30,13 @@ from ctxguard.errors import (
     InvalidMessageError,
     MessageTooLongError,
     MissingDependencyError,
+    ServerBusyError,
     SessionFullError,
     StoreConnectionError,
     StoreError,
     SummarizerError,
     TemplateRefusedError,
+    TenantBudgetError,
     TokenizerError,
 )
 from ctxguard.guard import (
@@ -43,6 +47,7 @@ from ctxguard.guard import (
     OpenAISummarizer,
     PreparedRequest,
 )
+from ctxguard.guard.events import OperationEvent
 from ctxguard.kv import ContextLimit, LimitSource, ModelLimit, ServerLimit, StaticLimit
 from ctxguard.messages import Message, ToolCall
 from ctxguard.stores import open_async_store, open_store
@@ -68,7 +73,9 @@ __all__ = [
     "MissingDependencyError",
     "ModelLimit",
     "OpenAISummarizer",
+    "OperationEvent",
     "PreparedRequest",
+    "ServerBusyError",
     "ServerLimit",
     "SessionFullError",
     "StaticLimit",
@@ -76,6 +83,7 @@ __all__ = [
     "StoreError",
     "SummarizerError",
     "TemplateRefusedError",
+    "TenantBudgetError",
     "TokenCounter",
     "TokenizerError",
     "ToolCall",

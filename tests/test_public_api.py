@@ -29,7 +29,9 @@ EXPECTED = {
     "MissingDependencyError",
     "ModelLimit",
     "OpenAISummarizer",
+    "OperationEvent",
     "PreparedRequest",
+    "ServerBusyError",
     "ServerLimit",
     "SessionFullError",
     "StaticLimit",
@@ -37,6 +39,7 @@ EXPECTED = {
     "StoreError",
     "SummarizerError",
     "TemplateRefusedError",
+    "TenantBudgetError",
     "TokenCounter",
     "TokenizerError",
     "ToolCall",
@@ -55,6 +58,18 @@ def test_public_names_are_pinned() -> None:
 def test_every_error_shares_one_root() -> None:
     errors = [getattr(ctxguard, n) for n in ctxguard.__all__ if n.endswith("Error")]
     assert all(issubclass(e, ctxguard.CtxGuardError) for e in errors)
+
+
+def test_every_error_of_the_tree_is_importable_from_ctxguard() -> None:
+    import ctxguard.errors
+
+    tree = {
+        name
+        for name, value in vars(ctxguard.errors).items()
+        if isinstance(value, type) and issubclass(value, ctxguard.CtxGuardError)
+    }
+    assert tree - set(ctxguard.__all__) == set()
+    assert {"ServerBusyError", "TenantBudgetError"} <= tree
 
 
 def public_methods(cls: type) -> dict[str, bool]:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import contextlib
 
-from ctxguard.guard.events import Observer, OperationEvent
+from ctxguard.guard.events import Observer, OperationEvent, StoreCallEvent, SummaryEvent
 
-__all__ = ["fan_out"]
+__all__ = ["Observer", "OperationEvent", "StoreCallEvent", "SummaryEvent", "fan_out"]
 
 
 def fan_out(*observers: Observer) -> Observer:

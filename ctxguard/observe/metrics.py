@@ -125,6 +125,7 @@ class PrometheusObserver:
             ["level"],
             registry=r,
         )
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}  # labelled children
         self.cache_hits = Counter(
             f"{p}_window_cache_hits",
             "Prepares planned on the cached window and taken by the store in one round trip",
@@ -137,10 +138,18 @@ class PrometheusObserver:
             registry=r,
         )
 
+    def _child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, looked up once (prometheus_client locks on each call)."""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     def __call__(self, event: OperationEvent) -> None:
-        self.operations.labels(event.kind).observe(event.seconds)
+        self._child(self.operations, event.kind).observe(event.seconds)
         for call in event.store_calls:
-            self.store_seconds.labels(call.method).observe(call.seconds)
+            self._child(self.store_seconds, call.method).observe(call.seconds)
             if call.error is not None:
                 self.store_errors.labels(call.method, call.error).inc()
         for summary in event.summaries:
@@ -149,7 +158,7 @@ class PrometheusObserver:
         if event.cache == "hit":
             self.cache_hits.inc()
         elif event.cache is not None:
-            self.cache_misses.labels(event.cache).inc()
+            self._child(self.cache_misses, event.cache).inc()
         if event.kind == "prepare":
             self._prepared(event)
         elif event.kind == "complete" and event.error is None:
@@ -164,7 +173,7 @@ class PrometheusObserver:
             return
         used = {str(d.get("policy")) for d in prepared.decisions}
         policy = next((p for p in POLICIES if p in used), "none")
-        self.requests.labels("sent", policy).inc()
+        self._child(self.requests, "sent", policy).inc()
         self.window_tokens.observe(prepared.tokens)
         self.limit_tokens.set(prepared.limit)
         if prepared.limit > 0:

@@ -10,7 +10,12 @@ shared by every guard of the process) and, from the KV-cache usage (vLLM
 * ``ok``: the wrapped limit, unchanged;
 * ``lowered``: the limit times ``lowered_fraction`` (a shorter prompt, less KV);
 * ``refused``: :class:`~ctxguard.errors.ServerBusyError` with the numbers (after
-  holding up to ``hold_seconds`` for the pressure to fall), audited as a refusal.
+  holding up to ``hold_seconds`` for the pressure to fall), audited as a refusal:
+  at ``waiting_refuse`` queued requests, or at ``refuse_at`` KV usage *with* a queue
+  (``waiting_lower`` or more, or a server that does not report its queue). A full
+  cache with no queue is how vLLM runs under load (it fills the cache by design):
+  refusing then only reorders the sessions and lengthens the tail
+  (``benchmarks/bench_pressure_sim.py``).
 
 A level is entered when a threshold is reached and left only when the numbers are
 ``kv_margin`` / ``waiting_margin`` below it (hysteresis: budgets do not flap). The
@@ -225,8 +230,11 @@ class PressureLimit:
 
     # -- the level, with hysteresis ---------------------------------------------------
 
-    def _target(self, kv: float, waiting: float) -> Level:
-        if kv >= self.refuse_at or waiting >= self.waiting_refuse:
+    def _target(self, kv: float, waiting: float, queue_known: bool = True) -> Level:
+        # a full KV cache alone is how vLLM runs under load (it fills the cache by
+        # design): it refuses only with a queue forming (or when the queue is not served)
+        queue = waiting >= self.waiting_lower or not queue_known
+        if waiting >= self.waiting_refuse or (kv >= self.refuse_at and queue):
             return "refused"
         if kv >= self.lower_at or waiting >= self.waiting_lower:
             return "lowered"
@@ -239,8 +247,9 @@ class PressureLimit:
                 self.level = "ok"  # nothing known (fail open: the wrapped limit holds)
                 return self.level
             kv, waiting = pressure.kv_usage or 0.0, pressure.waiting or 0.0
-            up = self._target(kv, waiting)
-            down = self._target(kv + self.kv_margin, waiting + self.waiting_margin)
+            known = pressure.waiting is not None
+            up = self._target(kv, waiting, known)
+            down = self._target(kv + self.kv_margin, waiting + self.waiting_margin, known)
             rank = LEVELS.index
             if rank(up) > rank(self.level):
                 self.level = up
@@ -255,7 +264,8 @@ class PressureLimit:
         if level == "refused":
             raise ServerBusyError(
                 f"the model server at {self.monitor.shown} is under KV pressure ({numbers}; "
-                f"refusing at kv>={self.refuse_at} or waiting>={self.waiting_refuse}); "
+                f"refusing at kv>={self.refuse_at} with waiting>={self.waiting_lower}, "
+                f"or waiting>={self.waiting_refuse}); "
                 "nothing was stored: retry later",
                 kv_usage=kv,
                 waiting=waiting,

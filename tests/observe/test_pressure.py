@@ -46,8 +46,8 @@ PHASES = [
     (200, vllm_text(0.2, 0)),  # ok
     (200, vllm_text(0.88, 1)),  # lowered
     (200, vllm_text(0.80, 1)),  # still lowered: not 0.1 below the threshold
-    (200, vllm_text(0.98, 2)),  # refused
-    (200, vllm_text(0.92, 2)),  # still refused (hysteresis)
+    (200, vllm_text(0.98, 9)),  # refused: a full cache and a queue forming
+    (200, vllm_text(0.92, 5)),  # still refused (hysteresis: 0.1 and 4 below)
     (200, vllm_text(0.5, 70)),  # refused by the queue
     (200, vllm_text(0.5, 10)),  # lowered (queue still past waiting_lower)
     (200, vllm_text(0.3, 0)),  # ok again
@@ -84,18 +84,37 @@ def test_budget_follows_pressure_with_hysteresis(server: MetricsServer, namespac
     assert "pressure lowered 4000->2000 kv=0.88 waiting=1" in sources[1]
     refused = [r for r in records if r.get("kind") == "refused"]
     assert [r["error"] for r in refused] == ["ServerBusyError"] * 3
-    assert "kv=0.98 waiting=2" in refused[0]["detail"]
+    assert "kv=0.98 waiting=9" in refused[0]["detail"]
     assert "user" not in json.dumps(refused)  # ids and numbers, no content
 
 
 @pytest.mark.parametrize(
-    "server", [[(200, vllm_text(0.99, 0)), (200, vllm_text(0.5, 0))]], indirect=True
+    "server", [[(200, vllm_text(0.99, 9)), (200, vllm_text(0.5, 0))]], indirect=True
 )
 def test_hold_waits_for_pressure_to_fall(server: MetricsServer) -> None:
     limit = PressureLimit(4000, unique(server.url), interval=0, hold_seconds=30)
     guard = Guard("memory://", limit=limit, max_tokens=64)
     assert guard.prepare("h1", [user(0)]).limit == 4000  # refused, held, then ok
     assert server.scrapes == 2
+
+
+KV_ONLY = '# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine="0"} 0.99\n'
+
+
+@pytest.mark.parametrize(
+    "server",
+    [[(200, vllm_text(0.99, 0)), (200, vllm_text(0.99, 7)), (200, KV_ONLY)]],
+    indirect=True,
+)
+def test_a_full_cache_refuses_only_with_a_queue(server: MetricsServer) -> None:
+    """vLLM fills its KV cache by design: full with no queue is lowered, not refused."""
+    guard = Guard(
+        "memory://", limit=PressureLimit(4000, unique(server.url), interval=0), max_tokens=64
+    )
+    assert guard.prepare("f1", [user(0)]).limit == 2000  # 0.99 KV, nothing waiting
+    assert guard.prepare("f1", [user(1)]).limit == 2000  # 7 waiting: under waiting_lower
+    with pytest.raises(ServerBusyError):  # a server that does not say its queue
+        guard.prepare("f1", [user(2)])
 
 
 @pytest.mark.parametrize("server", [[(200, vllm_text(0.9, 0))]], indirect=True)
@@ -110,7 +129,7 @@ def test_one_reader_per_url_per_process(server: MetricsServer) -> None:
 
 @pytest.mark.parametrize(
     "server",
-    [[(200, vllm_text(0.5, 0)), (200, vllm_text(0.99, 0)), (200, vllm_text(0.2, 0))]],
+    [[(200, vllm_text(0.5, 0)), (200, vllm_text(0.99, 9)), (200, vllm_text(0.2, 0))]],
     indirect=True,
 )
 async def test_async_guard_alike(server: MetricsServer) -> None:

@@ -6,10 +6,13 @@ import json
 from collections.abc import Iterator, Sequence
 
 import pytest
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import StatusCode
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+from opentelemetry.trace import Link, SpanKind, StatusCode, TraceState
+from opentelemetry.util.types import Attributes
 
 from ctxguard import Message
 from ctxguard.errors import BudgetError
@@ -181,3 +184,45 @@ def test_store_spans_can_be_left_out(
     guard = Guard("memory://", limit=400, max_tokens=64, observer=observer)
     guard.prepare("c5", [user(0)])
     assert [s.name for s in memory.get_finished_spans()] == ["ctxguard prepare"]
+
+
+class DropAll(Sampler):
+    """Samples nothing and remembers every span it was asked about."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def should_sample(
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        self.asked.append(name)
+        return SamplingResult(Decision.DROP)
+
+    def get_description(self) -> str:
+        return "DropAll"
+
+
+def test_an_unsampled_operation_makes_no_child_spans(redis_url: str, namespace: str) -> None:
+    sampler = DropAll()
+    provider = TracerProvider(sampler=sampler)
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    guard = Guard(
+        redis_url, limit=400, max_tokens=64, namespace=namespace, observer=TracingObserver(provider)
+    )
+    try:
+        for i in range(3):
+            prepared = guard.prepare("c6", [user(i)])
+            guard.complete("c6", reply(i), prepared=prepared)
+    finally:
+        guard.close()
+    assert memory.get_finished_spans() == ()
+    # the sampler saw the operation spans only: no store span was started under them
+    assert sampler.asked == ["ctxguard prepare", "ctxguard complete"] * 3
