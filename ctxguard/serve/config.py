@@ -31,7 +31,9 @@ class ServeConfig:
     ``limit=None`` reads the upstream's ``/v1/models`` ``max_model_len``.
     ``api_keys`` maps a client's bearer key to its tenant; when set, every request
     needs a known key. ``max_tokens`` is the output reserve (and the ``max_tokens``
-    forwarded) when a request gives none.
+    forwarded) when a request gives none. ``idempotency_lease`` is how long (seconds)
+    an ``Idempotency-Key`` in flight stays claimed in the store without being renewed
+    (it is renewed while its request runs): how long a retry waits for a holder that died.
     """
 
     upstream: str
@@ -53,6 +55,7 @@ class ServeConfig:
     connect_timeout: float = 5.0
     upstream_timeout: float = 600.0
     idempotency_window: int = 64
+    idempotency_lease: float = 10.0
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -73,7 +76,7 @@ class ServeConfig:
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 1):
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
-        for name in ("connect_timeout", "upstream_timeout"):
+        for name in ("connect_timeout", "upstream_timeout", "idempotency_lease"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -126,6 +129,7 @@ _TYPES: dict[str, type] = {
     "idempotency_window": int,
     "connect_timeout": float,
     "upstream_timeout": float,
+    "idempotency_lease": float,
 }
 NAMES = tuple(f.name for f in fields(ServeConfig))
 

@@ -3,8 +3,8 @@
 Guards are the library's public :class:`~ctxguard.Guard` (blocking), run in worker
 threads so the event loop only moves bytes: its counter (the upstream's ``/tokenize``
 by default) and its store calls block. The counter and the limit source are made once
-and shared by every tenant's guard. Nothing here holds request state but the map of
-in-flight idempotency keys.
+and shared by every tenant's guard. Nothing here holds request state (an
+Idempotency-Key in flight is a lease in the store: :mod:`ctxguard.serve.idempotency`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import asyncio
 import threading
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 import anyio.to_thread
@@ -67,7 +67,7 @@ class Gateway:
             limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
             headers=self.upstream_headers(),
         )
-        self.inflight: dict[tuple[str | None, str, str], asyncio.Event] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self._session_locks: weakref.WeakValueDictionary[tuple[int, str], asyncio.Lock] = (
             weakref.WeakValueDictionary()
         )
@@ -80,6 +80,12 @@ class Gateway:
             lock = asyncio.Lock()
             self._session_locks[key] = lock
         return lock
+
+    def background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` on the event loop without waiting for it (kept until it ends)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def upstream_headers(self) -> dict[str, str]:
         key = self.config.upstream_api_key
@@ -163,6 +169,8 @@ class Gateway:
         return status
 
     async def aclose(self) -> None:
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=self.config.connect_timeout)
         await self.client.aclose()
         for guard in [*self._guards.values(), self._stateless]:
             if guard is not None:

@@ -45,7 +45,14 @@ class CliGateway:
                 raise RuntimeError("ctxguard serve did not become healthy")
             time.sleep(0.1)
 
+    def kill(self) -> None:
+        """Die at once (SIGKILL): no shutdown, no cleanup, as a crashed host would."""
+        self.proc.kill()
+        self.proc.wait(10)
+
     def stop(self) -> None:
+        if self.proc.poll() is not None:
+            return
         self.proc.terminate()
         try:
             self.proc.wait(20)
