@@ -40,6 +40,11 @@ Every option is also an environment variable CTXGUARD_SERVE_<NAME> (CTXGUARD_URL
     type=float,
     help="Seconds an Idempotency-Key in flight stays claimed unless renewed (default 10).",
 )
+@click.option(
+    "--metrics/--no-metrics",
+    default=None,
+    help="Serve GET /metrics (needs ctxguard[metrics]; default on).",
+)
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML file.")
 @handles_errors
 def serve_command(config_file: str | None, **flags: Any) -> None:

@@ -274,14 +274,19 @@ async def send_upstream(
     gw: Gateway, url: str, body: dict[str, Any], *, stream: bool
 ) -> httpx.Response:
     """POST upstream; failures become OpenAI-shaped 502/504 (and upstream 4xx pass through)."""
+    started = time.perf_counter()
     try:
         request = gw.client.build_request("POST", url, json=body)
         response = await gw.client.send(request, stream=stream)
     except httpx.HTTPError as exc:
         status, message, code = upstream_failure(exc, gw.shown_upstream)
+        gw.observe_upstream("timeout" if status == 504 else "unavailable", started)
         raise ApiError(status, message, type="upstream_error", code=code) from None
     if response.status_code == 200:
+        gw.observe_upstream("ok", started)
         return response
+    rejected = 400 <= response.status_code < 500 and response.status_code != 408
+    gw.observe_upstream("rejected" if rejected else "error", started)
     try:
         await response.aread()
     except httpx.HTTPError:
@@ -289,7 +294,7 @@ async def send_upstream(
     finally:
         await response.aclose()
     detail = _upstream_message(response)
-    if 400 <= response.status_code < 500 and response.status_code != 408:
+    if rejected:
         raise ApiError(response.status_code, detail, code="upstream_rejected")
     raise ApiError(
         502,

@@ -34,6 +34,7 @@ class ServeConfig:
     forwarded) when a request gives none. ``idempotency_lease`` is how long (seconds)
     an ``Idempotency-Key`` in flight stays claimed in the store without being renewed
     (it is renewed while its request runs): how long a retry waits for a holder that died.
+    ``metrics`` serves ``GET /metrics`` when ``ctxguard[metrics]`` is installed.
     """
 
     upstream: str
@@ -56,6 +57,7 @@ class ServeConfig:
     upstream_timeout: float = 600.0
     idempotency_window: int = 64
     idempotency_lease: float = 10.0
+    metrics: bool = True
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -80,6 +82,8 @@ class ServeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(self.metrics, bool):
+            raise ConfigError(f"metrics must be true or false, got {self.metrics!r}")
         if not isinstance(self.api_keys, Mapping):
             raise ConfigError("api_keys must be a table of key = tenant")
         names = [(self.namespace, "namespace"), (self.tenant, "tenant")]
@@ -131,6 +135,8 @@ _TYPES: dict[str, type] = {
     "upstream_timeout": float,
     "idempotency_lease": float,
 }
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True}
+_BOOLS |= {"0": False, "false": False, "no": False, "off": False}
 NAMES = tuple(f.name for f in fields(ServeConfig))
 
 
@@ -173,6 +179,11 @@ def _from_text(name: str, raw: str) -> Any:
                 )
             keys[key.strip()] = tenant.strip()
         return keys
+    if name == "metrics":
+        flag = raw.strip().lower()
+        if flag not in _BOOLS:
+            raise ConfigError(f"{ENV_PREFIX}METRICS must be 1/0, true/false, yes/no or on/off")
+        return _BOOLS[flag]
     kind = _TYPES.get(name)
     if kind is None:
         return raw

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Coroutine
@@ -30,6 +31,7 @@ from ctxguard import (
 )
 from ctxguard.errors import ConfigError, CtxGuardError, TokenizerError
 from ctxguard.serve.config import ServeConfig
+from ctxguard.serve.metrics import make_metrics
 from ctxguard.serve.openai_errors import ApiError
 from ctxguard.stores.urls import redact_url
 
@@ -68,6 +70,8 @@ class Gateway:
             headers=self.upstream_headers(),
         )
         self._background: set[asyncio.Task[None]] = set()
+        self.metrics = make_metrics(config.metrics)
+        self.observer = None if self.metrics is None else self.metrics.observer
         self._session_locks: weakref.WeakValueDictionary[tuple[int, str], asyncio.Lock] = (
             weakref.WeakValueDictionary()
         )
@@ -86,6 +90,11 @@ class Gateway:
         task = asyncio.get_running_loop().create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def observe_upstream(self, outcome: str, started: float) -> None:
+        """One upstream request's time (``time.perf_counter()`` at the start) by outcome."""
+        if self.metrics is not None:
+            self.metrics.upstream.labels(outcome).observe(time.perf_counter() - started)
 
     def upstream_headers(self) -> dict[str, str]:
         key = self.config.upstream_api_key
@@ -123,6 +132,7 @@ class Gateway:
                     max_tokens=self.config.max_tokens,
                     safety_margin=self.config.safety_margin,
                     ttl_seconds=self.config.ttl_seconds,
+                    observer=self.observer,
                 )
                 self._guards[tenant] = guard
             return guard
@@ -138,6 +148,7 @@ class Gateway:
                     max_tokens=self.config.max_tokens,
                     safety_margin=self.config.safety_margin,
                     window_cache_size=0,
+                    observer=self.observer,
                 )
             return self._stateless
 
@@ -175,6 +186,8 @@ class Gateway:
         for guard in [*self._guards.values(), self._stateless]:
             if guard is not None:
                 await self.run(guard.close)
+        if self.metrics is not None:
+            self.metrics.close()
 
 
 class UpstreamLimit:
