@@ -100,3 +100,48 @@ def test_a_retry_takes_over_from_a_gateway_that_died(
     again = chat(b.url, "SLOW orphan", headers=key)
     assert again.headers["idempotent-replayed"] == "true"
     assert len(vllm.requests) == 2
+
+
+def test_memory_store_one_process_waits_too(
+    start_gateway: Callable[..., str], vllm: FakeVLLM, namespace: str
+) -> None:
+    url = f"memory://{namespace}"
+    gateway = start_gateway(url=url, max_tokens=256)
+    vllm.slow_seconds = 1.0
+    key = {"Idempotency-Key": "mem-1"}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(chat, gateway, "SLOW memory", headers=key)
+        wait_until(lambda: len(vllm.requests) == 1, "the first request upstream")
+        second = pool.submit(chat, gateway, "SLOW memory", headers=key)
+        answers = [first.result(), second.result()]
+    assert [r.status_code for r in answers] == [200, 200]
+    assert len(vllm.requests) == 1
+    assert answers[1].headers["idempotent-replayed"] == "true"
+    guard = Guard(url, limit=4096)
+    contents = [s.message.content for s in guard.store.read("s1")]
+    guard.close()
+    assert contents == ["SLOW memory", "echo: SLOW memory"]
+
+
+@pytest.mark.redis
+def test_a_key_held_too_long_is_a_409_and_nothing_is_sent(
+    start_gateway: Callable[..., str], vllm: FakeVLLM, redis_url: str, namespace: str
+) -> None:
+    gateway = start_gateway(
+        url=redis_url, namespace=namespace, upstream_timeout=0.5, idempotency_lease=0.5
+    )
+    guard = Guard(redis_url, limit=4096, namespace=namespace)
+    try:
+        # another gateway holds the key and keeps renewing it
+        assert guard.store.acquire_lease("s1", "busy-1", "elsewhere", 60)
+        response = chat(gateway, "hello", headers={"Idempotency-Key": "busy-1"})
+        assert response.status_code == 409
+        assert response.json()["error"]["code"] == "idempotency_key_in_use"
+        assert vllm.requests == []
+        assert guard.store.read("s1") == []  # nothing stored
+        assert guard.store.release_lease("s1", "busy-1", "elsewhere")
+        again = chat(gateway, "hello", headers={"Idempotency-Key": "busy-1"})
+        assert again.status_code == 200
+        assert len(vllm.requests) == 1
+    finally:
+        guard.close()
