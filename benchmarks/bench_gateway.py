@@ -11,7 +11,9 @@ message; the gateway stores it, fits the window, forwards, stores the reply):
 
 - non-streaming latency, p50 / p99, gateway vs direct (direct sends the same window);
 - streaming time to first chunk, p50 / p99;
-- 64 concurrent streams of 200 chunks: chunks per second through the gateway / direct.
+- 64 concurrent streams of 200 chunks: chunks per second through the gateway / direct;
+- what ``GET /metrics`` costs: a second gateway with ``--no-metrics`` on its own copy of
+  the session, timed interleaved with the first (non-streaming p50, on minus off).
 
     python benchmarks/bench_gateway.py --redis-url redis://127.0.0.1:6391/0 [--quick]
 
@@ -175,7 +177,7 @@ def main() -> None:
     namespace = "ctxguard-bench-" + uuid.uuid4().hex[:8]
     results: dict[str, Any] = {"requests": n, "counter": COUNTER, "limit": LIMIT}
 
-    up_port, gw_port = free_port(), free_port()
+    up_port, gw_port, off_port = free_port(), free_port(), free_port()
     app_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-gw-{uuid.uuid4().hex[:6]}"
     app_dir.mkdir()
     (app_dir / "bench_upstream.py").write_text(UPSTREAM)
@@ -189,19 +191,24 @@ def main() -> None:
     )
     up = f"http://127.0.0.1:{up_port}"
     gw = f"http://127.0.0.1:{gw_port}"
-    gateway = subprocess.Popen(
-        [
-            *(sys.executable, "-c", "from ctxguard.cli import main; main()", "serve"),
-            *("--upstream", up, "--url", args.redis_url, "--namespace", namespace),
-            *("--counter", COUNTER, "--limit", str(LIMIT), "--max-tokens", str(RESERVE)),
-            *("--port", str(gw_port)),
-        ],
-        env={**env, "CTXGUARD_SERVE_LOG_LEVEL": "warning"},
+    gw_off = f"http://127.0.0.1:{off_port}"
+    gateway, gateway_off = (
+        subprocess.Popen(
+            [
+                *(sys.executable, "-c", "from ctxguard.cli import main; main()", "serve"),
+                *("--upstream", up, "--url", args.redis_url, "--namespace", namespace),
+                *("--counter", COUNTER, "--limit", str(LIMIT), "--max-tokens", str(RESERVE)),
+                *("--port", str(port), *extra),
+            ],
+            env={**env, "CTXGUARD_SERVE_LOG_LEVEL": "warning"},
+        )
+        for port, extra in ((gw_port, ()), (off_port, ("--no-metrics",)))
     )
     guard = Guard(args.redis_url, counter=COUNTER, limit=LIMIT, namespace=namespace)
     try:
         wait_http(up + "/v1/models", upstream)
         wait_http(gw + "/health", gateway)
+        wait_http(gw_off + "/health", gateway_off)
         generator = HistoryGenerator(seed=11)
         with httpx.Client(timeout=60) as client:
             for size in (100, 10_000):
@@ -209,16 +216,22 @@ def main() -> None:
                 history = generator.history(size)
                 for start in range(0, size, 500):
                     guard.append(session, history[start : start + 500])
+                    guard.append(session + "-off", history[start : start + 500])
                 window = guard.prepare(session, [], max_tokens=RESERVE).openai_messages()
                 direct_body = {"model": "m", "messages": window, "max_tokens": RESERVE}
                 headers = {"X-Session-Id": session}
-                rows: dict[str, list[float]] = {k: [] for k in ("direct", "gw", "d1", "g1")}
+                off_headers = {"X-Session-Id": session + "-off"}
+                rows: dict[str, list[float]] = {k: [] for k in ("direct", "gw", "d1", "g1", "off")}
                 for i in range(n + 20):
                     user = {"role": "user", "content": f"question {i} about the order"}
                     gw_body = {"model": "m", "messages": [user]}
                     direct = {**direct_body, "messages": [*window, user]}
                     d = timed(client, up + "/v1/chat/completions", direct, {})
+                    if i % 2:  # metrics off first every other time (no order bias)
+                        off = timed(client, gw_off + "/v1/chat/completions", gw_body, off_headers)
                     g = timed(client, gw + "/v1/chat/completions", gw_body, headers)
+                    if not i % 2:
+                        off = timed(client, gw_off + "/v1/chat/completions", gw_body, off_headers)
                     d1 = first_chunk(
                         client, up + "/v1/chat/completions", {**direct, "stream": True}, {}
                     )
@@ -226,7 +239,7 @@ def main() -> None:
                         client, gw + "/v1/chat/completions", {**gw_body, "stream": True}, headers
                     )
                     if i >= 20:  # warm-up left out
-                        for key, value in zip(rows, (d, g, d1, g1), strict=True):
+                        for key, value in zip(rows, (d, g, d1, g1, off), strict=True):
                             rows[key].append(value * 1000)
                 figures = {
                     f"{name}_{q}": round(percentile(rows[key], p), 3)
@@ -235,6 +248,7 @@ def main() -> None:
                         ("gateway", "gw"),
                         ("direct_first_chunk", "d1"),
                         ("gateway_first_chunk", "g1"),
+                        ("gateway_no_metrics", "off"),
                     )
                     for q, p in (("p50", 0.5), ("p99", 0.99))
                 }
@@ -243,6 +257,9 @@ def main() -> None:
                 )
                 figures["added_first_chunk_p50_ms"] = round(
                     statistics.median(rows["g1"]) - statistics.median(rows["d1"]), 3
+                )
+                figures["metrics_added_p50_ms"] = round(
+                    statistics.median(rows["gw"]) - statistics.median(rows["off"]), 3
                 )
                 results[f"H={size}"] = figures
                 print(f"H={size}: {json.dumps(figures)}", flush=True)
@@ -258,7 +275,7 @@ def main() -> None:
         }
         print(f"64 streams: {json.dumps(results['streams_64'])}", flush=True)
     finally:
-        for proc in (gateway, upstream):
+        for proc in (gateway, gateway_off, upstream):
             proc.terminate()
             proc.wait(20)
         for sid in list(guard.store.list_sessions()):

@@ -35,6 +35,16 @@ Every option is also an environment variable CTXGUARD_SERVE_<NAME> (CTXGUARD_URL
 @click.option("--max-tokens", type=int, help="Output reserve when a request gives none.")
 @click.option("--max-body-bytes", type=int, help="Largest request body accepted.")
 @click.option("--upstream-timeout", type=float, help="Seconds to wait on the model server.")
+@click.option(
+    "--idempotency-lease",
+    type=float,
+    help="Seconds an Idempotency-Key in flight stays claimed unless renewed (default 10).",
+)
+@click.option(
+    "--metrics/--no-metrics",
+    default=None,
+    help="Serve GET /metrics (needs ctxguard[metrics]; default on).",
+)
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML file.")
 @handles_errors
 def serve_command(config_file: str | None, **flags: Any) -> None:

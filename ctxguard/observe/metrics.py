@@ -63,7 +63,10 @@ class PrometheusObserver:
             registry=r,
         )
         self.limit_tokens = Gauge(
-            f"{p}_limit_tokens", "Context limit of the latest prepared request", registry=r
+            f"{p}_limit_tokens",
+            "Context limit of the latest prepared request",
+            registry=r,
+            multiprocess_mode="mostrecent",  # across worker processes: the latest one
         )
         self.utilisation = Histogram(
             f"{p}_limit_utilisation_ratio",

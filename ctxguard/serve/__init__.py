@@ -34,17 +34,20 @@ def run(config: ServeConfig, **uvicorn_options: Any) -> None:
     import uvicorn
 
     from ctxguard.serve.config import CONFIG_ENV
+    from ctxguard.serve.metrics import multiprocess_dir
 
     os.environ[CONFIG_ENV] = config.to_json()
-    uvicorn.run(
-        "ctxguard.serve.app:app_from_env",
-        factory=True,
-        host=config.host,
-        port=config.port,
-        workers=config.workers,
-        log_level=config.log_level,
-        **uvicorn_options,
-    )
+    # several workers write their metrics to one directory that /metrics adds up
+    with multiprocess_dir(config.workers, config.metrics):
+        uvicorn.run(
+            "ctxguard.serve.app:app_from_env",
+            factory=True,
+            host=config.host,
+            port=config.port,
+            workers=config.workers,
+            log_level=config.log_level,
+            **uvicorn_options,
+        )
 
 
 def _require() -> None:

@@ -55,6 +55,20 @@ async def health(request: Request) -> Response:
     return JSONResponse(status, 200 if status["status"] == "ok" else 503)
 
 
+async def metrics(request: Request) -> Response:
+    """Prometheus' text exposition (every worker's values added up under ``--workers N``)."""
+    gw: Gateway = request.app.state.gateway
+    if gw.metrics is None:
+        why = (
+            "metrics are off in this gateway's config (metrics = false)"
+            if not gw.config.metrics
+            else "metrics need prometheus_client: install ctxguard[metrics]"
+        )
+        raise ApiError(404, why, code="not_found")
+    body, content_type = await gw.run(gw.metrics.render)
+    return Response(body, 200, headers={"Content-Type": content_type})
+
+
 async def _call(gw: Gateway, method: str, path: str, body: Any = None) -> httpx.Response:
     try:
         response = await gw.client.request(method, gw.upstream + path, json=body)
@@ -118,6 +132,7 @@ def create_app(config: ServeConfig) -> Starlette:
             Route("/v1/models", models, methods=["GET"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
         ],
         exception_handlers={
             ApiError: _api_error,

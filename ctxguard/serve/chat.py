@@ -12,7 +12,6 @@ nothing is kept. A request that cannot fit is never forwarded.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from ctxguard.errors import (
 from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.gateway import Gateway, upstream_failure
+from ctxguard.serve.idempotency import KeyLease, wait_for_key
 from ctxguard.serve.inbound import ChatRequest, parse_chat, read_json
 from ctxguard.serve.openai_errors import ApiError, from_ctxguard
 from ctxguard.serve.relay import StreamRelay, relay_response
@@ -53,7 +53,7 @@ class Turn:
     reply_id: str
     messages: list[Message]
     chat: ChatRequest
-    key: tuple[str | None, str, str] | None = None
+    lease: KeyLease | None = None  # held while an Idempotency-Key runs
     prepared: PreparedRequest | None = field(default=None)
 
     async def complete(
@@ -130,10 +130,9 @@ class Turn:
         )
 
     def release(self) -> None:
-        if self.key is not None:
-            event = self.gateway.inflight.pop(self.key, None)
-            if event is not None:
-                event.set()
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
 
 
 async def chat_completions(request: Request) -> Response:
@@ -170,31 +169,19 @@ async def open_turn(
         return Turn(gw, guard, sid, False, "", messages, chat), None
     key = identity.idempotency_key_of(headers)
     guard = await gw.run(gw.guard, tenant)
-    window = gw.config.idempotency_window
     if key is not None:
         anchor = identity.idempotency_anchor(key)
-        token = (tenant, session_id, key)
-        while (event := gw.inflight.get(token)) is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), gw.config.upstream_timeout)
-        gw.inflight[token] = asyncio.Event()
     else:
-        anchor = await gw.run(_anchor, guard, session_id, window)
-        token = None
+        anchor = await gw.run(_anchor, guard, session_id, gw.config.idempotency_window)
     ids = identity.message_ids(tenant, session_id, anchor, chat.messages)
     rid = identity.reply_id(ids, anchor)
     messages = [Message.from_openai(m, id=i) for m, i in zip(chat.messages, ids, strict=True)]
-    turn = Turn(gw, guard, session_id, True, rid, messages, chat, key=token)
+    turn = Turn(gw, guard, session_id, True, rid, messages, chat)
     if key is not None:
-        try:
-            stored = await gw.run(guard.store.read_last, session_id, window)
-        except BaseException:
-            turn.release()
-            raise
-        for item in stored:
-            if item.message.id == rid:
-                turn.release()
-                return turn, item.message
+        # one request per key at a time, across workers and gateways on this store
+        turn.lease, replay = await wait_for_key(gw, guard, session_id, key, rid)
+        if replay is not None:
+            return turn, replay
     return turn, None
 
 
@@ -287,14 +274,19 @@ async def send_upstream(
     gw: Gateway, url: str, body: dict[str, Any], *, stream: bool
 ) -> httpx.Response:
     """POST upstream; failures become OpenAI-shaped 502/504 (and upstream 4xx pass through)."""
+    started = time.perf_counter()
     try:
         request = gw.client.build_request("POST", url, json=body)
         response = await gw.client.send(request, stream=stream)
     except httpx.HTTPError as exc:
         status, message, code = upstream_failure(exc, gw.shown_upstream)
+        gw.observe_upstream("timeout" if status == 504 else "unavailable", started)
         raise ApiError(status, message, type="upstream_error", code=code) from None
     if response.status_code == 200:
+        gw.observe_upstream("ok", started)
         return response
+    rejected = 400 <= response.status_code < 500 and response.status_code != 408
+    gw.observe_upstream("rejected" if rejected else "error", started)
     try:
         await response.aread()
     except httpx.HTTPError:
@@ -302,7 +294,7 @@ async def send_upstream(
     finally:
         await response.aclose()
     detail = _upstream_message(response)
-    if 400 <= response.status_code < 500 and response.status_code != 408:
+    if rejected:
         raise ApiError(response.status_code, detail, code="upstream_rejected")
     raise ApiError(
         502,

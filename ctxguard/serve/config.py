@@ -32,7 +32,10 @@ class ServeConfig:
     ``limit=None`` reads the upstream's ``/v1/models`` ``max_model_len``.
     ``api_keys`` maps a client's bearer key to its tenant; when set, every request
     needs a known key. ``max_tokens`` is the output reserve (and the ``max_tokens``
-    forwarded) when a request gives none.
+    forwarded) when a request gives none. ``idempotency_lease`` is how long (seconds)
+    an ``Idempotency-Key`` in flight stays claimed in the store without being renewed
+    (it is renewed while its request runs): how long a retry waits for a holder that died.
+    ``metrics`` serves ``GET /metrics`` when ``ctxguard[metrics]`` is installed.
     """
 
     upstream: str
@@ -54,6 +57,8 @@ class ServeConfig:
     connect_timeout: float = 5.0
     upstream_timeout: float = 600.0
     idempotency_window: int = 64
+    idempotency_lease: float = 10.0
+    metrics: bool = True
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -68,10 +73,12 @@ class ServeConfig:
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 1):
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
-        for name in ("connect_timeout", "upstream_timeout"):
+        for name in ("connect_timeout", "upstream_timeout", "idempotency_lease"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(self.metrics, bool):
+            raise ConfigError(f"metrics must be true or false, got {self.metrics!r}")
         if not isinstance(self.api_keys, Mapping):
             raise ConfigError("api_keys must be a table of key = tenant")
         names = [(self.namespace, "namespace"), (self.tenant, "tenant")]
@@ -121,7 +128,10 @@ _TYPES: dict[str, type] = {
     "idempotency_window": int,
     "connect_timeout": float,
     "upstream_timeout": float,
+    "idempotency_lease": float,
 }
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True}
+_BOOLS |= {"0": False, "false": False, "no": False, "off": False}
 NAMES = tuple(f.name for f in fields(ServeConfig))
 
 
@@ -164,6 +174,11 @@ def _from_text(name: str, raw: str) -> Any:
                 )
             keys[key.strip()] = tenant.strip()
         return keys
+    if name == "metrics":
+        flag = raw.strip().lower()
+        if flag not in _BOOLS:
+            raise ConfigError(f"{ENV_PREFIX}METRICS must be 1/0, true/false, yes/no or on/off")
+        return _BOOLS[flag]
     kind = _TYPES.get(name)
     if kind is None:
         return raw

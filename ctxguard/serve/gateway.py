@@ -3,17 +3,18 @@
 Guards are the library's public :class:`~ctxguard.Guard` (blocking), run in worker
 threads so the event loop only moves bytes: its counter (the upstream's ``/tokenize``
 by default) and its store calls block. The counter and the limit source are made once
-and shared by every tenant's guard. Nothing here holds request state but the map of
-in-flight idempotency keys.
+and shared by every tenant's guard. Nothing here holds request state (an
+Idempotency-Key in flight is a lease in the store: :mod:`ctxguard.serve.idempotency`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 import anyio.to_thread
@@ -30,6 +31,7 @@ from ctxguard import (
 )
 from ctxguard.errors import ConfigError, CtxGuardError, TokenizerError
 from ctxguard.serve.config import ServeConfig
+from ctxguard.serve.metrics import make_metrics
 from ctxguard.serve.openai_errors import ApiError
 from ctxguard.stores.urls import redact_url
 
@@ -67,7 +69,9 @@ class Gateway:
             limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
             headers=self.upstream_headers(),
         )
-        self.inflight: dict[tuple[str | None, str, str], asyncio.Event] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self.metrics = make_metrics(config.metrics)
+        self.observer = None if self.metrics is None else self.metrics.observer
         self._session_locks: weakref.WeakValueDictionary[tuple[int, str], asyncio.Lock] = (
             weakref.WeakValueDictionary()
         )
@@ -80,6 +84,17 @@ class Gateway:
             lock = asyncio.Lock()
             self._session_locks[key] = lock
         return lock
+
+    def background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` on the event loop without waiting for it (kept until it ends)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def observe_upstream(self, outcome: str, started: float) -> None:
+        """One upstream request's time (``time.perf_counter()`` at the start) by outcome."""
+        if self.metrics is not None:
+            self.metrics.upstream.labels(outcome).observe(time.perf_counter() - started)
 
     def upstream_headers(self) -> dict[str, str]:
         key = self.config.upstream_api_key
@@ -117,6 +132,7 @@ class Gateway:
                     max_tokens=self.config.max_tokens,
                     safety_margin=self.config.safety_margin,
                     ttl_seconds=self.config.ttl_seconds,
+                    observer=self.observer,
                 )
                 self._guards[tenant] = guard
             return guard
@@ -132,6 +148,7 @@ class Gateway:
                     max_tokens=self.config.max_tokens,
                     safety_margin=self.config.safety_margin,
                     window_cache_size=0,
+                    observer=self.observer,
                 )
             return self._stateless
 
@@ -163,10 +180,14 @@ class Gateway:
         return status
 
     async def aclose(self) -> None:
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=self.config.connect_timeout)
         await self.client.aclose()
         for guard in [*self._guards.values(), self._stateless]:
             if guard is not None:
                 await self.run(guard.close)
+        if self.metrics is not None:
+            self.metrics.close()
 
 
 class UpstreamLimit:

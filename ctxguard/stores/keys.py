@@ -13,6 +13,12 @@ percent-encoded so it holds no ``{ } * ? [ ] :`` or control characters)::
     <ns>:<tenant>:{<sid>}:rids    HASH  audit record id -> turn (0 = not a request), for the
                                         records in ``audit`` (idempotent audit writes)
 
+Beside them, short-lived and never read by a session script (not in ``SUFFIXES``)::
+
+    <ns>:<tenant>:{<sid>}:lease:<name>  STRING  holder token, with a TTL (PX): who runs
+                                        the request named ``<name>`` (percent-encoded)
+                                        now; the gateway's Idempotency-Key in flight
+
 The ``{<sid>}`` hash tag puts all keys of a session in one cluster slot, so the
 same Lua scripts run unchanged on Redis Cluster.
 
@@ -58,6 +64,11 @@ class KeySpace:
         validate_id(session_id, "session id")
         base = f"{self.prefix}{{{encode_session_id(session_id)}}}:"
         return [base + suffix for suffix in SUFFIXES]
+
+    def lease_key(self, session_id: str, name: str) -> str:
+        """A lease on ``name`` within the session (same hash slot as its keys)."""
+        validate_id(name, "lease name")
+        return f"{self.session_keys(session_id)[0][:-4]}lease:{encode_session_id(name)}"
 
     def tenant_budget_key(self) -> str:
         """The tenant's token-budget key (a single key: any script on it is cluster-safe)."""

@@ -40,6 +40,7 @@ from ctxguard.stores.base import (
     with_rid,
 )
 from ctxguard.stores.integrity import RawSession, RepairPlan
+from ctxguard.stores.leases import MemoryLeases
 from ctxguard.stores.memory_async import AsyncMemoryStore
 from ctxguard.stores.memory_session import (
     Session,
@@ -62,6 +63,7 @@ class MemoryStore:
         self.tenant = tenant
         self._sessions: dict[str, Session] = {}
         self._lock = threading.RLock()
+        self._leases = MemoryLeases()
 
     # -- helpers -------------------------------------------------------------
 
@@ -453,6 +455,13 @@ class MemoryStore:
                 return False
             apply_repair(session, plan, record)
             return True
+
+    def acquire_lease(self, session_id: str, name: str, holder: str, seconds: float) -> bool:
+        """Take or renew the lease on ``name`` (see :mod:`.leases`); False if another holds it."""
+        return self._leases.acquire(session_id, name, holder, seconds)
+
+    def release_lease(self, session_id: str, name: str, holder: str) -> bool:
+        return self._leases.release(session_id, name, holder)
 
     def close(self) -> None:
         """Nothing to release; present so every store closes the same way."""

@@ -142,5 +142,11 @@ class AsyncMemoryStore:
     async def repair(self, session_id: str, plan: RepairPlan, record: Mapping[str, Any]) -> bool:
         return self.sync.repair(session_id, plan, record)
 
+    async def acquire_lease(self, session_id: str, name: str, holder: str, seconds: float) -> bool:
+        return self.sync.acquire_lease(session_id, name, holder, seconds)
+
+    async def release_lease(self, session_id: str, name: str, holder: str) -> bool:
+        return self.sync.release_lease(session_id, name, holder)
+
     async def close(self) -> None:
         self.sync.close()

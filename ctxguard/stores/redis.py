@@ -64,6 +64,7 @@ from ctxguard.stores.base import (
     decode_summary,
 )
 from ctxguard.stores.integrity import RawSession, RepairPlan
+from ctxguard.stores.leases import lease_call
 from ctxguard.stores.redis_async import AsyncRedisStore
 from ctxguard.stores.redis_clients import (
     RedisStoreBase,
@@ -291,6 +292,15 @@ class RedisStore(RedisStoreBase):
     ) -> int:
         call = self.protocol.audit_call(session_id, record, retention, ttl)
         return int(self._run(call))  # repeatable: by the record's rid
+
+    def acquire_lease(self, session_id: str, name: str, holder: str, seconds: float) -> bool:
+        """Take or renew the lease on ``name`` (see :mod:`.leases`); False if another holds it."""
+        call = lease_call(self.protocol.keyspace, session_id, name, holder, seconds)
+        return bool(self._run(call))  # repeatable: the holder's own lease is renewed
+
+    def release_lease(self, session_id: str, name: str, holder: str) -> bool:
+        call = lease_call(self.protocol.keyspace, session_id, name, holder, None)
+        return bool(self._run(call))
 
     def _pipelined(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
         """Several scripts of one session in one round trip (not one transaction).

@@ -35,6 +35,7 @@ from ctxguard.stores.base import (
     decode_summary,
 )
 from ctxguard.stores.integrity import RawSession, RepairPlan
+from ctxguard.stores.leases import lease_call
 from ctxguard.stores.redis_clients import (
     RedisStoreBase,
     RetryPolicy,
@@ -272,6 +273,14 @@ class AsyncRedisStore(RedisStoreBase):
     ) -> int:
         call = self.protocol.audit_call(session_id, record, retention, ttl)
         return int(await self._run(call))  # repeatable: by the record's rid
+
+    async def acquire_lease(self, session_id: str, name: str, holder: str, seconds: float) -> bool:
+        call = lease_call(self.protocol.keyspace, session_id, name, holder, seconds)
+        return bool(await self._run(call))  # repeatable: see RedisStore.acquire_lease
+
+    async def release_lease(self, session_id: str, name: str, holder: str) -> bool:
+        call = lease_call(self.protocol.keyspace, session_id, name, holder, None)
+        return bool(await self._run(call))
 
     async def _pipelined(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
         attempts: list[int] = []

@@ -65,6 +65,7 @@ SCRIPT_NAMES = (
     "retract",
     "restore",
     "repair",
+    "lease",
 )
 
 

@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 class CliGateway:
     """``ctxguard serve`` in a child process (uvicorn with worker processes)."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
         command = [sys.executable, "-c", "from ctxguard.cli import main; main()", "serve"]
         self.proc = subprocess.Popen(
             [*command, "--port", str(self.port), *args],
@@ -45,7 +45,14 @@ class CliGateway:
                 raise RuntimeError("ctxguard serve did not become healthy")
             time.sleep(0.1)
 
+    def kill(self) -> None:
+        """Die at once (SIGKILL): no shutdown, no cleanup, as a crashed host would."""
+        self.proc.kill()
+        self.proc.wait(10)
+
     def stop(self) -> None:
+        if self.proc.poll() is not None:
+            return
         self.proc.terminate()
         try:
             self.proc.wait(20)

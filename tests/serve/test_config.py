@@ -29,6 +29,25 @@ def test_flags_win_over_environment_over_file(tmp_path: Path) -> None:
     assert config.counter_spec == "vllm:http://file:8000"
 
 
+def test_metrics_switch_and_lease_from_environment_file_and_flags(tmp_path: Path) -> None:
+    base = {"CTXGUARD_SERVE_UPSTREAM": "http://vllm:8000"}
+    config = load_config({}, environ=base)
+    assert (config.metrics, config.idempotency_lease) == (True, 10.0)
+    env = {**base, "CTXGUARD_SERVE_METRICS": "off", "CTXGUARD_SERVE_IDEMPOTENCY_LEASE": "2.5"}
+    config = load_config({}, environ=env)
+    assert (config.metrics, config.idempotency_lease) == (False, 2.5)
+    assert load_config({"metrics": True}, environ=env).metrics is True
+    file = tmp_path / "gateway.toml"
+    file.write_text("metrics = false\n")
+    assert load_config({}, config_file=file, environ=base).metrics is False
+    with pytest.raises(ConfigError, match="METRICS must be"):
+        load_config({}, environ={**base, "CTXGUARD_SERVE_METRICS": "maybe"})
+    with pytest.raises(ConfigError, match="metrics must be true or false"):
+        ServeConfig(upstream="http://vllm:8000", metrics="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="idempotency_lease"):
+        ServeConfig(upstream="http://vllm:8000", idempotency_lease=0)
+
+
 def test_environment_alone_and_the_store_url_variable() -> None:
     env = {
         "CTXGUARD_SERVE_UPSTREAM": "http://vllm:8000",
