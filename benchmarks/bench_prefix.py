@@ -21,8 +21,11 @@ From turn 20 on it reports per policy: tokens prefilled (total, per turn p50 and
 p99; a tool turn is two requests), mean tokens sent per request as a fraction of
 the prompt budget, tokens sent as a fraction of what the sliding window sends,
 and the targets (stable prefills <= 15% of sliding's tokens and sends >= 75% of
-sliding's tokens). Writes ``benchmarks/results/prefix-<counters>.json`` and an SVG
-plot per setting (tokens sent and prefilled per turn, sliding vs one stable run).
+sliding's tokens); for each stable run, where its prefill goes (requests that cut
+and the others, the template's rewriting of earlier replies measured with a second
+cache fed the replies as rendered, block rounding and the last-token rule). Writes
+``benchmarks/results/prefix-<counters>.json`` and an SVG plot per setting (tokens
+sent and prefilled per turn, sliding vs one stable run).
 
 Run: ``python benchmarks/bench_prefix.py [--quick] [--counters cl100k,qwen3]``
 """
@@ -84,6 +87,13 @@ class Run:
     reused: list[int] = field(default_factory=list)
     request_sent: list[int] = field(default_factory=list)  # per request, from FROM_TURN
     seconds: float = 0.0
+    # per request from FROM_TURN, for the breakdown: prefilled, prefilled had the replies
+    # come back as the template renders them (Qwen3: no <think>), tokens past the longest
+    # common prefix with the previous prompt + reply, and whether the window's start moved
+    request_prefilled: list[int] = field(default_factory=list)
+    request_plain: list[int] = field(default_factory=list)
+    request_unavoidable: list[int] = field(default_factory=list)
+    request_cut: list[bool] = field(default_factory=list)
 
 
 def summarizer(previous: str | None, messages: Sequence[Message]) -> str:
@@ -149,6 +159,9 @@ def run_policy(
     )
     qwen = think and not counter.additive
     cache = PrefixCache(block_size=16)
+    plain_cache = PrefixCache(block_size=16) if qwen else None
+    chain: list[int] = []
+    start: object = None
     run = Run(policy, summaries)
     started = time.perf_counter()
     guard.append("s", [{"role": "system", "content": SYSTEM}])
@@ -160,11 +173,26 @@ def run_policy(
             req = guard.prepare("s", new, tools=TOOLS)
             ids = prompt_ids(counter, list(req.messages), TOOLS)
             assert ids is not None
-            use = cache.request(ids, reply_ids(counter, reply_text(reply, qwen)) or [])
+            generated = reply_ids(counter, reply_text(reply, qwen)) or []
+            use = cache.request(ids, generated)
+            plain = use.prefilled
+            if plain_cache is not None:
+                plain_ids = reply_ids(counter, reply_text(reply, False)) or []
+                plain = plain_cache.request(ids, plain_ids).prefilled
+            unavoidable = len(ids) - common_prefix(chain, ids)
+            chain = list(ids) + generated[:-1]
+            first = next(
+                (d.get("first_seq") for d in req.decisions if d["policy"] == "stable"), None
+            )
+            cut, start = first is not None and start is not None and first != start, first
             guard.complete("s", reply)
             sent += req.tokens
             if len(run.sent) >= FROM_TURN:
                 run.request_sent.append(req.tokens)
+                run.request_prefilled.append(use.prefilled)
+                run.request_plain.append(plain)
+                run.request_unavoidable.append(unavoidable)
+                run.request_cut.append(cut)
             prefilled += use.prefilled
             reused += use.reused
         run.sent.append(sent)
@@ -173,6 +201,31 @@ def run_policy(
     run.seconds = time.perf_counter() - started
     guard.close()
     return run
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def breakdown(run: Run) -> dict[str, int]:
+    """Where a run's prefill goes (from FROM_TURN): requests that moved the window's start
+    (cuts) and the others, the template's rewriting of earlier replies, and block rounding
+    with the last-token rule (prefill beyond the tokens past the common prefix)."""
+    cuts = [i for i, cut in enumerate(run.request_cut) if cut]
+    filled = run.request_prefilled
+    return {
+        "cut_requests": len(cuts),
+        "cut_prefilled": sum(filled[i] for i in cuts),
+        "grow_requests": len(filled) - len(cuts),
+        "grow_prefilled": sum(filled) - sum(filled[i] for i in cuts),
+        "rewriting": sum(filled) - sum(run.request_plain),
+        "rounding": sum(filled) - sum(run.request_unavoidable),
+    }
 
 
 def quantile(values: Sequence[int], q: float) -> float:
@@ -200,6 +253,7 @@ def summarize_runs(runs: list[Run], budget: int) -> list[dict[str, Any]]:
             "seconds": round(run.seconds, 2),
         }
         row["targets_met"] = row["prefill_vs_sliding"] <= 0.15 and row["sent_vs_sliding"] >= 0.75
+        row["breakdown"] = breakdown(run)
         rows.append(row)
     return rows
 
@@ -300,6 +354,17 @@ def main() -> None:
                     f"{row['sent_vs_budget']:>9.3f}{row['sent_vs_sliding']:>9.3f}"
                     f"{'y' if row['targets_met'] else '-':>4}{row['seconds']:>7.1f}"
                 )
+            print("where stable prefills: cut requests / grow requests (count: tokens),")
+            print("  the template's rewriting of earlier replies, block rounding + last token")
+            for row in rows:
+                if row["policy"].startswith("stable"):
+                    b = row["breakdown"]
+                    print(
+                        f"{row['policy']:<12}{'yes' if row['summaries'] else 'no':>5}"
+                        f"  cuts {b['cut_requests']}: {b['cut_prefilled']}"
+                        f"  grow {b['grow_requests']}: {b['grow_prefilled']}"
+                        f"  rewriting {b['rewriting']}  rounding {b['rounding']}"
+                    )
             report["runs"].append(
                 {"counter": name, "budget": budget, "turns": count, "rows": rows}
                 | {"per_turn": [asdict(r) for r in runs]}

@@ -1,19 +1,24 @@
-"""report: one self-contained HTML file, checked as text and in real headless Chromium."""
+"""report: one self-contained HTML file, checked as text and in real headless Chromium
+(charted turns, and the prefix-cache columns read by header from the rendered table)."""
 
 from __future__ import annotations
 
+import html
+import json
 import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ctxguard import Guard
 from ctxguard.stores.base import SessionStore
 
 from . import png
-from .conftest import CHAT, Cli
+from .conftest import CHAT, Cli, long_text
 
 pytestmark = pytest.mark.redis
 
@@ -108,3 +113,95 @@ def test_report_renders_in_headless_chromium(
     assert background < 0.97 * sum(seen.values())
     blue = sum(n for px, n in seen.items() if px[2] > 180 and px[0] < 60)
     assert blue > 0, "no pixels of the tokens line/points (#0969da)"
+
+
+# Run in the browser after the table: per row of #turns, each cell's rendered text
+# (innerText follows the CSS) and whether it takes space on the page, by column.
+_READ_TABLE = """<script>
+(function () {
+  var rows = Array.prototype.map.call(document.querySelectorAll("#turns tr"), function (tr) {
+    return Array.prototype.map.call(tr.cells, function (cell) {
+      var box = cell.getBoundingClientRect();
+      return [cell.innerText.trim(), box.width > 0 && box.height > 0];
+    });
+  });
+  var out = document.createElement("pre");
+  out.id = "rendered-table";
+  out.textContent = JSON.stringify(rows);
+  document.body.appendChild(out);
+})();
+</script>
+</body>"""
+
+
+@pytest.fixture(params=["sliding", "stable"])
+def prefix_session(request: pytest.FixtureRequest, redis_url: str, redis_namespace: str) -> str:
+    """A cl100k session (estimate in its records) under one policy; the report adds the other."""
+    policy = request.param
+    guard = Guard(
+        redis_url,
+        counter="tiktoken:cl100k_base",
+        limit=1400,
+        namespace=redis_namespace,
+        max_tokens=100,
+        prefix_block_size=16,
+        window_policy=policy,
+    )
+    session = f"rendered-{policy}"
+    try:
+        guard.append(session, [{"role": "system", "content": "You are terse. " * 8}])
+        for turn in range(12):
+            req = guard.prepare(session, [{"role": "user", "content": long_text(turn)}])
+            reply = {"role": "assistant", "content": long_text(turn, 30)}
+            guard.complete(session, reply, prepared=req)
+    finally:
+        guard.close()
+    return session
+
+
+def test_chromium_renders_sent_reused_and_prefilled_for_both_policies(
+    run: Cli, store: SessionStore, prefix_session: str, chromium: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "report.html"
+    result = run("report", prefix_session, "--html", str(out))
+    assert result.exit_code == 0, result.stderr
+    page = out.read_text()
+    assert page.count("</body>") == 1
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.replace("</body>", _READ_TABLE))
+    dom = _chromium(chromium, tmp_path, "--dump-dom", probe.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    found = re.search(r'<pre id="rendered-table">(.*?)</pre>', dom.stdout, re.S)
+    assert found is not None, "the table reader did not run"
+    head, *body = json.loads(html.unescape(found[1]))
+    assert all(visible for _, visible in head) and all(v for row in body for _, v in row)
+    column = {text: index for index, (text, _) in enumerate(head)}
+
+    ours = prefix_session.removeprefix("rendered-")
+    other = "stable" if ours == "sliding" else "sliding"
+    records = [r for r in store.read_audit(prefix_session) if r["kind"] == "request"]
+    replayed = run.json("replay", prefix_session, "--policy", other)
+    assert len(body) == len(records) == len(replayed)
+    shown: dict[str, list[int]] = {}
+    for row, record, turn in zip(body, records, replayed, strict=True):
+
+        def cell(name: str, row: list[list[Any]] = row) -> int:
+            value = int(row[column[name]][0])
+            shown.setdefault(name, []).append(value)
+            return value
+
+        assert cell("turn") == record["turn"]
+        assert cell("prompt tokens") == record["tokens"] == turn["recorded_tokens"]
+        reused, prefilled = cell(f"{ours}: reused"), cell(f"{ours}: prefilled")
+        assert (reused, prefilled) == (turn["recorded_reused"], turn["recorded_prefilled"])
+        if "reused" in record:  # the guard's own estimate, as recorded
+            assert (reused, prefilled) == (record["reused"], record["prefilled"])
+        assert reused + prefilled == record["tokens"]
+        assert cell(f"{other}: tokens sent") == turn["replayed_tokens"]
+        assert cell(f"{other}: reused") == turn["replayed_reused"]
+        assert cell(f"{other}: prefilled") == turn["replayed_prefilled"]
+    # the page shows the saving: the stable window re-prefills less than the sliding one
+    stable = shown["stable: prefilled"][1:]
+    sliding = shown["sliding: prefilled"][1:]
+    assert sum(stable) < sum(sliding)
+    assert any(r.get("dropped") for r in records)
