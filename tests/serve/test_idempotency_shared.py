@@ -73,6 +73,9 @@ def test_a_retry_on_another_gateway_waits_for_the_first(
     assert history("s1") == [("user", "SLOW shared"), ("assistant", "echo: SLOW shared")]
 
 
+# SIGKILLs a gateway holding a lease: leaves a dead holder's state in the store, so it
+# runs only on servers the suite started.
+@pytest.mark.destructive
 def test_a_retry_takes_over_from_a_gateway_that_died(
     two_gateways: tuple[CliGateway, CliGateway],
     vllm: FakeVLLM,
