@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +41,7 @@ from ctxguard.serve.relay import StreamRelay, relay_response
 from ctxguard.serve.replay import replay_response
 
 CHAT_PATH = "/v1/chat/completions"
+JSON_HEADERS = {"Content-Type": "application/json"}
 PREPARE_ATTEMPTS = 4
 
 
@@ -55,6 +58,15 @@ class Turn:
     chat: ChatRequest
     key: tuple[str | None, str, str] | None = None
     prepared: PreparedRequest | None = field(default=None)
+    tenant: str | None = None
+    anchor_due: bool = False  # the anchor is read in prepare's thread, under the lock
+
+    def identify(self, anchor: str) -> None:
+        """The new messages' ids and the reply's id, derived from ``anchor``."""
+        chat = self.chat.messages
+        ids = identity.message_ids(self.tenant, self.session_id, anchor, chat)
+        self.reply_id = identity.reply_id(ids, anchor)
+        self.messages = [Message.from_openai(m, id=i) for m, i in zip(chat, ids, strict=True)]
 
     async def complete(
         self,
@@ -164,37 +176,35 @@ async def open_turn(
     headers: Any,
 ) -> tuple[Turn, Message | None]:
     if session_id is None:
-        guard = await gw.run(gw.stateless_guard)
+        guard = await gw.stateless_guard_async()
         messages = [Message.from_openai(m) for m in chat.messages]
         sid = gw.stateless_session()
         return Turn(gw, guard, sid, False, "", messages, chat), None
     key = identity.idempotency_key_of(headers)
-    guard = await gw.run(gw.guard, tenant)
-    window = gw.config.idempotency_window
-    if key is not None:
-        anchor = identity.idempotency_anchor(key)
-        token = (tenant, session_id, key)
-        while (event := gw.inflight.get(token)) is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), gw.config.upstream_timeout)
-        gw.inflight[token] = asyncio.Event()
-    else:
-        anchor = await gw.run(_anchor, guard, session_id, window)
-        token = None
-    ids = identity.message_ids(tenant, session_id, anchor, chat.messages)
-    rid = identity.reply_id(ids, anchor)
-    messages = [Message.from_openai(m, id=i) for m, i in zip(chat.messages, ids, strict=True)]
-    turn = Turn(gw, guard, session_id, True, rid, messages, chat, key=token)
-    if key is not None:
-        try:
-            stored = await gw.run(guard.store.read_last, session_id, window)
-        except BaseException:
+    guard = await gw.guard_async(tenant)
+    turn = Turn(gw, guard, session_id, True, "", [], chat, tenant=tenant)
+    if key is None:
+        # the anchor (newest stored reply) is read in the same worker-thread call as
+        # the prepare, under the session's lock (see prepare)
+        turn.anchor_due = True
+        return turn, None
+    anchor = identity.idempotency_anchor(key)
+    token = (tenant, session_id, key)
+    while (event := gw.inflight.get(token)) is not None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), gw.config.upstream_timeout)
+    gw.inflight[token] = asyncio.Event()
+    turn.key = token
+    turn.identify(anchor)
+    try:
+        stored = await gw.run(guard.store.read_last, session_id, gw.config.idempotency_window)
+    except BaseException:
+        turn.release()
+        raise
+    for item in stored:
+        if item.message.id == turn.reply_id:
             turn.release()
-            raise
-        for item in stored:
-            if item.message.id == rid:
-                turn.release()
-                return turn, item.message
+            return turn, item.message
     return turn, None
 
 
@@ -211,16 +221,21 @@ def _anchor(guard: Guard, session_id: str, window: int) -> str:
 async def _fit_and_forward(
     gw: Gateway, turn: Turn, body: dict[str, Any], chat: ChatRequest
 ) -> Response:
-    try:
-        turn.prepared = await prepare(gw, turn, chat)
-    finally:
-        if not turn.stored:
-            await gw.run(turn.guard.store.delete, turn.session_id)
-    prepared = turn.prepared
     out = dict(body)
-    out["messages"] = prepared.openai_messages()
-    if chat.max_tokens is None:
-        out["max_tokens"] = prepared.reserved_output
+    drop_usage = False
+    if chat.stream:
+        options = out.get("stream_options") or {}
+        if not options.get("include_usage"):
+            out["stream_options"] = {**options, "include_usage": True}
+            drop_usage = True
+
+    def encode(prepared: PreparedRequest) -> bytes:
+        out["messages"] = prepared.openai_messages()
+        if chat.max_tokens is None:
+            out["max_tokens"] = prepared.reserved_output
+        return encode_json(out)
+
+    prepared, content = await prepare_encoded(gw, turn, chat, encode)
     headers = {
         "X-Ctxguard-Prompt-Tokens": str(prepared.tokens),
         "X-Ctxguard-Limit": str(prepared.limit),
@@ -228,16 +243,11 @@ async def _fit_and_forward(
     }
     url = f"{gw.upstream}{CHAT_PATH}"
     if chat.stream:
-        drop_usage = False
-        options = out.get("stream_options") or {}
-        if not options.get("include_usage"):
-            out["stream_options"] = {**options, "include_usage": True}
-            drop_usage = True
-        upstream = await send_upstream(gw, url, out, stream=True)
+        upstream = await send_upstream(gw, url, content, stream=True)
         relay = StreamRelay(upstream, drop_usage)
         return relay_response(relay, lambda reason: _finish_stream(turn, relay, reason), headers)
     try:
-        upstream = await send_upstream(gw, url, out, stream=False)
+        upstream = await send_upstream(gw, url, content, stream=False)
         try:
             data = upstream.json()
             reply = reply_of(data)
@@ -254,21 +264,32 @@ async def _fit_and_forward(
     return Response(upstream.content, 200, headers, media_type="application/json")
 
 
+def encode_json(body: dict[str, Any]) -> bytes:
+    """The body as httpx's ``json=`` would send it (done in the worker thread)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
 async def prepare(gw: Gateway, turn: Turn, chat: ChatRequest) -> PreparedRequest:
+    """``Guard.prepare`` for ``turn`` (see :func:`prepare_encoded`)."""
+    prepared, _ = await prepare_encoded(gw, turn, chat, None)
+    return prepared
+
+
+async def prepare_encoded(
+    gw: Gateway,
+    turn: Turn,
+    chat: ChatRequest,
+    encode: Callable[[PreparedRequest], bytes] | None,
+) -> tuple[PreparedRequest, bytes]:
     """``Guard.prepare``, serialised per session within this worker (fewer lost races), and
     tried again after a lost race or a failed count (nothing was stored; the message ids
-    make it safe anyway)."""
+    make it safe anyway). One worker-thread call does the blocking part of a turn: the
+    anchor read, the prepare, the upstream body's encoding and (stateless) the delete."""
     lock = gw.session_lock(turn.guard.store, turn.session_id)
     for attempt in range(PREPARE_ATTEMPTS):
         try:
             async with lock:
-                return await gw.run(
-                    turn.guard.prepare,
-                    turn.session_id,
-                    turn.messages,
-                    max_tokens=chat.max_tokens,
-                    tools=chat.tools,
-                )
+                return await gw.run(_prepare_blocking, turn, chat, encode)
         except ConflictError:
             if attempt + 1 == PREPARE_ATTEMPTS:
                 raise
@@ -283,12 +304,33 @@ async def prepare(gw: Gateway, turn: Turn, chat: ChatRequest) -> PreparedRequest
     raise AssertionError("unreachable")
 
 
-async def send_upstream(
-    gw: Gateway, url: str, body: dict[str, Any], *, stream: bool
-) -> httpx.Response:
-    """POST upstream; failures become OpenAI-shaped 502/504 (and upstream 4xx pass through)."""
+def _prepare_blocking(
+    turn: Turn, chat: ChatRequest, encode: Callable[[PreparedRequest], bytes] | None
+) -> tuple[PreparedRequest, bytes]:
+    guard = turn.guard
     try:
-        request = gw.client.build_request("POST", url, json=body)
+        if turn.anchor_due:  # read again on every try: a lost race may be a new reply
+            turn.identify(_anchor(guard, turn.session_id, turn.gateway.config.idempotency_window))
+        prepared = guard.prepare(
+            turn.session_id, turn.messages, max_tokens=chat.max_tokens, tools=chat.tools
+        )
+        turn.prepared = prepared
+        return prepared, encode(prepared) if encode is not None else b""
+    finally:
+        if not turn.stored:
+            guard.store.delete(turn.session_id)
+
+
+async def send_upstream(
+    gw: Gateway, url: str, body: dict[str, Any] | bytes, *, stream: bool
+) -> httpx.Response:
+    """POST upstream (a dict, or JSON already encoded); failures become OpenAI-shaped
+    502/504 (and upstream 4xx pass through)."""
+    try:
+        if isinstance(body, bytes):
+            request = gw.client.build_request("POST", url, content=body, headers=JSON_HEADERS)
+        else:
+            request = gw.client.build_request("POST", url, json=body)
         response = await gw.client.send(request, stream=stream)
     except httpx.HTTPError as exc:
         status, message, code = upstream_failure(exc, gw.shown_upstream)
