@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -34,15 +32,16 @@ from ctxguard.errors import (
 )
 from ctxguard.messages import Message
 from ctxguard.serve import identity
-from ctxguard.serve.gateway import Gateway, upstream_failure
+from ctxguard.serve.forward import encode_json, reply_of, send_upstream
+from ctxguard.serve.gateway import Gateway
 from ctxguard.serve.inbound import ChatRequest, parse_chat, read_json
 from ctxguard.serve.openai_errors import ApiError, from_ctxguard
 from ctxguard.serve.relay import StreamRelay, relay_response
 from ctxguard.serve.replay import replay_response
 
 CHAT_PATH = "/v1/chat/completions"
-JSON_HEADERS = {"Content-Type": "application/json"}
 PREPARE_ATTEMPTS = 4
+Reply = Callable[[], tuple[dict[str, Any], dict[str, Any] | None]]  # reply message, usage
 
 
 @dataclass
@@ -74,19 +73,19 @@ class Turn:
         usage: dict[str, Any] | None,
         metadata: dict[str, Any] | None = None,
     ) -> None:
+        await self._complete(lambda: (reply, usage), metadata)
+
+    async def complete_stream(self, relay: StreamRelay) -> None:
+        """:meth:`complete` with the reply assembled from the relayed events, in the same
+        worker-thread call (the event loop parses no chunk)."""
+        await self._complete(lambda: (relay.assembler.message(), relay.assembler.usage), None)
+
+    async def _complete(self, build: Reply, metadata: dict[str, Any] | None) -> None:
         if not self.stored:
             return
-        message = Message.from_openai(reply, id=self.reply_id, metadata=metadata)
-        usage = usage if isinstance(usage, dict) else None
         for attempt in (0, 1):
             try:
-                await self.gateway.run(
-                    self.guard.complete,
-                    self.session_id,
-                    message,
-                    prepared=self.prepared,
-                    usage=usage,
-                )
+                await self.gateway.run(self._complete_blocking, build, metadata)
                 return
             except TemplateRefusedError:
                 raise
@@ -95,6 +94,12 @@ class Turn:
                 # makes a repeated complete store nothing twice anyway
                 if attempt:
                     raise
+
+    def _complete_blocking(self, build: Reply, metadata: dict[str, Any] | None) -> None:
+        reply, usage = build()
+        message = Message.from_openai(reply, id=self.reply_id, metadata=metadata)
+        usage = usage if isinstance(usage, dict) else None
+        self.guard.complete(self.session_id, message, prepared=self.prepared, usage=usage)
 
     async def store_reply(
         self,
@@ -264,11 +269,6 @@ async def _fit_and_forward(
     return Response(upstream.content, 200, headers, media_type="application/json")
 
 
-def encode_json(body: dict[str, Any]) -> bytes:
-    """The body as httpx's ``json=`` would send it (done in the worker thread)."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-
-
 async def prepare(gw: Gateway, turn: Turn, chat: ChatRequest) -> PreparedRequest:
     """``Guard.prepare`` for ``turn`` (see :func:`prepare_encoded`)."""
     prepared, _ = await prepare_encoded(gw, turn, chat, None)
@@ -321,75 +321,11 @@ def _prepare_blocking(
             guard.store.delete(turn.session_id)
 
 
-async def send_upstream(
-    gw: Gateway, url: str, body: dict[str, Any] | bytes, *, stream: bool
-) -> httpx.Response:
-    """POST upstream (a dict, or JSON already encoded); failures become OpenAI-shaped
-    502/504 (and upstream 4xx pass through)."""
-    try:
-        if isinstance(body, bytes):
-            request = gw.client.build_request("POST", url, content=body, headers=JSON_HEADERS)
-        else:
-            request = gw.client.build_request("POST", url, json=body)
-        response = await gw.client.send(request, stream=stream)
-    except httpx.HTTPError as exc:
-        status, message, code = upstream_failure(exc, gw.shown_upstream)
-        raise ApiError(status, message, type="upstream_error", code=code) from None
-    if response.status_code == 200:
-        return response
-    try:
-        await response.aread()
-    except httpx.HTTPError:
-        pass
-    finally:
-        await response.aclose()
-    detail = _upstream_message(response)
-    if 400 <= response.status_code < 500 and response.status_code != 408:
-        raise ApiError(response.status_code, detail, code="upstream_rejected")
-    raise ApiError(
-        502,
-        f"the model server answered HTTP {response.status_code}: {detail}",
-        type="upstream_error",
-        code="upstream_error",
-    )
-
-
-def _upstream_message(response: httpx.Response) -> str:
-    try:
-        data = response.json()
-    except ValueError:
-        return response.text[:300]
-    error = data.get("error", data) if isinstance(data, dict) else data
-    if isinstance(error, dict):
-        return str(error.get("message", error))[:300]
-    return str(error)[:300]
-
-
-def reply_of(data: dict[str, Any]) -> dict[str, Any]:
-    message = data["choices"][0]["message"]
-    reply: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-    if message.get("tool_calls"):
-        reply["tool_calls"] = [
-            {
-                "id": call["id"],
-                "type": call.get("type", "function"),
-                "function": {
-                    "name": call["function"]["name"],
-                    "arguments": call["function"].get("arguments") or "",
-                },
-            }
-            for call in message["tool_calls"]
-        ]
-    elif reply["content"] is None:
-        reply["content"] = ""
-    return reply
-
-
 async def _finish_stream(turn: Turn, relay: StreamRelay, reason: str | None) -> None:
     """After the stream: store the whole reply, or audit the partial one."""
     try:
         if reason is None:
-            await turn.complete(relay.assembler.message(), relay.assembler.usage)
+            await turn.complete_stream(relay)
         else:
             await turn.record_partial(relay, reason)
     finally:

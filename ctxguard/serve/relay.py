@@ -146,6 +146,8 @@ class RelayResponse(Response):
                 f"the model server stopped mid-stream ({type(exc).__name__})", reason
             )
             return reason
+        if relay.held:  # [DONE] came: finished, and no chunk needs parsing here
+            return None
         return None if relay.assembler.finished else "upstream_ended"
 
 
