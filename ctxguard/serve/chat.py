@@ -214,8 +214,11 @@ async def open_turn(
 
 
 def _anchor(guard: Guard, session_id: str, window: int) -> str:
-    """The newest stored reply's id (a few messages read; ``window`` only if none is there)."""
-    for count in (min(8, window), window):
+    """The newest stored reply's id (a few messages read; ``window`` only if none is there).
+
+    After a turn that finished the reply is the newest message, so two are read first (the
+    newest assistant among the last two is the newest one there is)."""
+    for count in (min(2, window), min(8, window), window):
         stored = guard.store.read_last(session_id, count)
         anchor = identity.anchor_of([(s.message.id, s.message.role) for s in stored], count)
         if not anchor.startswith("o:") or count == window:
