@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -31,7 +31,8 @@ from ctxguard.errors import (
 )
 from ctxguard.messages import Message
 from ctxguard.serve import identity
-from ctxguard.serve.gateway import Gateway, upstream_failure
+from ctxguard.serve.forward import encode_json, reply_of, send_upstream
+from ctxguard.serve.gateway import Gateway
 from ctxguard.serve.idempotency import KeyLease, wait_for_key
 from ctxguard.serve.inbound import ChatRequest, parse_chat, read_json
 from ctxguard.serve.openai_errors import ApiError, from_ctxguard
@@ -40,6 +41,7 @@ from ctxguard.serve.replay import replay_response
 
 CHAT_PATH = "/v1/chat/completions"
 PREPARE_ATTEMPTS = 4
+Reply = Callable[[], tuple[dict[str, Any], dict[str, Any] | None]]  # reply message, usage
 
 
 @dataclass
@@ -55,6 +57,15 @@ class Turn:
     chat: ChatRequest
     lease: KeyLease | None = None  # held while an Idempotency-Key runs
     prepared: PreparedRequest | None = field(default=None)
+    tenant: str | None = None
+    anchor_due: bool = False  # the anchor is read in prepare's thread, under the lock
+
+    def identify(self, anchor: str) -> None:
+        """The new messages' ids and the reply's id, derived from ``anchor``."""
+        chat = self.chat.messages
+        ids = identity.message_ids(self.tenant, self.session_id, anchor, chat)
+        self.reply_id = identity.reply_id(ids, anchor)
+        self.messages = [Message.from_openai(m, id=i) for m, i in zip(chat, ids, strict=True)]
 
     async def complete(
         self,
@@ -62,19 +73,19 @@ class Turn:
         usage: dict[str, Any] | None,
         metadata: dict[str, Any] | None = None,
     ) -> None:
+        await self._complete(lambda: (reply, usage), metadata)
+
+    async def complete_stream(self, relay: StreamRelay) -> None:
+        """:meth:`complete` with the reply assembled from the relayed events, in the same
+        worker-thread call (the event loop parses no chunk)."""
+        await self._complete(lambda: (relay.assembler.message(), relay.assembler.usage), None)
+
+    async def _complete(self, build: Reply, metadata: dict[str, Any] | None) -> None:
         if not self.stored:
             return
-        message = Message.from_openai(reply, id=self.reply_id, metadata=metadata)
-        usage = usage if isinstance(usage, dict) else None
         for attempt in (0, 1):
             try:
-                await self.gateway.run(
-                    self.guard.complete,
-                    self.session_id,
-                    message,
-                    prepared=self.prepared,
-                    usage=usage,
-                )
+                await self.gateway.run(self._complete_blocking, build, metadata)
                 return
             except TemplateRefusedError:
                 raise
@@ -83,6 +94,12 @@ class Turn:
                 # makes a repeated complete store nothing twice anyway
                 if attempt:
                     raise
+
+    def _complete_blocking(self, build: Reply, metadata: dict[str, Any] | None) -> None:
+        reply, usage = build()
+        message = Message.from_openai(reply, id=self.reply_id, metadata=metadata)
+        usage = usage if isinstance(usage, dict) else None
+        self.guard.complete(self.session_id, message, prepared=self.prepared, usage=usage)
 
     async def store_reply(
         self,
@@ -163,31 +180,32 @@ async def open_turn(
     headers: Any,
 ) -> tuple[Turn, Message | None]:
     if session_id is None:
-        guard = await gw.run(gw.stateless_guard)
+        guard = await gw.stateless_guard_async()
         messages = [Message.from_openai(m) for m in chat.messages]
         sid = gw.stateless_session()
         return Turn(gw, guard, sid, False, "", messages, chat), None
     key = identity.idempotency_key_of(headers)
-    guard = await gw.run(gw.guard, tenant)
-    if key is not None:
-        anchor = identity.idempotency_anchor(key)
-    else:
-        anchor = await gw.run(_anchor, guard, session_id, gw.config.idempotency_window)
-    ids = identity.message_ids(tenant, session_id, anchor, chat.messages)
-    rid = identity.reply_id(ids, anchor)
-    messages = [Message.from_openai(m, id=i) for m, i in zip(chat.messages, ids, strict=True)]
-    turn = Turn(gw, guard, session_id, True, rid, messages, chat)
-    if key is not None:
-        # one request per key at a time, across workers and gateways on this store
-        turn.lease, replay = await wait_for_key(gw, guard, session_id, key, rid)
-        if replay is not None:
-            return turn, replay
+    guard = await gw.guard_async(tenant)
+    turn = Turn(gw, guard, session_id, True, "", [], chat, tenant=tenant)
+    if key is None:
+        # the anchor (newest stored reply) is read in the same worker-thread call as
+        # the prepare, under the session's lock (see prepare)
+        turn.anchor_due = True
+        return turn, None
+    turn.identify(identity.idempotency_anchor(key))
+    # one request per key at a time, across workers and gateways on this store
+    turn.lease, replay = await wait_for_key(gw, guard, session_id, key, turn.reply_id)
+    if replay is not None:
+        return turn, replay
     return turn, None
 
 
 def _anchor(guard: Guard, session_id: str, window: int) -> str:
-    """The newest stored reply's id (a few messages read; ``window`` only if none is there)."""
-    for count in (min(8, window), window):
+    """The newest stored reply's id (a few messages read; ``window`` only if none is there).
+
+    After a turn that finished the reply is the newest message, so two are read first (the
+    newest assistant among the last two is the newest one there is)."""
+    for count in (min(2, window), min(8, window), window):
         stored = guard.store.read_last(session_id, count)
         anchor = identity.anchor_of([(s.message.id, s.message.role) for s in stored], count)
         if not anchor.startswith("o:") or count == window:
@@ -198,16 +216,21 @@ def _anchor(guard: Guard, session_id: str, window: int) -> str:
 async def _fit_and_forward(
     gw: Gateway, turn: Turn, body: dict[str, Any], chat: ChatRequest
 ) -> Response:
-    try:
-        turn.prepared = await prepare(gw, turn, chat)
-    finally:
-        if not turn.stored:
-            await gw.run(turn.guard.store.delete, turn.session_id)
-    prepared = turn.prepared
     out = dict(body)
-    out["messages"] = prepared.openai_messages()
-    if chat.max_tokens is None:
-        out["max_tokens"] = prepared.reserved_output
+    drop_usage = False
+    if chat.stream:
+        options = out.get("stream_options") or {}
+        if not options.get("include_usage"):
+            out["stream_options"] = {**options, "include_usage": True}
+            drop_usage = True
+
+    def encode(prepared: PreparedRequest) -> bytes:
+        out["messages"] = prepared.openai_messages()
+        if chat.max_tokens is None:
+            out["max_tokens"] = prepared.reserved_output
+        return encode_json(out)
+
+    prepared, content = await prepare_encoded(gw, turn, chat, encode)
     headers = {
         "X-Ctxguard-Prompt-Tokens": str(prepared.tokens),
         "X-Ctxguard-Limit": str(prepared.limit),
@@ -215,16 +238,11 @@ async def _fit_and_forward(
     }
     url = f"{gw.upstream}{CHAT_PATH}"
     if chat.stream:
-        drop_usage = False
-        options = out.get("stream_options") or {}
-        if not options.get("include_usage"):
-            out["stream_options"] = {**options, "include_usage": True}
-            drop_usage = True
-        upstream = await send_upstream(gw, url, out, stream=True)
+        upstream = await send_upstream(gw, url, content, stream=True)
         relay = StreamRelay(upstream, drop_usage)
         return relay_response(relay, lambda reason: _finish_stream(turn, relay, reason), headers)
     try:
-        upstream = await send_upstream(gw, url, out, stream=False)
+        upstream = await send_upstream(gw, url, content, stream=False)
         try:
             data = upstream.json()
             reply = reply_of(data)
@@ -242,20 +260,26 @@ async def _fit_and_forward(
 
 
 async def prepare(gw: Gateway, turn: Turn, chat: ChatRequest) -> PreparedRequest:
+    """``Guard.prepare`` for ``turn`` (see :func:`prepare_encoded`)."""
+    prepared, _ = await prepare_encoded(gw, turn, chat, None)
+    return prepared
+
+
+async def prepare_encoded(
+    gw: Gateway,
+    turn: Turn,
+    chat: ChatRequest,
+    encode: Callable[[PreparedRequest], bytes] | None,
+) -> tuple[PreparedRequest, bytes]:
     """``Guard.prepare``, serialised per session within this worker (fewer lost races), and
     tried again after a lost race or a failed count (nothing was stored; the message ids
-    make it safe anyway)."""
+    make it safe anyway). One worker-thread call does the blocking part of a turn: the
+    anchor read, the prepare, the upstream body's encoding and (stateless) the delete."""
     lock = gw.session_lock(turn.guard.store, turn.session_id)
     for attempt in range(PREPARE_ATTEMPTS):
         try:
             async with lock:
-                return await gw.run(
-                    turn.guard.prepare,
-                    turn.session_id,
-                    turn.messages,
-                    max_tokens=chat.max_tokens,
-                    tools=chat.tools,
-                )
+                return await gw.run(_prepare_blocking, turn, chat, encode)
         except ConflictError:
             if attempt + 1 == PREPARE_ATTEMPTS:
                 raise
@@ -270,76 +294,28 @@ async def prepare(gw: Gateway, turn: Turn, chat: ChatRequest) -> PreparedRequest
     raise AssertionError("unreachable")
 
 
-async def send_upstream(
-    gw: Gateway, url: str, body: dict[str, Any], *, stream: bool
-) -> httpx.Response:
-    """POST upstream; failures become OpenAI-shaped 502/504 (and upstream 4xx pass through)."""
-    started = time.perf_counter()
+def _prepare_blocking(
+    turn: Turn, chat: ChatRequest, encode: Callable[[PreparedRequest], bytes] | None
+) -> tuple[PreparedRequest, bytes]:
+    guard = turn.guard
     try:
-        request = gw.client.build_request("POST", url, json=body)
-        response = await gw.client.send(request, stream=stream)
-    except httpx.HTTPError as exc:
-        status, message, code = upstream_failure(exc, gw.shown_upstream)
-        gw.observe_upstream("timeout" if status == 504 else "unavailable", started)
-        raise ApiError(status, message, type="upstream_error", code=code) from None
-    if response.status_code == 200:
-        gw.observe_upstream("ok", started)
-        return response
-    rejected = 400 <= response.status_code < 500 and response.status_code != 408
-    gw.observe_upstream("rejected" if rejected else "error", started)
-    try:
-        await response.aread()
-    except httpx.HTTPError:
-        pass
+        if turn.anchor_due:  # read again on every try: a lost race may be a new reply
+            turn.identify(_anchor(guard, turn.session_id, turn.gateway.config.idempotency_window))
+        prepared = guard.prepare(
+            turn.session_id, turn.messages, max_tokens=chat.max_tokens, tools=chat.tools
+        )
+        turn.prepared = prepared
+        return prepared, encode(prepared) if encode is not None else b""
     finally:
-        await response.aclose()
-    detail = _upstream_message(response)
-    if rejected:
-        raise ApiError(response.status_code, detail, code="upstream_rejected")
-    raise ApiError(
-        502,
-        f"the model server answered HTTP {response.status_code}: {detail}",
-        type="upstream_error",
-        code="upstream_error",
-    )
-
-
-def _upstream_message(response: httpx.Response) -> str:
-    try:
-        data = response.json()
-    except ValueError:
-        return response.text[:300]
-    error = data.get("error", data) if isinstance(data, dict) else data
-    if isinstance(error, dict):
-        return str(error.get("message", error))[:300]
-    return str(error)[:300]
-
-
-def reply_of(data: dict[str, Any]) -> dict[str, Any]:
-    message = data["choices"][0]["message"]
-    reply: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-    if message.get("tool_calls"):
-        reply["tool_calls"] = [
-            {
-                "id": call["id"],
-                "type": call.get("type", "function"),
-                "function": {
-                    "name": call["function"]["name"],
-                    "arguments": call["function"].get("arguments") or "",
-                },
-            }
-            for call in message["tool_calls"]
-        ]
-    elif reply["content"] is None:
-        reply["content"] = ""
-    return reply
+        if not turn.stored:
+            guard.store.delete(turn.session_id)
 
 
 async def _finish_stream(turn: Turn, relay: StreamRelay, reason: str | None) -> None:
     """After the stream: store the whole reply, or audit the partial one."""
     try:
         if reason is None:
-            await turn.complete(relay.assembler.message(), relay.assembler.usage)
+            await turn.complete_stream(relay)
         else:
             await turn.record_partial(relay, reason)
     finally:

@@ -137,6 +137,15 @@ class Gateway:
                 self._guards[tenant] = guard
             return guard
 
+    async def guard_async(self, tenant: str | None) -> Guard:
+        """:meth:`guard`, without a thread hop once the tenant's guard exists."""
+        guard = self._guards.get(tenant)
+        return guard if guard is not None else await self.run(self.guard, tenant)
+
+    async def stateless_guard_async(self) -> Guard:
+        guard = self._stateless
+        return guard if guard is not None else await self.run(self.stateless_guard)
+
     def stateless_guard(self) -> Guard:
         counter = self.counter()
         with self._lock:

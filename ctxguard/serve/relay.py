@@ -28,42 +28,46 @@ Finish = Callable[[str | None], Awaitable[None]]
 
 
 class StreamRelay:
-    """Upstream bytes in, client events out. Chunks are kept as text and parsed once, when
+    """Upstream bytes in, client events out. Events are kept as bytes and parsed once, when
     the reply is assembled after the stream (nothing but a substring test per event on the
     way, so relaying costs little more than copying)."""
 
     def __init__(self, upstream: httpx.Response, drop_usage: bool) -> None:
         self.upstream = upstream
         self.drop_usage = drop_usage
-        self.payloads: list[str] = []
+        self.events: list[bytes] = []  # every event as received, parsed only on demand
         self.splitter = EventSplitter()
         self.attempt = uuid.uuid4().hex
         self.held = b""
         self._assembler: ReplyAssembler | None = None
+        self._folded = 0
 
     def events_of(self, data: bytes) -> list[bytes]:
         """The events to forward from one upstream read."""
         out: list[bytes] = []
         for event in self.splitter.feed(data):
-            payload = event_data(event)
-            if payload is not None:
-                if payload.strip() == "[DONE]":
-                    self.payloads.append(payload)
-                    self.held = event  # sent once the reply is stored
-                    continue
-                self.payloads.append(payload)
-                if self.drop_usage and '"usage"' in payload and _usage_only(payload):
-                    continue
+            self.events.append(event)
+            if b"[DONE]" in event or (self.drop_usage and b'"usage"' in event):
+                payload = event_data(event)
+                if payload is not None:
+                    if payload.strip() == "[DONE]":
+                        self.held = event  # sent once the reply is stored
+                        continue
+                    if self.drop_usage and _usage_only(payload):
+                        continue
             out.append(event)
         return out
 
     @property
     def assembler(self) -> ReplyAssembler:
-        """The reply folded from every chunk so far (parsed once, on first use)."""
+        """The reply folded from every chunk so far (each parsed once, on first use)."""
         if self._assembler is None:
             self._assembler = ReplyAssembler()
-            for payload in self.payloads:
+        for event in self.events[self._folded :]:
+            payload = event_data(event)
+            if payload is not None:
                 self._assembler.add(payload)
+        self._folded = len(self.events)
         return self._assembler
 
 
@@ -130,8 +134,11 @@ class RelayResponse(Response):
         relay = self.relay
         try:
             async for data in relay.upstream.aiter_raw():
-                for event in relay.events_of(data):
-                    await send({"type": "http.response.body", "body": event, "more_body": True})
+                # the events one read brought, in one write (each as soon as it is whole)
+                events = relay.events_of(data)
+                if events:
+                    body = events[0] if len(events) == 1 else b"".join(events)
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
         except httpx.HTTPError as exc:
             timed_out = isinstance(exc, httpx.TimeoutException)
             reason = "upstream_timeout" if timed_out else "upstream_lost"
@@ -139,6 +146,8 @@ class RelayResponse(Response):
                 f"the model server stopped mid-stream ({type(exc).__name__})", reason
             )
             return reason
+        if relay.held:  # [DONE] came: finished, and no chunk needs parsing here
+            return None
         return None if relay.assembler.finished else "upstream_ended"
 
 

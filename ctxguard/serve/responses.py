@@ -28,7 +28,8 @@ from ctxguard.errors import CtxGuardError, InvalidIdError
 from ctxguard.ids import validate_id
 from ctxguard.messages import Message
 from ctxguard.serve import identity
-from ctxguard.serve.chat import CHAT_PATH, Turn, open_turn, prepare, reply_of, send_upstream
+from ctxguard.serve.chat import CHAT_PATH, Turn, open_turn, prepare
+from ctxguard.serve.forward import reply_of, send_upstream
 from ctxguard.serve.gateway import Gateway
 from ctxguard.serve.inbound import ChatRequest, read_json
 from ctxguard.serve.openai_errors import ApiError, bad_request, from_ctxguard
@@ -248,12 +249,7 @@ def _session_of(body: dict[str, Any], store: bool) -> tuple[str | None, str | No
 async def _forward(
     gw: Gateway, turn: Turn, body: dict[str, Any], chat: ChatRequest, conversation: str | None
 ) -> Response:
-    try:
-        turn.prepared = await prepare(gw, turn, chat)
-    finally:
-        if not turn.stored:
-            await gw.run(turn.guard.store.delete, turn.session_id)
-    prepared = turn.prepared
+    prepared = await prepare(gw, turn, chat)  # a stateless session is deleted in it
     out: dict[str, Any] = {
         "model": body.get("model", ""),
         "messages": prepared.openai_messages(),
@@ -295,7 +291,7 @@ async def get_response(request: Request) -> Response:
     session, reply = parse_response_id(value, "response_id")
     tenant = identity.tenant_of(request.headers, gw.config.api_keys, gw.config.tenant)
     try:
-        guard = await gw.run(gw.guard, tenant)
+        guard = await gw.guard_async(tenant)
         stored = await gw.run(guard.store.read, session)
     except CtxGuardError as exc:
         raise from_ctxguard(exc) from None

@@ -90,6 +90,22 @@ def test_streaming_passes_chunks_and_stores_the_assembled_reply(
     assert stored("s1")[-1]["content"] == "echo: one two three"
 
 
+def test_events_that_arrive_together_are_all_relayed(
+    gateway: str, vllm: FakeVLLM, stored: Stored
+) -> None:
+    # the upstream writes the whole stream at once: every event of that one read reaches
+    # the client, the usage chunk the gateway asked for is still held back, [DONE] last
+    response = chat(gateway, "BATCH one two three", stream=True)
+    chunks = sse_chunks(response)
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == "echo: BATCH one two three"
+    assert all(c["choices"] for c in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "stop"
+    assert response.text.rstrip().endswith("data: [DONE]")
+    assert response.text.count("[DONE]") == 1
+    assert stored("s1")[-1]["content"] == "echo: BATCH one two three"
+
+
 def test_a_client_that_asks_for_usage_gets_it(gateway: str) -> None:
     response = chat(gateway, "hi", stream=True, stream_options={"include_usage": True})
     assert sse_chunks(response)[-1]["usage"]["completion_tokens"] == 3

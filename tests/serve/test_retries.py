@@ -141,3 +141,15 @@ def test_an_upstream_that_dies_mid_stream_is_recorded_as_partial(
     partial = [r for r in records if r.get("kind") == "partial_reply"]
     assert [p["reason"] for p in partial] == ["upstream_timeout"]
     assert [m["content"] for m in stored("s1")] == ["STALL again"]
+
+
+def test_an_upstream_that_ends_without_finishing_is_recorded_as_partial(
+    gateway: str, redis_url: str, namespace: str, stored: Stored
+) -> None:
+    # a clean end of the stream with no finish_reason and no [DONE]: not a whole reply
+    response = chat(gateway, "CUT here", stream=True)
+    assert response.status_code == 200
+    assert "[DONE]" not in response.text
+    partial = [r for r in audit(redis_url, namespace, "s1") if r.get("kind") == "partial_reply"]
+    assert [(p["reason"], p["content"]) for p in partial] == [("upstream_ended", "echo:")]
+    assert [m["content"] for m in stored("s1")] == ["CUT here"]

@@ -10,6 +10,8 @@ reached the "GPU" fit. What the reply does is scripted by the last user message:
 - ``FAIL500``   -> HTTP 500
 - ``SLOW``      -> waits ``slow_seconds`` before answering (timeouts)
 - ``STALL``     -> streams two chunks, then waits until the client goes away
+- ``BATCH``     -> streams the whole reply in one write (events arrive together)
+- ``CUT``       -> streams the first word, then ends the stream cleanly (no finish, no [DONE])
 - anything else -> ``echo: <text>``, streamed word by word
 """
 
@@ -156,12 +158,14 @@ class FakeVLLM:
                 }
             )
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return StreamingResponse(
-            self.stream(
-                reply, usage if include_usage else None, "STALL" in text and self.stall_enabled
-            ),
-            media_type="text/event-stream",
+        events = self.stream(
+            reply, usage if include_usage else None, "STALL" in text and self.stall_enabled
         )
+        if "BATCH" in text:
+            events = _in_one_write(events)
+        if "CUT" in text:
+            events = _first_two(events)
+        return StreamingResponse(events, media_type="text/event-stream")
 
     async def stream(
         self, reply: dict[str, Any], usage: dict[str, Any] | None, stall: bool
@@ -214,6 +218,19 @@ class FakeVLLM:
     def stop(self) -> None:
         if self.server is not None:
             stop_server(self.server)
+
+
+async def _in_one_write(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield b"".join([event async for event in events])
+
+
+async def _first_two(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    count = 0
+    async for event in events:
+        yield event
+        count += 1
+        if count == 2:
+            return
 
 
 def free_socket() -> socket.socket:
