@@ -8,6 +8,7 @@ class                                        module                   extra
 ``CtxGuardChatStore``, ``CtxGuardMemory``    ``adapters.llamaindex``  ``llamaindex``
 ``CtxGuardSession``                          ``adapters.openai_agents``  ``agents``
 ``CtxGuardCapability``                       ``adapters.pydantic_ai``  ``pydantic-ai``
+``CtxGuardGuardrail`` (LiteLLM proxy)        ``adapters.litellm``     ``litellm``
 ===========================================  =======================  ==============
 
 Importing this package imports no framework: a name is resolved from its module
@@ -27,6 +28,7 @@ _WHERE = {
     "CtxGuardMemory": "llamaindex",
     "CtxGuardSession": "openai_agents",
     "CtxGuardCapability": "pydantic_ai",
+    "CtxGuardGuardrail": "litellm",
 }
 
 __all__ = sorted(_WHERE)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,23 +22,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ctxguard import Guard, PreparedRequest
-from ctxguard.errors import (
-    ConflictError,
-    CtxGuardError,
-    StoreError,
-    TemplateRefusedError,
-    TokenizerError,
-)
+from ctxguard.errors import CtxGuardError
 from ctxguard.messages import Message
 from ctxguard.serve import identity
-from ctxguard.serve.gateway import Gateway, upstream_failure
+from ctxguard.serve.gateway import Gateway, reply_not_stored, upstream_failure
 from ctxguard.serve.inbound import ChatRequest, parse_chat, read_json
 from ctxguard.serve.openai_errors import ApiError, from_ctxguard
 from ctxguard.serve.relay import StreamRelay, relay_response
 from ctxguard.serve.replay import replay_response
+from ctxguard.serve.sse import reply_of
 
 CHAT_PATH = "/v1/chat/completions"
-PREPARE_ATTEMPTS = 4
 
 
 @dataclass
@@ -64,25 +57,9 @@ class Turn:
     ) -> None:
         if not self.stored:
             return
-        message = Message.from_openai(reply, id=self.reply_id, metadata=metadata)
-        usage = usage if isinstance(usage, dict) else None
-        for attempt in (0, 1):
-            try:
-                await self.gateway.run(
-                    self.guard.complete,
-                    self.session_id,
-                    message,
-                    prepared=self.prepared,
-                    usage=usage,
-                )
-                return
-            except TemplateRefusedError:
-                raise
-            except TokenizerError:
-                # counting the reply failed before anything was written; the reply's id
-                # makes a repeated complete store nothing twice anyway
-                if attempt:
-                    raise
+        await self.gateway.complete(
+            self.guard, self.session_id, reply, self.reply_id, self.prepared, usage, metadata
+        )
 
     async def store_reply(
         self,
@@ -95,13 +72,7 @@ class Turn:
         try:
             await self.complete(reply, usage, metadata)
         except CtxGuardError as exc:
-            raise ApiError(
-                503 if isinstance(exc, StoreError) else 502,
-                f"the model answered but the reply could not be stored ({type(exc).__name__}: "
-                f"{exc}); retrying the request is safe",
-                type="server_error",
-                code="reply_not_stored",
-            ) from None
+            raise reply_not_stored(exc) from None
 
     async def record_partial(self, relay: StreamRelay, reason: str) -> None:
         """An audit record for a reply that did not finish (nothing appended)."""
@@ -179,7 +150,7 @@ async def open_turn(
                 await asyncio.wait_for(event.wait(), gw.config.upstream_timeout)
         gw.inflight[token] = asyncio.Event()
     else:
-        anchor = await gw.run(_anchor, guard, session_id, window)
+        anchor = await gw.anchor(guard, session_id)
         token = None
     ids = identity.message_ids(tenant, session_id, anchor, chat.messages)
     rid = identity.reply_id(ids, anchor)
@@ -196,16 +167,6 @@ async def open_turn(
                 turn.release()
                 return turn, item.message
     return turn, None
-
-
-def _anchor(guard: Guard, session_id: str, window: int) -> str:
-    """The newest stored reply's id (a few messages read; ``window`` only if none is there)."""
-    for count in (min(8, window), window):
-        stored = guard.store.read_last(session_id, count)
-        anchor = identity.anchor_of([(s.message.id, s.message.role) for s in stored], count)
-        if not anchor.startswith("o:") or count == window:
-            return anchor
-    raise AssertionError("unreachable")
 
 
 async def _fit_and_forward(
@@ -255,32 +216,7 @@ async def _fit_and_forward(
 
 
 async def prepare(gw: Gateway, turn: Turn, chat: ChatRequest) -> PreparedRequest:
-    """``Guard.prepare``, serialised per session within this worker (fewer lost races), and
-    tried again after a lost race or a failed count (nothing was stored; the message ids
-    make it safe anyway)."""
-    lock = gw.session_lock(turn.guard.store, turn.session_id)
-    for attempt in range(PREPARE_ATTEMPTS):
-        try:
-            async with lock:
-                return await gw.run(
-                    turn.guard.prepare,
-                    turn.session_id,
-                    turn.messages,
-                    max_tokens=chat.max_tokens,
-                    tools=chat.tools,
-                )
-        except ConflictError:
-            if attempt + 1 == PREPARE_ATTEMPTS:
-                raise
-            await asyncio.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
-        except TemplateRefusedError:
-            raise
-        except TokenizerError:
-            # the upstream's /tokenize dropped a kept-alive connection: counting comes
-            # before any write, so one more try is safe
-            if attempt > 0:
-                raise
-    raise AssertionError("unreachable")
+    return await gw.prepare(turn.guard, turn.session_id, turn.messages, chat.max_tokens, chat.tools)
 
 
 async def send_upstream(
@@ -321,26 +257,6 @@ def _upstream_message(response: httpx.Response) -> str:
     if isinstance(error, dict):
         return str(error.get("message", error))[:300]
     return str(error)[:300]
-
-
-def reply_of(data: dict[str, Any]) -> dict[str, Any]:
-    message = data["choices"][0]["message"]
-    reply: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-    if message.get("tool_calls"):
-        reply["tool_calls"] = [
-            {
-                "id": call["id"],
-                "type": call.get("type", "function"),
-                "function": {
-                    "name": call["function"]["name"],
-                    "arguments": call["function"].get("arguments") or "",
-                },
-            }
-            for call in message["tool_calls"]
-        ]
-    elif reply["content"] is None:
-        reply["content"] = ""
-    return reply
 
 
 async def _finish_stream(turn: Turn, relay: StreamRelay, reason: str | None) -> None:
