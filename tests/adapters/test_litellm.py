@@ -346,3 +346,23 @@ def test_settings_are_checked_when_the_proxy_starts() -> None:
         from_config(url="memory://", counter="approx", limit=100, max_tokens=0)
     g = from_config(url="memory://", counter="approx", limit="100")  # os.environ/ gives text
     assert g.gateway.config.limit == 100
+
+
+def test_the_readme_config_snippet_builds_the_guardrail(monkeypatch: pytest.MonkeyPatch) -> None:
+    yaml = pytest.importorskip("yaml")
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    blocks = readme.read_text(encoding="utf-8").split("```yaml\n")[1:]
+    snippet = next(b.split("```")[0] for b in blocks if "CtxGuardGuardrail" in b)
+    entry = yaml.safe_load(snippet)["guardrails"][0]
+    params = dict(entry["litellm_params"])
+    assert params["guardrail"] == "ctxguard.adapters.litellm.CtxGuardGuardrail"
+    params["url"] = "memory://"  # os.environ/CTXGUARD_URL, resolved by the proxy
+    for key in ("guardrail", "mode", "default_on"):
+        params.pop(key)
+    g = from_config(**params)
+    assert g.guardrail_name == NAME
+    assert g.event_hook == ["pre_call", "post_call"]
+    assert g.gateway.config.max_tokens == 512
+    assert g.gateway.config.counter_spec == "vllm:http://vllm:8000"
