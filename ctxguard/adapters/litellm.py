@@ -115,7 +115,7 @@ class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
         super().__init__(**kwargs)
         self.session_from_user = session_from_user
         self.gateway = Gateway(_config(settings))
-        self._turns: OrderedDict[str, _Turn] = OrderedDict()
+        self._turns: OrderedDict[tuple[str, str | None, str], _Turn] = OrderedDict()
 
     def __repr__(self) -> str:
         return f"CtxGuardGuardrail({self.guardrail_name!r}, {self.gateway.config!r})"
@@ -161,7 +161,8 @@ class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
                 prepared = await gw.prepare(
                     guard, session_id, messages, chat.max_tokens, chat.tools
                 )
-                self._keep(data, _Turn(guard, session_id, identity.reply_id(ids, anchor), prepared))
+                turn = _Turn(guard, session_id, identity.reply_id(ids, anchor), prepared)
+                self._keep(data, tenant, turn)
         except ApiError as exc:
             raise GuardrailRefusal(exc, self.guardrail_name) from None
         except CtxGuardError as exc:
@@ -202,7 +203,7 @@ class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
         self, data: dict[str, Any], user_api_key_dict: Any, response: Any
     ) -> Any:
         """Store the reply (non-streaming) with its usage."""
-        turn = self._take(data)
+        turn = self._take(data, user_api_key_dict)
         if turn is None:
             return response
         body = _as_dict(response)
@@ -217,7 +218,7 @@ class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
         self, user_api_key_dict: Any, response: Any, request_data: dict[str, Any]
     ) -> AsyncGenerator[Any, None]:
         """Pass every chunk on as it comes; store the assembled reply when the stream ends."""
-        turn = self._take(request_data)
+        turn = self._take(request_data, user_api_key_dict)
         assembler = ReplyAssembler()
         async for chunk in response:
             if turn is not None:
@@ -234,7 +235,7 @@ class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
         traceback_str: str | None = None,
     ) -> None:
         """The call failed: forget the turn (its new messages stay stored once)."""
-        self._take(request_data)
+        self._take(request_data, user_api_key_dict)
 
     async def _store(
         self, turn: _Turn, reply: dict[str, Any], usage: dict[str, Any] | None
@@ -248,17 +249,28 @@ class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
 
     # -- turns between the hooks ---------------------------------------------------------
 
-    def _keep(self, data: dict[str, Any], turn: _Turn) -> None:
+    # A turn is found again by the call id *and* the tenant and session the request names:
+    # a client can choose its call id (``x-litellm-call-id``), so the id alone must never
+    # let one request's reply land in another's session.
+
+    def _keep(self, data: dict[str, Any], tenant: str | None, turn: _Turn) -> None:
         call_id = data.get("litellm_call_id")
         if not isinstance(call_id, str) or not call_id:
             call_id = data["litellm_call_id"] = str(uuid.uuid4())
-        self._turns[call_id] = turn
+        self._turns[(call_id, tenant, turn.session_id)] = turn
         while len(self._turns) > MAX_OPEN_TURNS:
             self._turns.popitem(last=False)
 
-    def _take(self, data: Mapping[str, Any]) -> _Turn | None:
+    def _take(self, data: Mapping[str, Any], user_api_key_dict: Any) -> _Turn | None:
         call_id = data.get("litellm_call_id")
-        return self._turns.pop(call_id, None) if isinstance(call_id, str) else None
+        if not isinstance(call_id, str) or not self._turns:
+            return None
+        try:
+            session_id, _ = self.session_id_of(data)
+        except ApiError:
+            return None
+        key = (call_id, self.tenant_of(user_api_key_dict), session_id or "")
+        return self._turns.pop(key, None)
 
     async def aclose(self) -> None:
         await self.gateway.aclose()

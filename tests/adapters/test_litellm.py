@@ -212,6 +212,20 @@ async def test_a_streamed_reply_passes_through_and_is_recorded(
     assert reader("st")[-1] == {"role": "assistant", "content": "one two three"}
 
 
+async def test_a_shared_call_id_never_crosses_sessions(
+    guardrail: CtxGuardGuardrail, reader: Any
+) -> None:
+    # clients choose their call id (x-litellm-call-id): two requests may carry the same one
+    a = request([{"role": "user", "content": "from a"}], header="sa", litellm_call_id="same")
+    b = request([{"role": "user", "content": "from b"}], header="sb", litellm_call_id="same")
+    a = await pre_call(guardrail, a)
+    b = await pre_call(guardrail, b)
+    await post_call(guardrail, b, await call_model(b, reply="for b"))
+    await post_call(guardrail, a, await call_model(a, reply="for a"))
+    assert [m["content"] for m in reader("sa")] == ["from a", "for a"]
+    assert [m["content"] for m in reader("sb")] == ["from b", "for b"]
+
+
 async def test_session_id_sources_and_their_order(
     store_url: str, namespace: str, reader: Any
 ) -> None:
