@@ -9,6 +9,7 @@ class                                        module                   extra
 ``CtxGuardLLM`` (agents' final input)         ``adapters.llamaindex``  ``llamaindex``
 ``CtxGuardSession``                          ``adapters.openai_agents``  ``agents``
 ``CtxGuardCapability``                       ``adapters.pydantic_ai``  ``pydantic-ai``
+``CtxGuardGuardrail`` (LiteLLM proxy)        ``adapters.litellm``     ``litellm``
 ===========================================  =======================  ==============
 
 Importing this package imports no framework: a name is resolved from its module
@@ -29,6 +30,7 @@ _WHERE = {
     "CtxGuardLLM": "llamaindex",
     "CtxGuardSession": "openai_agents",
     "CtxGuardCapability": "pydantic_ai",
+    "CtxGuardGuardrail": "litellm",
 }
 
 __all__ = sorted(_WHERE)

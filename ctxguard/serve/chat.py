@@ -11,8 +11,6 @@ nothing is kept. A request that cannot fit is never forwarded.
 
 from __future__ import annotations
 
-import asyncio
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,21 +21,18 @@ from starlette.responses import Response
 
 from ctxguard import Guard, PreparedRequest
 from ctxguard.errors import (
-    ConflictError,
     CtxGuardError,
-    StoreError,
-    TemplateRefusedError,
-    TokenizerError,
 )
 from ctxguard.messages import Message
 from ctxguard.serve import identity
-from ctxguard.serve.forward import encode_json, reply_of, send_upstream
-from ctxguard.serve.gateway import Gateway
+from ctxguard.serve.forward import encode_json, send_upstream
+from ctxguard.serve.gateway import Gateway, reply_not_stored, stored_anchor
 from ctxguard.serve.idempotency import KeyLease, wait_for_key
 from ctxguard.serve.inbound import ChatRequest, parse_chat, read_json
 from ctxguard.serve.openai_errors import ApiError, from_ctxguard
 from ctxguard.serve.relay import StreamRelay, relay_response
 from ctxguard.serve.replay import replay_response
+from ctxguard.serve.sse import reply_of
 
 CHAT_PATH = "/v1/chat/completions"
 PREPARE_ATTEMPTS = 4
@@ -83,17 +78,7 @@ class Turn:
     async def _complete(self, build: Reply, metadata: dict[str, Any] | None) -> None:
         if not self.stored:
             return
-        for attempt in (0, 1):
-            try:
-                await self.gateway.run(self._complete_blocking, build, metadata)
-                return
-            except TemplateRefusedError:
-                raise
-            except TokenizerError:
-                # counting the reply failed before anything was written; the reply's id
-                # makes a repeated complete store nothing twice anyway
-                if attempt:
-                    raise
+        await self.gateway.complete_with(lambda: self._complete_blocking(build, metadata))
 
     def _complete_blocking(self, build: Reply, metadata: dict[str, Any] | None) -> None:
         reply, usage = build()
@@ -112,13 +97,7 @@ class Turn:
         try:
             await self.complete(reply, usage, metadata)
         except CtxGuardError as exc:
-            raise ApiError(
-                503 if isinstance(exc, StoreError) else 502,
-                f"the model answered but the reply could not be stored ({type(exc).__name__}: "
-                f"{exc}); retrying the request is safe",
-                type="server_error",
-                code="reply_not_stored",
-            ) from None
+            raise reply_not_stored(exc) from None
 
     async def record_partial(self, relay: StreamRelay, reason: str) -> None:
         """An audit record for a reply that did not finish (nothing appended)."""
@@ -200,19 +179,6 @@ async def open_turn(
     return turn, None
 
 
-def _anchor(guard: Guard, session_id: str, window: int) -> str:
-    """The newest stored reply's id (a few messages read; ``window`` only if none is there).
-
-    After a turn that finished the reply is the newest message, so two are read first (the
-    newest assistant among the last two is the newest one there is)."""
-    for count in (min(2, window), min(8, window), window):
-        stored = guard.store.read_last(session_id, count)
-        anchor = identity.anchor_of([(s.message.id, s.message.role) for s in stored], count)
-        if not anchor.startswith("o:") or count == window:
-            return anchor
-    raise AssertionError("unreachable")
-
-
 async def _fit_and_forward(
     gw: Gateway, turn: Turn, body: dict[str, Any], chat: ChatRequest
 ) -> Response:
@@ -275,23 +241,9 @@ async def prepare_encoded(
     tried again after a lost race or a failed count (nothing was stored; the message ids
     make it safe anyway). One worker-thread call does the blocking part of a turn: the
     anchor read, the prepare, the upstream body's encoding and (stateless) the delete."""
-    lock = gw.session_lock(turn.guard.store, turn.session_id)
-    for attempt in range(PREPARE_ATTEMPTS):
-        try:
-            async with lock:
-                return await gw.run(_prepare_blocking, turn, chat, encode)
-        except ConflictError:
-            if attempt + 1 == PREPARE_ATTEMPTS:
-                raise
-            await asyncio.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
-        except TemplateRefusedError:
-            raise
-        except TokenizerError:
-            # the upstream's /tokenize dropped a kept-alive connection: counting comes
-            # before any write, so one more try is safe
-            if attempt > 0:
-                raise
-    raise AssertionError("unreachable")
+    return await gw.prepare_with(
+        turn.guard.store, turn.session_id, lambda: _prepare_blocking(turn, chat, encode)
+    )
 
 
 def _prepare_blocking(
@@ -300,7 +252,9 @@ def _prepare_blocking(
     guard = turn.guard
     try:
         if turn.anchor_due:  # read again on every try: a lost race may be a new reply
-            turn.identify(_anchor(guard, turn.session_id, turn.gateway.config.idempotency_window))
+            turn.identify(
+                stored_anchor(guard, turn.session_id, turn.gateway.config.idempotency_window)
+            )
         prepared = guard.prepare(
             turn.session_id, turn.messages, max_tokens=chat.max_tokens, tools=chat.tools
         )

@@ -67,23 +67,3 @@ def _upstream_message(response: httpx.Response) -> str:
     if isinstance(error, dict):
         return str(error.get("message", error))[:300]
     return str(error)[:300]
-
-
-def reply_of(data: dict[str, Any]) -> dict[str, Any]:
-    message = data["choices"][0]["message"]
-    reply: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-    if message.get("tool_calls"):
-        reply["tool_calls"] = [
-            {
-                "id": call["id"],
-                "type": call.get("type", "function"),
-                "function": {
-                    "name": call["function"]["name"],
-                    "arguments": call["function"].get("arguments") or "",
-                },
-            }
-            for call in message["tool_calls"]
-        ]
-    elif reply["content"] is None:
-        reply["content"] = ""
-    return reply

@@ -10,6 +10,7 @@ Idempotency-Key in flight is a lease in the store: :mod:`ctxguard.serve.idempote
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 import uuid
@@ -24,12 +25,22 @@ from ctxguard import (
     ContextLimit,
     Guard,
     LimitSource,
+    PreparedRequest,
     ServerLimit,
     StaticLimit,
     TokenCounter,
     load_counter,
 )
-from ctxguard.errors import ConfigError, CtxGuardError, TokenizerError
+from ctxguard.errors import (
+    ConfigError,
+    ConflictError,
+    CtxGuardError,
+    StoreError,
+    TemplateRefusedError,
+    TokenizerError,
+)
+from ctxguard.messages import Message
+from ctxguard.serve import identity
 from ctxguard.serve.config import ServeConfig
 from ctxguard.serve.metrics import make_metrics
 from ctxguard.serve.openai_errors import ApiError
@@ -37,6 +48,7 @@ from ctxguard.stores.urls import redact_url
 
 P = ParamSpec("P")
 T = TypeVar("T")
+PREPARE_ATTEMPTS = 4
 
 
 class Gateway:
@@ -169,6 +181,82 @@ class Gateway:
         """Run a blocking call in a worker thread."""
         return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
 
+    # -- one turn, as every front end (chat, responses, the LiteLLM guardrail) runs it ---
+
+    async def prepare(
+        self,
+        guard: Guard,
+        session_id: str,
+        messages: list[Message],
+        max_tokens: int | None,
+        tools: list[dict[str, Any]] | None,
+    ) -> PreparedRequest:
+        """``Guard.prepare`` for one turn (see :meth:`prepare_with`)."""
+        return await self.prepare_with(
+            guard.store,
+            session_id,
+            lambda: guard.prepare(session_id, messages, max_tokens=max_tokens, tools=tools),
+        )
+
+    async def prepare_with(self, store: object, session_id: str, blocking: Callable[[], T]) -> T:
+        """Run a turn's blocking prepare (one worker-thread call), serialised per session
+        within this worker (fewer lost races), and again after a lost race or a failed
+        count (nothing was stored; derived message ids make it safe anyway)."""
+        lock = self.session_lock(store, session_id)
+        for attempt in range(PREPARE_ATTEMPTS):
+            try:
+                async with lock:
+                    return await self.run(blocking)
+            except ConflictError:
+                if attempt + 1 == PREPARE_ATTEMPTS:
+                    raise
+                await asyncio.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
+            except TemplateRefusedError:
+                raise
+            except TokenizerError:
+                # the upstream's /tokenize dropped a kept-alive connection: counting comes
+                # before any write, so one more try is safe
+                if attempt > 0:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def anchor(self, guard: Guard, session_id: str) -> str:
+        """The anchor of new message ids (:func:`identity.anchor_of`): the newest stored
+        reply's id (a few messages read; the idempotency window only if none is there)."""
+        window = self.config.idempotency_window
+        return await self.run(stored_anchor, guard, session_id, window)
+
+    async def complete(
+        self,
+        guard: Guard,
+        session_id: str,
+        reply: dict[str, Any],
+        reply_id: str,
+        prepared: PreparedRequest | None,
+        usage: dict[str, Any] | None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """Store the model's reply (an OpenAI assistant message) with its usage."""
+        message = Message.from_openai(reply, id=reply_id, metadata=metadata)
+        usage = usage if isinstance(usage, dict) else None
+        await self.complete_with(
+            lambda: guard.complete(session_id, message, prepared=prepared, usage=usage)
+        )
+
+    async def complete_with(self, blocking: Callable[[], object]) -> None:
+        """Run a turn's blocking complete (one worker-thread call), once more if counting
+        the reply failed (before anything was written; the reply's id makes a repeated
+        complete store nothing twice anyway)."""
+        for attempt in (0, 1):
+            try:
+                await self.run(blocking)
+                return
+            except TemplateRefusedError:
+                raise
+            except TokenizerError:
+                if attempt:
+                    raise
+
     async def limit_tokens(self) -> int:
         resolve = getattr(self.limit_source, "aresolve", None)
         if resolve is not None:
@@ -197,6 +285,31 @@ class Gateway:
                 await self.run(guard.close)
         if self.metrics is not None:
             self.metrics.close()
+
+
+def stored_anchor(guard: Guard, session_id: str, window: int) -> str:
+    """The newest stored reply's id (a few messages read; ``window`` only if none is there).
+
+    After a turn that finished, the reply is the newest message, so two are read first (the
+    newest assistant among the last two is the newest one there is)."""
+    for count in (min(2, window), min(8, window), window):
+        stored = guard.store.read_last(session_id, count)
+        anchor = identity.anchor_of([(s.message.id, s.message.role) for s in stored], count)
+        if not anchor.startswith("o:") or count == window:
+            return anchor
+    raise AssertionError("unreachable")
+
+
+def reply_not_stored(exc: CtxGuardError) -> ApiError:
+    """The answer when the model replied but the reply could not be stored: a 503/502 that
+    says a retry is safe (the same ids are stored once)."""
+    return ApiError(
+        503 if isinstance(exc, StoreError) else 502,
+        f"the model answered but the reply could not be stored ({type(exc).__name__}: "
+        f"{exc}); retrying the request is safe",
+        type="server_error",
+        code="reply_not_stored",
+    )
 
 
 class UpstreamLimit:

@@ -38,6 +38,12 @@ def session_id_of(headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[
         ((metadata or {}).get("session_id"), "metadata.session_id"),
         (body.get("user"), "user"),
     ]
+    return pick_session_id(candidates)
+
+
+def pick_session_id(candidates: Sequence[tuple[object, str]]) -> tuple[str | None, str]:
+    """The first present candidate (value, where it came from), every one checked; a bad
+    id is a 400 naming where it came from. (None, "") when none is present."""
     found: tuple[str | None, str] = (None, "")
     for value, where in candidates:
         if value is None or value == "":

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
-
-from starlette.requests import Request
+from typing import TYPE_CHECKING, Any
 
 from ctxguard.errors import InvalidMessageError
 from ctxguard.messages import Message
 from ctxguard.serve.openai_errors import ApiError, bad_request
+
+if TYPE_CHECKING:  # parse_chat is used without Starlette (the LiteLLM guardrail)
+    from starlette.requests import Request
 
 
 async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:

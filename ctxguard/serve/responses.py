@@ -29,10 +29,11 @@ from ctxguard.ids import validate_id
 from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.chat import CHAT_PATH, Turn, open_turn, prepare
-from ctxguard.serve.forward import reply_of, send_upstream
+from ctxguard.serve.forward import send_upstream
 from ctxguard.serve.gateway import Gateway
 from ctxguard.serve.inbound import ChatRequest, read_json
 from ctxguard.serve.openai_errors import ApiError, bad_request, from_ctxguard
+from ctxguard.serve.sse import reply_of
 
 
 def response_id(session_id: str, reply_id: str) -> str:

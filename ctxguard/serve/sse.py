@@ -3,7 +3,8 @@
 :class:`EventSplitter` cuts bytes into whole events (each forwarded as soon as it is
 complete, so nothing is buffered past one event); :class:`ReplyAssembler` folds chat
 completion chunks into the assistant message (content, tool calls by index) and the
-usage, so the reply can be stored exactly as a non-streaming call would have given it.
+usage, so the reply can be stored exactly as a non-streaming call would have given it;
+:func:`reply_of` is that message taken from a non-streaming answer.
 """
 
 from __future__ import annotations
@@ -74,6 +75,11 @@ class ReplyAssembler:
             return None
         if not isinstance(chunk, dict):
             return None
+        self.add_chunk(chunk)
+        return chunk
+
+    def add_chunk(self, chunk: dict[str, Any]) -> None:
+        """Fold one parsed chunk in."""
         self.chunks += 1
         self.response_id = self.response_id or _str(chunk.get("id"))
         self.model = self.model or _str(chunk.get("model"))
@@ -87,7 +93,6 @@ class ReplyAssembler:
             delta = choice.get("delta")
             if isinstance(delta, dict):
                 self._delta(delta)
-        return chunk
 
     def _delta(self, delta: dict[str, Any]) -> None:
         if isinstance(delta.get("content"), str):
@@ -125,6 +130,28 @@ class ReplyAssembler:
 
     def text_chars(self) -> int:
         return sum(len(c) for c in self.content)
+
+
+def reply_of(data: dict[str, Any]) -> dict[str, Any]:
+    """The assistant message of a non-streaming chat completion (KeyError/TypeError/
+    IndexError when ``data`` is not one)."""
+    message = data["choices"][0]["message"]
+    reply: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        reply["tool_calls"] = [
+            {
+                "id": call["id"],
+                "type": call.get("type", "function"),
+                "function": {
+                    "name": call["function"]["name"],
+                    "arguments": call["function"].get("arguments") or "",
+                },
+            }
+            for call in message["tool_calls"]
+        ]
+    elif reply["content"] is None:
+        reply["content"] = ""
+    return reply
 
 
 def _str(value: object) -> str | None:

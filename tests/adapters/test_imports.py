@@ -8,7 +8,15 @@ import textwrap
 
 import pytest
 
-FRAMEWORKS = ("langchain_core", "langchain", "llama_index", "agents", "openai", "pydantic_ai")
+FRAMEWORKS = (
+    "langchain_core",
+    "langchain",
+    "llama_index",
+    "agents",
+    "openai",
+    "pydantic_ai",
+    "litellm",
+)
 
 
 def run(code: str) -> subprocess.CompletedProcess[str]:
@@ -40,6 +48,7 @@ def test_importing_ctxguard_and_adapters_imports_no_framework() -> None:
         ("agents", "openai_agents", "CtxGuardSession", "agents"),
         ("pydantic_ai", "pydantic_ai", "CtxGuardCapability", "pydantic-ai"),
         ("langchain.agents.middleware", "langchain", "CtxGuardMiddleware", "langchain"),
+        ("litellm", "litellm", "CtxGuardGuardrail", "litellm"),
     ],
 )
 def test_missing_framework_names_the_extra(

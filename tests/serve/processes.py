@@ -61,3 +61,52 @@ class CliGateway:
             self.proc.wait(5)
         if self.proc.stderr is not None:
             self.proc.stderr.close()
+
+
+class LiteLLMProxy:
+    """LiteLLM's proxy (``litellm --config``) in a child process, with this checkout's
+    ctxguard importable (for the guardrail). ``env`` is added to the environment."""
+
+    def __init__(self, config: Path, env: dict[str, str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = config.with_suffix(".log")
+        child_env = {**os.environ, **env}
+        child_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), child_env.get("PYTHONPATH", "")])
+        cli = Path(sys.executable).with_name("litellm")
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    str(cli),
+                    "--config",
+                    str(config),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                ],
+                env=child_env,
+                cwd=config.parent,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(self.url + "/health/liveliness", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                tail = self.log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"the LiteLLM proxy did not start:\n{tail}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)

@@ -1,0 +1,132 @@
+"""The LiteLLM guardrail in front of a vLLM-shaped server, called through LiteLLM itself.
+
+Each turn runs as LiteLLM's proxy runs it: the guardrail's ``pre_call`` hook, then a
+real ``litellm.acompletion`` over HTTP to the local upstream (``hosted_vllm``), then the
+``post_call`` hook (or the streaming iterator hook). The guardrail's limit and counter
+are the gateway's defaults: the upstream's ``/v1/models`` and ``/tokenize``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost-map download
+litellm = pytest.importorskip("litellm")
+
+from litellm.caching import DualCache  # noqa: E402
+from litellm.types.guardrails import GuardrailEventHooks  # noqa: E402
+from litellm.types.proxy.auth.user_api_key_auth import UserAPIKeyAuth  # noqa: E402
+
+from ctxguard.adapters.litellm import CtxGuardGuardrail, GuardrailRefusal  # noqa: E402
+
+from .upstream import MODEL, FakeVLLM  # noqa: E402
+
+pytestmark = pytest.mark.redis
+RESERVE = 128
+
+
+def request(session: str | None, messages: list[dict[str, Any]], **body: Any) -> dict[str, Any]:
+    headers = {"x-session-id": session} if session else {}
+    return {
+        "model": "qwen",
+        "messages": messages,
+        "litellm_call_id": str(uuid.uuid4()),
+        "metadata": {},
+        "proxy_server_request": {"headers": headers},
+        **body,
+    }
+
+
+async def pre_call(g: CtxGuardGuardrail, data: dict[str, Any]) -> dict[str, Any]:
+    assert g.should_run_guardrail(data=data, event_type=GuardrailEventHooks.pre_call)
+    out: dict[str, Any] = await g.async_pre_call_hook(
+        user_api_key_dict=UserAPIKeyAuth(), cache=DualCache(), data=data, call_type="acompletion"
+    )
+    return out
+
+
+async def complete(vllm: FakeVLLM, data: dict[str, Any], **extra: Any) -> Any:
+    return await litellm.acompletion(
+        model=f"hosted_vllm/{MODEL}",
+        api_base=f"{vllm.url}/v1",
+        api_key="none",
+        messages=data["messages"],
+        max_tokens=data["max_tokens"],
+        **extra,
+    )
+
+
+@pytest.fixture
+async def guardrail(vllm: FakeVLLM, redis_url: str, namespace: str) -> Any:
+    vllm.max_model_len = 1024
+    g = CtxGuardGuardrail(
+        guardrail_name="ctxguard",
+        event_hook=["pre_call", "post_call"],
+        default_on=True,
+        url=redis_url,
+        namespace=namespace,
+        upstream=vllm.url,
+        max_tokens=RESERVE,
+    )
+    yield g
+    await g.aclose()
+
+
+async def test_every_request_litellm_sends_fits_and_the_session_is_kept(
+    guardrail: CtxGuardGuardrail, vllm: FakeVLLM, stored: Any
+) -> None:
+    system = {"role": "system", "content": "Answer briefly."}
+    for turn in range(12):
+        text = f"turn {turn}: " + " ".join(f"word{turn}x{i}" for i in range(40))
+        new = ([system] if turn == 0 else []) + [{"role": "user", "content": text}]
+        data = await pre_call(guardrail, request("conv", new))
+        response = await complete(vllm, data)
+        await guardrail.async_post_call_success_hook(
+            data=data, user_api_key_dict=UserAPIKeyAuth(), response=response
+        )
+        assert response.choices[0].message.content == "echo: " + text
+    # what reached the server fit, counted by the server's own template
+    assert len(vllm.prompt_tokens) == 12
+    assert max(vllm.prompt_tokens) + RESERVE <= 1024
+    assert all(r["max_tokens"] == RESERVE for r in vllm.requests)
+    assert len(vllm.requests[-1]["messages"]) < 25  # older turns were left out
+    assert vllm.requests[-1]["messages"][0] == system
+    history = stored("conv")
+    assert [m["role"] for m in history] == ["system"] + ["user", "assistant"] * 12
+    assert history[-1]["content"] == "echo: " + text
+
+
+async def test_a_streamed_tool_call_is_recorded_whole(
+    guardrail: CtxGuardGuardrail, vllm: FakeVLLM, stored: Any
+) -> None:
+    data = await pre_call(guardrail, request("tools", [{"role": "user", "content": "CALL_TOOL"}]))
+    stream = await complete(vllm, data, stream=True)
+    chunks = [
+        c
+        async for c in guardrail.async_post_call_streaming_iterator_hook(
+            user_api_key_dict=UserAPIKeyAuth(), response=stream, request_data=data
+        )
+    ]
+    assert chunks
+    reply = stored("tools")[-1]
+    assert reply["role"] == "assistant"
+    assert [c["function"] for c in reply["tool_calls"]] == [
+        {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    ]
+
+
+async def test_a_request_over_the_servers_limit_never_reaches_it(
+    guardrail: CtxGuardGuardrail, vllm: FakeVLLM, stored: Any
+) -> None:
+    huge = " ".join(f"w{i}" for i in range(3000))
+    with pytest.raises(GuardrailRefusal) as caught:
+        await pre_call(guardrail, request("big", [{"role": "user", "content": huge}]))
+    assert caught.value.status_code == 400
+    assert caught.value.code == "context_length_exceeded"
+    assert "1024" in caught.value.message
+    assert vllm.requests == []
+    assert stored("big") == []
