@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,3 +119,85 @@ def test_readme_adapter_snippet_compiles_and_its_imports_exist(index: int) -> No
         importlib.import_module(module)
         for name in (n.strip() for n in names.split(",")):
             assert hasattr(loaded, name), f"{module}.{name}"
+
+
+# -- the README's adapter snippets, run end to end against a vLLM-shaped server ----------
+
+README_VLLM = 'VLLM = "http://localhost:8000"'
+README_REDIS = '"redis://localhost:6379/0"'
+# per snippet (README order): the module it needs, the arguments of the tool call the
+# model makes, what the run prints (the fake echoes the tool's result) and the user text
+SNIPPET_RUNS = {
+    "langchain": ("langchain_openai", {"city": "Paris"}, "echo: Paris: 18C and clear"),
+    "llamaindex": (
+        "llama_index.llms.openai_like",
+        {"order_id": 1138},
+        "echo: Order 1138 left the warehouse this morning.",
+    ),
+    "openai_agents": ("agents", {"city": "Paris"}, "echo: Paris: 18C and clear"),
+    "pydantic_ai": ("pydantic_ai.models.openai", {"city": "Paris"}, "echo: Paris: 18C and clear"),
+}
+USER_TEXT = {"llamaindex": "Where is my order 1138?"}
+
+
+@pytest.fixture(scope="module")
+def vllm(hf_dirs: dict[str, Path]) -> Iterator[Any]:
+    """tests/serve's vLLM-shaped server (real HTTP, exact counts through Qwen's template)."""
+    from serve.upstream import FakeVLLM
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(hf_dirs["qwen-2.5"]), local_files_only=True)
+    server = FakeVLLM(tokenizer).start()
+    yield server
+    server.stop()
+
+
+def addressed(snippet: str, vllm_url: str, store_url: str) -> str:
+    """The snippet with the README's addresses replaced (each exactly once)."""
+    assert snippet.count(README_VLLM) == 1, "the snippet no longer names vLLM as the README says"
+    assert snippet.count(README_REDIS) == 1, "the snippet no longer names Redis as the README says"
+    snippet = snippet.replace(README_VLLM, f'VLLM = "{vllm_url}"')
+    return snippet.replace(README_REDIS, repr(store_url))
+
+
+@pytest.mark.parametrize("framework", sorted(SNIPPET_RUNS))
+def test_readme_adapter_snippet_runs_against_a_vllm_shaped_server(
+    framework: str,
+    vllm: Any,
+    redis_url: str,
+    namespace: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from ctxguard import Guard
+
+    module, arguments, printed = SNIPPET_RUNS[framework]
+    pytest.importorskip(module)
+    snippet = next(s for s in adapter_snippets() if f"ctxguard.adapters.{framework} " in s)
+    join = "&" if "?" in redis_url else "?"
+    code = addressed(snippet, vllm.url, f"{redis_url}{join}namespace={namespace}")
+    vllm.requests.clear()
+    vllm.prompt_tokens.clear()
+    vllm.first_tool_arguments = arguments
+    try:
+        exec(compile(code, f"README {framework} snippet", "exec"), {"__name__": "__main__"})
+    finally:
+        vllm.first_tool_arguments = None
+    out = capsys.readouterr().out
+
+    assert printed in out, out  # the model called the snippet's tool and answered from it
+    # the model was called: the tool call, then the answer from the tool's result
+    assert len(vllm.requests) >= 2
+    assert any(m["role"] == "tool" for m in vllm.requests[-1]["messages"])
+    for body, prompt in zip(vllm.requests, vllm.prompt_tokens, strict=True):
+        reserved = body.get("max_tokens") or body.get("max_completion_tokens") or 0
+        assert prompt + reserved <= vllm.max_model_len, (prompt, reserved)
+    # the session is in the test's own Redis namespace, with the turn stored
+    guard = Guard(redis_url, limit=4096, namespace=namespace)
+    try:
+        stored = [s.message.to_openai() for s in guard.store.read("user-42")]
+    finally:
+        guard.close()
+    user = USER_TEXT.get(framework, "Weather in Paris?")
+    assert [m["content"] for m in stored if m["role"] == "user"] == [user], stored
+    assert stored[-1]["role"] == "assistant" and printed in str(stored[-1]["content"]), stored
+    assert any(m["role"] == "tool" for m in stored) or framework == "llamaindex", stored
