@@ -38,6 +38,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxguard.adapters.pydantic_ai", "pydantic-ai") from exc
 
 META_KEY = "pydantic_ai"
+STORED_ID = "ctxguard_id"  # Pydantic AI metadata key: the stored message it was loaded from
 Place = tuple[int, tuple[int, ...]]  # (message index, part indices) of one piece
 
 
@@ -69,7 +70,7 @@ def to_pieces(history: Sequence[pai.ModelMessage], *, keep: bool = False, start:
         if index < start:
             continue
         whole = dump(message) if keep else None
-        base = None if whole is None else content_id(whole)
+        base = None if whole is None else _stored_id(message) or content_id(whole)
         for number, (piece, parts) in enumerate(pieces):
             meta: dict[str, Any] = {"parts": list(parts)}
             if whole is not None and number == 0:
@@ -80,6 +81,13 @@ def to_pieces(history: Sequence[pai.ModelMessage], *, keep: bool = False, start:
             out.messages.append(piece.model_copy(update=update))
             out.places.append((index, parts))
     return out
+
+
+def _stored_id(message: pai.ModelMessage) -> str | None:
+    """The id of the stored message :func:`from_stored` made ``message`` from (one not
+    written by this adapter), so passing it back does not store it a second time."""
+    found = (message.metadata or {}).get(STORED_ID)
+    return found if isinstance(found, str) else None
 
 
 def dump(message: pai.ModelMessage) -> dict[str, Any]:
@@ -244,7 +252,7 @@ def from_stored(messages: Sequence[Message]) -> list[pai.ModelMessage]:
             if "message" in meta:
                 out.append(load(meta["message"]))
             continue  # a later piece of the message before
-        converted = _generic(message, names)
+        converted = dataclasses.replace(_generic(message, names), metadata={STORED_ID: message.id})
         if message.tool_calls:
             names.update({c.id: c.function.name for c in message.tool_calls})
         out.append(converted)
