@@ -160,6 +160,15 @@ def addressed(snippet: str, vllm_url: str, store_url: str) -> str:
     return snippet.replace(README_REDIS, repr(store_url))
 
 
+# what the user said before: 16 turns, together far over the served limit below
+EARLIER = [
+    {"role": role, "content": f"{role} turn {i}: " + " ".join(["the weather was fine"] * 25)}
+    for i in range(16)
+    for role in ("user", "assistant")
+]
+SERVED_LIMIT = 1536  # the fake's max_model_len: room for the 512-token reply and a little
+
+
 @pytest.mark.parametrize("framework", sorted(SNIPPET_RUNS))
 def test_readme_adapter_snippet_runs_against_a_vllm_shaped_server(
     framework: str,
@@ -168,6 +177,10 @@ def test_readme_adapter_snippet_runs_against_a_vllm_shaped_server(
     namespace: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """The snippet, as printed (only the addresses replaced), talks to a vLLM-shaped
+    server: the model calls the snippet's tool and answers; every request the server got
+    fit its limit by its exact count although the session's history does not; the turn
+    is stored in the session "user-42" of the test's Redis namespace."""
     from ctxguard import Guard
 
     module, arguments, printed = SNIPPET_RUNS[framework]
@@ -175,14 +188,22 @@ def test_readme_adapter_snippet_runs_against_a_vllm_shaped_server(
     snippet = next(s for s in adapter_snippets() if f"ctxguard.adapters.{framework} " in s)
     join = "&" if "?" in redis_url else "?"
     code = addressed(snippet, vllm.url, f"{redis_url}{join}namespace={namespace}")
-    vllm.requests.clear()
-    vllm.prompt_tokens.clear()
-    vllm.first_tool_arguments = arguments
+    guard = Guard(redis_url, limit=4096, namespace=namespace)
     try:
-        exec(compile(code, f"README {framework} snippet", "exec"), {"__name__": "__main__"})
+        guard.append("user-42", EARLIER)
+        history = vllm.count({"messages": EARLIER})
+        assert history > SERVED_LIMIT  # sent whole, the history alone would not fit
+        vllm.requests.clear()
+        vllm.prompt_tokens.clear()
+        vllm.max_model_len, vllm.first_tool_arguments = SERVED_LIMIT, arguments
+        try:
+            exec(compile(code, f"README {framework} snippet", "exec"), {"__name__": "__main__"})
+        finally:
+            vllm.max_model_len, vllm.first_tool_arguments = 4096, None
+        out = capsys.readouterr().out
+        stored = [s.message.to_openai() for s in guard.store.read("user-42")]
     finally:
-        vllm.first_tool_arguments = None
-    out = capsys.readouterr().out
+        guard.close()
 
     assert printed in out, out  # the model called the snippet's tool and answered from it
     # the model was called: the tool call, then the answer from the tool's result
@@ -190,14 +211,11 @@ def test_readme_adapter_snippet_runs_against_a_vllm_shaped_server(
     assert any(m["role"] == "tool" for m in vllm.requests[-1]["messages"])
     for body, prompt in zip(vllm.requests, vllm.prompt_tokens, strict=True):
         reserved = body.get("max_tokens") or body.get("max_completion_tokens") or 0
-        assert prompt + reserved <= vllm.max_model_len, (prompt, reserved)
-    # the session is in the test's own Redis namespace, with the turn stored
-    guard = Guard(redis_url, limit=4096, namespace=namespace)
-    try:
-        stored = [s.message.to_openai() for s in guard.store.read("user-42")]
-    finally:
-        guard.close()
+        assert prompt + reserved <= SERVED_LIMIT, (prompt, reserved)
+    # the session: the earlier turns, then this turn with its tool call and the answer
     user = USER_TEXT.get(framework, "Weather in Paris?")
-    assert [m["content"] for m in stored if m["role"] == "user"] == [user], stored
-    assert stored[-1]["role"] == "assistant" and printed in str(stored[-1]["content"]), stored
-    assert any(m["role"] == "tool" for m in stored) or framework == "llamaindex", stored
+    assert [m["content"] for m in stored[: len(EARLIER)]] == [m["content"] for m in EARLIER]
+    new = stored[len(EARLIER) :]
+    assert [m["content"] for m in new if m["role"] == "user"] == [user], new
+    assert any(m.get("tool_calls") for m in new), new
+    assert new[-1]["role"] == "assistant" and printed in str(new[-1]["content"]), new
