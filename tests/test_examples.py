@@ -176,6 +176,7 @@ def test_readme_adapter_snippet_runs_against_a_vllm_shaped_server(
     redis_url: str,
     namespace: str,
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The snippet, as printed (only the addresses replaced), talks to a vLLM-shaped
     server: the model calls the snippet's tool and answers; every request the server got
@@ -185,6 +186,8 @@ def test_readme_adapter_snippet_runs_against_a_vllm_shaped_server(
 
     module, arguments, printed = SNIPPET_RUNS[framework]
     pytest.importorskip(module)
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_API_BASE"):
+        monkeypatch.delenv(name, raising=False)  # as a user with vLLM and no OpenAI account
     snippet = next(s for s in adapter_snippets() if f"ctxguard.adapters.{framework} " in s)
     join = "&" if "?" in redis_url else "?"
     code = addressed(snippet, vllm.url, f"{redis_url}{join}namespace={namespace}")
