@@ -38,7 +38,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxguard.adapters.pydantic_ai", "pydantic-ai") from exc
 
 META_KEY = "pydantic_ai"
-STORED_ID = "ctxguard_id"  # Pydantic AI metadata key: the stored message it was loaded from
+STORED_ID = "ctxguard_id"  # Pydantic AI metadata: [stored id, digest] of a loaded message
 Place = tuple[int, tuple[int, ...]]  # (message index, part indices) of one piece
 
 
@@ -85,9 +85,13 @@ def to_pieces(history: Sequence[pai.ModelMessage], *, keep: bool = False, start:
 
 def _stored_id(message: pai.ModelMessage) -> str | None:
     """The id of the stored message :func:`from_stored` made ``message`` from (one not
-    written by this adapter), so passing it back does not store it a second time."""
+    written by this adapter), so passing it back does not store it a second time; none
+    once the message was changed (its digest no longer matches)."""
     found = (message.metadata or {}).get(STORED_ID)
-    return found if isinstance(found, str) else None
+    if not (isinstance(found, list) and len(found) == 2 and all(isinstance(f, str) for f in found)):
+        return None
+    unmarked = dataclasses.replace(message, metadata=None)
+    return found[0] if content_id(dump(unmarked)) == found[1] else None
 
 
 def dump(message: pai.ModelMessage) -> dict[str, Any]:
@@ -252,7 +256,9 @@ def from_stored(messages: Sequence[Message]) -> list[pai.ModelMessage]:
             if "message" in meta:
                 out.append(load(meta["message"]))
             continue  # a later piece of the message before
-        converted = dataclasses.replace(_generic(message, names), metadata={STORED_ID: message.id})
+        converted = _generic(message, names)
+        mark = [message.id, content_id(dump(converted))]
+        converted = dataclasses.replace(converted, metadata={STORED_ID: mark})
         if message.tool_calls:
             names.update({c.id: c.function.name for c in message.tool_calls})
         out.append(converted)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -387,6 +388,11 @@ async def test_a_history_other_writers_stored_is_not_stored_again(guard: Guard) 
     stored = [s.message for s in guard.store.read("other")]
     assert [m.text for m in stored[:2]] == ["hi", "hello"]
     assert len(stored) == len(result.all_messages())  # 2 earlier + request + response
+    changed = capability.load()
+    changed[0] = dataclasses.replace(changed[0], parts=[pai.UserPromptPart("hi, edited")])
+    await Agent(TestModel(), capabilities=[capability]).run("more", message_history=changed)
+    texts = [s.message.text for s in guard.store.read("other")]
+    assert texts.count("hi") == 1 and texts.count("hi, edited") == 1  # a changed one is new
 
 
 async def test_usage_is_stored_before_the_next_request(guard: Guard) -> None:
