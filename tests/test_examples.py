@@ -126,7 +126,7 @@ def test_readme_adapter_snippet_compiles_and_its_imports_exist(index: int) -> No
 README_VLLM = 'VLLM = "http://localhost:8000"'
 README_REDIS = '"redis://localhost:6379/0"'
 # per snippet (README order): the module it needs, the arguments of the tool call the
-# model makes, what the run prints (the fake echoes the tool's result) and the user text
+# model makes and what the run prints (the fake echoes the tool's result)
 SNIPPET_RUNS = {
     "langchain": ("langchain_openai", {"city": "Paris"}, "echo: Paris: 18C and clear"),
     "llamaindex": (
