@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,3 +119,106 @@ def test_readme_adapter_snippet_compiles_and_its_imports_exist(index: int) -> No
         importlib.import_module(module)
         for name in (n.strip() for n in names.split(",")):
             assert hasattr(loaded, name), f"{module}.{name}"
+
+
+# -- the README's adapter snippets, run end to end against a vLLM-shaped server ----------
+
+README_VLLM = 'VLLM = "http://localhost:8000"'
+README_REDIS = '"redis://localhost:6379/0"'
+# per snippet (README order): the module it needs, the arguments of the tool call the
+# model makes and what the run prints (the fake echoes the tool's result)
+SNIPPET_RUNS = {
+    "langchain": ("langchain_openai", {"city": "Paris"}, "echo: Paris: 18C and clear"),
+    "llamaindex": (
+        "llama_index.llms.openai_like",
+        {"order_id": 1138},
+        "echo: Order 1138 left the warehouse this morning.",
+    ),
+    "openai_agents": ("agents", {"city": "Paris"}, "echo: Paris: 18C and clear"),
+    "pydantic_ai": ("pydantic_ai.models.openai", {"city": "Paris"}, "echo: Paris: 18C and clear"),
+}
+USER_TEXT = {"llamaindex": "Where is my order 1138?"}
+
+
+@pytest.fixture(scope="module")
+def vllm(hf_dirs: dict[str, Path]) -> Iterator[Any]:
+    """tests/serve's vLLM-shaped server (real HTTP, exact counts through Qwen's template)."""
+    from serve.upstream import FakeVLLM
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(hf_dirs["qwen-2.5"]), local_files_only=True)
+    server = FakeVLLM(tokenizer).start()
+    yield server
+    server.stop()
+
+
+def addressed(snippet: str, vllm_url: str, store_url: str) -> str:
+    """The snippet with the README's addresses replaced (each exactly once)."""
+    assert snippet.count(README_VLLM) == 1, "the snippet no longer names vLLM as the README says"
+    assert snippet.count(README_REDIS) == 1, "the snippet no longer names Redis as the README says"
+    snippet = snippet.replace(README_VLLM, f'VLLM = "{vllm_url}"')
+    return snippet.replace(README_REDIS, repr(store_url))
+
+
+# what the user said before: 16 turns, together far over the served limit below
+EARLIER = [
+    {"role": role, "content": f"{role} turn {i}: " + " ".join(["the weather was fine"] * 25)}
+    for i in range(16)
+    for role in ("user", "assistant")
+]
+SERVED_LIMIT = 1536  # the fake's max_model_len: room for the 512-token reply and a little
+
+
+@pytest.mark.parametrize("framework", sorted(SNIPPET_RUNS))
+def test_readme_adapter_snippet_runs_against_a_vllm_shaped_server(
+    framework: str,
+    vllm: Any,
+    redis_url: str,
+    namespace: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The snippet, as printed (only the addresses replaced), talks to a vLLM-shaped
+    server: the model calls the snippet's tool and answers; every request the server got
+    fit its limit by its exact count although the session's history does not; the turn
+    is stored in the session "user-42" of the test's Redis namespace."""
+    from ctxguard import Guard
+
+    module, arguments, printed = SNIPPET_RUNS[framework]
+    pytest.importorskip(module)
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_API_BASE"):
+        monkeypatch.delenv(name, raising=False)  # as a user with vLLM and no OpenAI account
+    snippet = next(s for s in adapter_snippets() if f"ctxguard.adapters.{framework} " in s)
+    join = "&" if "?" in redis_url else "?"
+    code = addressed(snippet, vllm.url, f"{redis_url}{join}namespace={namespace}")
+    guard = Guard(redis_url, limit=4096, namespace=namespace)
+    try:
+        guard.append("user-42", EARLIER)
+        history = vllm.count({"messages": EARLIER})
+        assert history > SERVED_LIMIT  # sent whole, the history alone would not fit
+        vllm.requests.clear()
+        vllm.prompt_tokens.clear()
+        vllm.max_model_len, vllm.first_tool_arguments = SERVED_LIMIT, arguments
+        try:
+            exec(compile(code, f"README {framework} snippet", "exec"), {"__name__": "__main__"})
+        finally:
+            vllm.max_model_len, vllm.first_tool_arguments = 4096, None
+        out = capsys.readouterr().out
+        stored = [s.message.to_openai() for s in guard.store.read("user-42")]
+    finally:
+        guard.close()
+
+    assert printed in out, out  # the model called the snippet's tool and answered from it
+    # the model was called: the tool call, then the answer from the tool's result
+    assert len(vllm.requests) >= 2
+    assert any(m["role"] == "tool" for m in vllm.requests[-1]["messages"])
+    for body, prompt in zip(vllm.requests, vllm.prompt_tokens, strict=True):
+        reserved = body.get("max_tokens") or body.get("max_completion_tokens") or 0
+        assert prompt + reserved <= SERVED_LIMIT, (prompt, reserved)
+    # the session: the earlier turns, then this turn with its tool call and the answer
+    user = USER_TEXT.get(framework, "Weather in Paris?")
+    assert [m["content"] for m in stored[: len(EARLIER)]] == [m["content"] for m in EARLIER]
+    new = stored[len(EARLIER) :]
+    assert [m["content"] for m in new if m["role"] == "user"] == [user], new
+    assert any(m.get("tool_calls") for m in new), new
+    assert new[-1]["role"] == "assistant" and printed in str(new[-1]["content"]), new

@@ -3,12 +3,17 @@
 Messages round-trip losslessly: tool calls (``additional_kwargs['tool_calls']`` or
 ``ToolCallBlock``) become OpenAI tool calls for counting and validity checks, and
 whatever the OpenAI shape cannot hold rides in ``Message.metadata['llama_index']``.
+Pydantic objects in ``additional_kwargs`` (``llama-index-llms-openai`` keeps the SDK's
+``ChatCompletionMessageToolCall`` / ``ChoiceDeltaToolCall`` there) come back as their
+JSON dicts, the form LlamaIndex's own chat stores give back and OpenAI clients accept.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from pydantic import BaseModel
 
 from ctxguard.adapters import _shared
 from ctxguard.errors import InvalidMessageError, MissingDependencyError
@@ -166,14 +171,33 @@ def _extra_fields(message: ChatMessage, base: Message) -> dict[str, Any]:
         raise InvalidMessageError(f"LlamaIndex message is not JSON-serialisable ({exc})") from None
     generic = json.loads(ChatMessage.model_validate(_generic(base)).model_dump_json())
     small = {k: v for k, v in full.items() if generic.get(k) != v}
+    expected = _plain_kwargs(message)
     for meta in (small, full):
         candidate = base.model_copy(update={"metadata": {META_KEY: meta}} if meta else {})
-        if to_llamaindex(candidate) == message:
+        if to_llamaindex(candidate) == expected:
             return meta
     raise InvalidMessageError(
         "LlamaIndex message does not survive a JSON round trip; ctxguard would change it, "
         "so it refuses to store it"
     )
+
+
+def _plain_kwargs(message: ChatMessage) -> ChatMessage:
+    """``message`` with the pydantic objects in its ``additional_kwargs`` as JSON dicts."""
+    plain = {k: _plain(v) for k, v in message.additional_kwargs.items()}
+    if plain == message.additional_kwargs:
+        return message
+    return message.model_copy(update={"additional_kwargs": plain})
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 # -- argument checks ---------------------------------------------------------------

@@ -38,6 +38,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxguard.adapters.pydantic_ai", "pydantic-ai") from exc
 
 META_KEY = "pydantic_ai"
+STORED_ID = "ctxguard_id"  # Pydantic AI metadata: [stored id, digest] of a loaded message
 Place = tuple[int, tuple[int, ...]]  # (message index, part indices) of one piece
 
 
@@ -69,7 +70,7 @@ def to_pieces(history: Sequence[pai.ModelMessage], *, keep: bool = False, start:
         if index < start:
             continue
         whole = dump(message) if keep else None
-        base = None if whole is None else content_id(whole)
+        base = None if whole is None else _stored_id(message) or content_id(whole)
         for number, (piece, parts) in enumerate(pieces):
             meta: dict[str, Any] = {"parts": list(parts)}
             if whole is not None and number == 0:
@@ -80,6 +81,17 @@ def to_pieces(history: Sequence[pai.ModelMessage], *, keep: bool = False, start:
             out.messages.append(piece.model_copy(update=update))
             out.places.append((index, parts))
     return out
+
+
+def _stored_id(message: pai.ModelMessage) -> str | None:
+    """The id of the stored message :func:`from_stored` made ``message`` from (one not
+    written by this adapter), so passing it back does not store it a second time; none
+    once the message was changed (its digest no longer matches)."""
+    found = (message.metadata or {}).get(STORED_ID)
+    if not (isinstance(found, list) and len(found) == 2 and all(isinstance(f, str) for f in found)):
+        return None
+    unmarked = dataclasses.replace(message, metadata=None)
+    return found[0] if content_id(dump(unmarked)) == found[1] else None
 
 
 def dump(message: pai.ModelMessage) -> dict[str, Any]:
@@ -245,6 +257,8 @@ def from_stored(messages: Sequence[Message]) -> list[pai.ModelMessage]:
                 out.append(load(meta["message"]))
             continue  # a later piece of the message before
         converted = _generic(message, names)
+        mark = [message.id, content_id(dump(converted))]
+        converted = dataclasses.replace(converted, metadata={STORED_ID: mark})
         if message.tool_calls:
             names.update({c.id: c.function.name for c in message.tool_calls})
         out.append(converted)

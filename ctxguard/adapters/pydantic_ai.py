@@ -24,8 +24,9 @@
 * :func:`model_profile` gives the served limit as the model's ``context_window``.
 
 Messages round-trip losslessly through the session (see ``_pydantic_ai_parts``), each
-stored once under a digest of its JSON, so passing a run's history to the next run
-(``message_history=result.all_messages()``) stores only what is new.
+stored once under a digest of its JSON (a message :meth:`~CtxGuardCapability.load` read
+from another writer keeps its stored id), so passing a run's history to the next run
+(``message_history=result.all_messages()`` or ``load()``) stores only what is new.
 """
 
 from __future__ import annotations

@@ -55,6 +55,22 @@ def test_conversion_round_trips() -> None:
     assert to_ctxguard(rich_conversation()[4]).to_openai()["tool_calls"][0]["id"] == "c2"
 
 
+def test_sdk_tool_call_objects_come_back_as_their_json() -> None:
+    """llama-index-llms-openai keeps the OpenAI SDK's tool-call objects in
+    ``additional_kwargs`` (streamed: ``ChoiceDeltaToolCall``); they are stored, not refused."""
+    from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
+
+    delta = ChoiceDeltaToolCall.model_validate({"index": 0, **call(1)})
+    message = ChatMessage(
+        role="assistant",
+        additional_kwargs={"tool_calls": [delta]},
+        blocks=[ToolCallBlock(tool_call_id="c1", tool_name="f", tool_kwargs="{}")],
+    )
+    back = to_llamaindex(to_ctxguard(message))
+    assert back.additional_kwargs == {"tool_calls": [delta.model_dump(mode="json")]}
+    assert back.blocks == message.blocks
+
+
 @pytest.fixture
 def chat_store(guard: Guard) -> CtxGuardChatStore:
     return CtxGuardChatStore(guard)

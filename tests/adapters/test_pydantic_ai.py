@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -373,6 +374,25 @@ async def test_capability_with_test_model_and_a_later_run_from_the_session(guard
     second = await agent.run("again", message_history=capability.load())
     assert [dump(m) for m in capability.load()] == [dump(m) for m in second.all_messages()]
     assert len(second.all_messages()) > len(first.all_messages())
+
+
+async def test_a_history_other_writers_stored_is_not_stored_again(guard: Guard) -> None:
+    """A session written by the guard, the gateway or another adapter, loaded and passed
+    to a run: only the run's own messages are appended."""
+    earlier = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    guard.append("other", earlier)
+    capability = CtxGuardCapability(guard, session_id="other", max_tokens=RESERVE)
+    result = await Agent(TestModel(), capabilities=[capability]).run(
+        "again", message_history=capability.load()
+    )
+    stored = [s.message for s in guard.store.read("other")]
+    assert [m.text for m in stored[:2]] == ["hi", "hello"]
+    assert len(stored) == len(result.all_messages())  # 2 earlier + request + response
+    changed = capability.load()
+    changed[0] = dataclasses.replace(changed[0], parts=[pai.UserPromptPart("hi, edited")])
+    await Agent(TestModel(), capabilities=[capability]).run("more", message_history=changed)
+    texts = [s.message.text for s in guard.store.read("other")]
+    assert texts.count("hi") == 1 and texts.count("hi, edited") == 1  # a changed one is new
 
 
 async def test_usage_is_stored_before_the_next_request(guard: Guard) -> None:

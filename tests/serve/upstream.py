@@ -7,6 +7,8 @@ request is kept (``requests``) with its exact prompt count, so tests check that 
 reached the "GPU" fit. What the reply does is scripted by the last user message:
 
 - ``CALL_TOOL`` -> a ``get_weather`` tool call (arguments streamed in pieces)
+- with ``first_tool_arguments`` set, a user message on a request that offers tools -> a
+  call of the request's first tool with those arguments (a tool result is then echoed)
 - ``FAIL500``   -> HTTP 500
 - ``SLOW``      -> waits ``slow_seconds`` before answering (timeouts)
 - ``STALL``     -> streams two chunks, then waits until the client goes away
@@ -61,6 +63,7 @@ class FakeVLLM:
         self.tokenize_calls = 0
         self.fail_status: int | None = None  # answer every chat request with this status
         self.stall_enabled = True  # False: STALL streams like any other reply
+        self.first_tool_arguments: dict[str, Any] | None = None  # call the first tool offered
         self._lock = threading.Lock()
         self.stall_started = threading.Event()
         self.app = Starlette(
@@ -128,17 +131,21 @@ class FakeVLLM:
             await asyncio.sleep(self.slow_seconds)
         usage = {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}
         reply: dict[str, Any] = {"role": "assistant", "content": "echo: " + text}
+        call: tuple[str, str] | None = None
         if "CALL_TOOL" in text:
+            call = ("get_weather", '{"city": "Paris"}')
+        elif (
+            self.first_tool_arguments is not None
+            and body.get("tools")
+            and last.get("role") == "user"
+        ):
+            call = (body["tools"][0]["function"]["name"], json.dumps(self.first_tool_arguments))
+        if call is not None:
+            function = {"name": call[0], "arguments": call[1]}
             reply = {
                 "role": "assistant",
                 "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-                    }
-                ],
+                "tool_calls": [{"id": "call_1", "type": "function", "function": function}],
             }
         if not body.get("stream"):
             return JSONResponse(
