@@ -13,6 +13,10 @@ window cache on. Ratios are against ``off`` (no observer) in the same run.
   with a ``BatchSpanProcessor`` (what production uses) into an in-memory exporter
   (cleared between rounds): a span per operation and per store call, 4 per turn;
 * ``tracing-ops``: ``TracingObserver(provider, store_spans=False)``, 2 spans per turn;
+* ``tracing-1%``: ``tracing`` on a provider that samples 1% of traces
+  (``ParentBased(TraceIdRatioBased(0.01))``, how tracing usually runs in production):
+  an unsampled operation makes one non-recording span and no children;
+* ``both-1%``: ``fan_out(metrics, tracing-1%)``;
 * ``both`` / ``both-ops``: ``fan_out(metrics, tracing)`` / with ``tracing-ops``;
 * ``span-floor``: the SDK's floor for ``tracing``: an observer that makes the same
   spans (one per operation, a child per store call, same times, same provider)
@@ -49,6 +53,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 
@@ -116,6 +121,9 @@ def make_observers(exporter: InMemorySpanExporter) -> dict[str, Observer | None]
     metrics = PrometheusObserver(CollectorRegistry())
     tracing = TracingObserver(provider)
     ops_only = TracingObserver(provider, store_spans=False)
+    sampled_provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01)))
+    sampled_provider.add_span_processor(BatchSpanProcessor(exporter))
+    sampled = TracingObserver(sampled_provider)
     return {
         "off": None,
         "metrics": metrics,
@@ -125,6 +133,8 @@ def make_observers(exporter: InMemorySpanExporter) -> dict[str, Observer | None]
         "tracing-ops": ops_only,
         "both": fan_out(metrics, tracing),
         "both-ops": fan_out(metrics, ops_only),
+        "tracing-1%": sampled,
+        "both-1%": fan_out(metrics, sampled),
     }
 
 
