@@ -56,12 +56,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _synthetic import HistoryGenerator, length_summary
 from _turn.meters import RoundTrips, TurnCost, commandstats
 from _turn.peers import LangChain, LlamaIndex
-from _turn.report import SYSTEMS, evaluate, render
+from _turn.report import OBSERVED, SYSTEMS, evaluate, render
 from _turn.server import bench_url
 from _turn.systems import (
     CtxGuardAsync,
     CtxGuardAsyncCold,
     CtxGuardCold,
+    CtxGuardObserved,
+    CtxGuardObservedAll,
     CtxGuardPrefix,
     CtxGuardSync,
     CtxGuardWithReply,
@@ -101,6 +103,8 @@ def make_systems(
         "ctxguard": lambda: CtxGuardSync(url, f"{prefix}-sync"),
         "ctxguard-cold": lambda: CtxGuardCold(url, f"{prefix}-cold"),
         "ctxguard-prefix": lambda: CtxGuardPrefix(url, f"{prefix}-prefix"),
+        "ctxguard-observed": lambda: CtxGuardObserved(url, f"{prefix}-obs"),
+        "ctxguard-observed-all": lambda: CtxGuardObservedAll(url, f"{prefix}-obsall"),
         "ctxguard-with-reply": lambda: CtxGuardWithReply(url, f"{prefix}-reply"),
         "ctxguard-async": lambda: CtxGuardAsync(url, f"{prefix}-async"),
         "ctxguard-async-cold": lambda: CtxGuardAsyncCold(url, f"{prefix}-acold"),
@@ -291,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--turns", type=int, default=None, help="timed turns per size (ctxguard*, floor*)"
     )
     parser.add_argument("--quick", action="store_true", help="about 2 minutes")
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--systems", default=",".join(s for s in SYSTEMS if s not in OBSERVED))
     parser.add_argument("--seed", type=int, default=20261)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)

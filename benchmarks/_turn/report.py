@@ -21,7 +21,8 @@ CTXGUARD_SYSTEMS = (
 )
 ASYNC_SYSTEMS = ("floor-min-async", "floor-async", "ctxguard-async", "ctxguard-async-cold")
 FLOORS = ("floor-min", "floor-min-async", "floor", "floor-async")
-SYSTEMS = (*FLOORS, *CTXGUARD_SYSTEMS, "ctxguard-prefix", "langchain", "llamaindex")
+OBSERVED = ("ctxguard-observed", "ctxguard-observed-all")  # issue 15: not run by default
+SYSTEMS = (*FLOORS, *CTXGUARD_SYSTEMS, "ctxguard-prefix", *OBSERVED, "langchain", "llamaindex")
 # what each row is divided by, first one that ran
 BASES_SYNC = ("floor-min", "floor")
 BASES_ASYNC = ("floor-min-async", "floor-min", "floor-async", "floor")

@@ -331,6 +331,46 @@ class CtxGuardCold(CtxGuardSync):
         super().__init__(url, namespace, window_cache_size=0)
 
 
+class CtxGuardObserved(CtxGuardSync):
+    """The sync guard reporting to Prometheus metrics and OpenTelemetry tracing (issue 15:
+    the ratio against the floor with them on). Tracing on an SDK provider with a
+    ``BatchSpanProcessor``, sampling ``ratio`` of traces (1.0: every operation and store
+    call a span)."""
+
+    name = "ctxguard-observed"
+    ratio = 0.01
+
+    def __init__(self, url: str, namespace: str) -> None:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+        from prometheus_client import CollectorRegistry
+
+        from ctxguard.observe import fan_out
+        from ctxguard.observe.metrics import PrometheusObserver
+        from ctxguard.observe.tracing import TracingObserver
+
+        self.exporter = InMemorySpanExporter()
+        provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(self.ratio)))
+        provider.add_span_processor(BatchSpanProcessor(self.exporter))
+        observer = fan_out(PrometheusObserver(CollectorRegistry()), TracingObserver(provider))
+        super().__init__(url, namespace, observer=observer)
+
+    def turn(self, session: str, user: dict[str, str], reply: dict[str, str]) -> Any:
+        result = super().turn(session, user, reply)
+        if len(self.exporter.get_finished_spans()) > 10_000:
+            self.exporter.clear()
+        return result
+
+
+class CtxGuardObservedAll(CtxGuardObserved):
+    """:class:`CtxGuardObserved` tracing every operation (no sampling)."""
+
+    name = "ctxguard-observed-all"
+    ratio = 1.0
+
+
 class CtxGuardPrefix(CtxGuardSync):
     """The sync guard with the prefix-cache estimate in each record (issue 17)."""
 
