@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
@@ -55,6 +54,15 @@ class _NoLimit:
         )
 
 
+def forget_closed_loops(per_loop: dict[Any, Any]) -> None:
+    """Drop what was kept for event loops that have closed (each ``asyncio.run`` or
+    ``Runner.run_sync`` makes a new one). A WeakKeyDictionary cannot do it: an async
+    guard's connections and an ``asyncio.Lock`` refer to their loop, so the key never
+    died and every closed loop kept a guard and its sockets (one per call)."""
+    for loop in [loop for loop in per_loop if loop.is_closed()]:
+        del per_loop[loop]
+
+
 class GuardRef:
     """The guard an adapter works through, given as a Guard, an AsyncGuard or a store URL.
 
@@ -76,7 +84,7 @@ class GuardRef:
         self._sync: Guard | None = None
         self._async: AsyncGuard | None = None
         self._async_loop: object = None
-        self._by_loop: weakref.WeakKeyDictionary[Any, AsyncGuard] = weakref.WeakKeyDictionary()
+        self._by_loop: dict[Any, AsyncGuard] = {}
         self._options: dict[str, Any] = {}
         if isinstance(guard_or_url, Guard):
             self._sync = guard_or_url
@@ -126,6 +134,7 @@ class GuardRef:
         if guard is None:
             guard = AsyncGuard(**self._options)
             if loop is not None:
+                forget_closed_loops(self._by_loop)
                 self._by_loop[loop] = guard
         self._async, self._async_loop = guard, loop
         return guard

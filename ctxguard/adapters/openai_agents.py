@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -159,6 +158,11 @@ def _is_json(text: str) -> bool:
 def _content(content: Any, role: str) -> str | list[TextPart | ImagePart]:
     if isinstance(content, str):
         return content
+    if content is not None and not isinstance(content, list):
+        raise InvalidMessageError(
+            f"a {role} message item's content must be a string or a list of content parts, "
+            f"got {type_name(content)}"
+        )
     parts: list[TextPart | ImagePart] = []
     for part in content or ():
         kind = part.get("type") if isinstance(part, dict) else None
@@ -275,7 +279,7 @@ class CtxGuardSession:
         self.compaction = _compaction.Folding(compact_keep_turns, compact_threshold)
         self.ref = GuardRef(guard_or_url, **guard_options)
         self.last_prepared: PreparedRequest | None = None
-        self._locks: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()
+        self._locks: dict[Any, asyncio.Lock] = {}
 
     def _lock(self) -> asyncio.Lock:
         """This session's lock on the running loop (an asyncio.Lock serves one loop; a
@@ -283,6 +287,7 @@ class CtxGuardSession:
         loop = asyncio.get_running_loop()
         lock = self._locks.get(loop)
         if lock is None:
+            _shared.forget_closed_loops(self._locks)
             lock = self._locks[loop] = asyncio.Lock()
         return lock
 

@@ -261,6 +261,8 @@ REPORTED = {
     "lc.add_messages('hello')": (lc, lambda a: a.add_messages("hello")),
     "lc.budgeted_messages(None)": (lc, lambda a: a.budgeted_messages(None)),
     "ag.add_items(None)": (ag, lambda a: a.add_items(None)),
+    # found by the fuzz at a larger budget: a message item whose content is a number
+    "ag.add_items(content=1)": (ag, lambda a: a.add_items([{"role": "user", "content": 1}])),
     "ag.get_items('a')": (ag, lambda a: a.get_items("a")),
     "li.set_messages('k', None)": (li, lambda a: a.set_messages("s", None)),
     "li.delete_message('k', 'x')": (li, lambda a: a.delete_message("s", "x")),
