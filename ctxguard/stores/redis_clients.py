@@ -9,15 +9,20 @@ timeouts passed as arguments, redis-py's own retries off), the
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import hiredis
 import redis
 import redis.asyncio as aredis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from ctxguard.errors import ConfigError, StoreError
@@ -85,6 +90,98 @@ class RedisStoreBase:
     @property
     def tenant(self) -> str:
         return self.protocol.keyspace.tenant
+
+
+def pack(conn: Any, *args: str | int) -> Any:
+    """One command as RESP bytes: hiredis directly (what redis-py's hiredis packer
+    calls, without its per-argument pass), else the connection's own packer."""
+    try:
+        return [hiredis.pack_command(args)]
+    except TypeError:  # a type hiredis refuses (bool, bytearray ...): redis-py decides
+        return conn.pack_command(*args)
+
+
+class ConnectionShelf:
+    """The plain client's connections between script calls, kept here, not in the pool.
+
+    Taking one from the pool and giving it back costs more than packing the call
+    (a lock, eight observability hooks, an event dispatch): a shelf connection is
+    taken with a list ``pop`` and put back with ``append`` (atomic, so threads
+    sharing the store each get their own). The pool made it and counts it as in
+    use, so ``close()`` still disconnects it. What the pool checks before handing
+    one out is checked here too: a connection with data or EOF waiting (the
+    server closed it) is reconnected first. After a fork the parent's are dropped.
+    """
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self._idle: list[Any] = []
+        self._pid = os.getpid()
+
+    def take(self) -> Any:
+        if self._pid != os.getpid():
+            self._idle, self._pid = [], os.getpid()  # the parent's sockets: not ours
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            return self.pool.get_connection()
+        try:
+            try:
+                if conn._sock is None or conn.can_read():  # closed, or data/EOF waiting
+                    raise RedisConnectionError
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                conn.disconnect()
+                conn.connect()
+        except BaseException:
+            self._idle.append(conn)  # disconnected: the next take connects it again
+            raise
+        return conn
+
+    def give(self, conn: Any) -> None:
+        if conn.should_reconnect():
+            conn.disconnect()
+        self._idle.append(conn)
+
+
+class AsyncConnectionShelf:
+    """:class:`ConnectionShelf` for ``redis.asyncio``: connections of the event loop
+    that last used the store (a connection is bound to its loop; another loop's
+    go back to the pool's keeping and are not reused)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self._idle: list[Any] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def take(self) -> Any:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            old, self._idle, self._loop = self._idle, [], loop
+            for conn in old:  # back to the pool, as each call gave them back before
+                await self.pool.release(conn)
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            return await self.pool.get_connection()
+        try:
+            try:
+                if not conn.is_connected or await conn.can_read():
+                    raise RedisConnectionError
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                await conn.disconnect()
+                await conn.connect()
+        except BaseException:
+            self._idle.append(conn)
+            raise
+        return conn
+
+    async def give(self, conn: Any) -> None:
+        if conn.should_reconnect():
+            await conn.disconnect()
+        if asyncio.get_running_loop() is self._loop:
+            self._idle.append(conn)
+        else:
+            await self.pool.release(conn)
 
 
 def queue_eval(pipe: Any, script: str, call: Call) -> None:
