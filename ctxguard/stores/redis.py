@@ -154,11 +154,15 @@ class RedisStore(RedisStoreBase):
         """
         conn = self._shelf.take()
         try:
-            conn.send_packed_command(pack(conn, "EVALSHA", script.sha, len(call.keys), *call.keys, *call.args))
+            conn.send_packed_command(
+                pack(conn, "EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
+            )
             try:
                 return conn.read_response()
             except NoScriptError:  # a restarted or flushed server: EVAL caches it again
-                conn.send_packed_command(pack(conn, "EVAL", script.script, len(call.keys), *call.keys, *call.args))
+                conn.send_packed_command(
+                    pack(conn, "EVAL", script.script, len(call.keys), *call.keys, *call.args)
+                )
                 return conn.read_response()
         except ResponseError:
             raise  # an error reply: the connection is in step

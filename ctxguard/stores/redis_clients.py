@@ -9,7 +9,6 @@ timeouts passed as arguments, redis-py's own retries off), the
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -144,21 +143,14 @@ class ConnectionShelf:
 
 
 class AsyncConnectionShelf:
-    """:class:`ConnectionShelf` for ``redis.asyncio``: connections of the event loop
-    that last used the store (a connection is bound to its loop; another loop's
-    go back to the pool's keeping and are not reused)."""
+    """:class:`ConnectionShelf` for ``redis.asyncio`` (one event loop uses the store,
+    as with the pool: a connection is bound to its loop)."""
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self._idle: list[Any] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def take(self) -> Any:
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:
-            old, self._idle, self._loop = self._idle, [], loop
-            for conn in old:  # back to the pool, as each call gave them back before
-                await self.pool.release(conn)
         try:
             conn = self._idle.pop()
         except IndexError:
@@ -178,10 +170,7 @@ class AsyncConnectionShelf:
     async def give(self, conn: Any) -> None:
         if conn.should_reconnect():
             await conn.disconnect()
-        if asyncio.get_running_loop() is self._loop:
-            self._idle.append(conn)
-        else:
-            await self.pool.release(conn)
+        self._idle.append(conn)
 
 
 def queue_eval(pipe: Any, script: str, call: Call) -> None:
