@@ -42,6 +42,7 @@ from ctxguard.stores.redis_clients import (
     RetryPolicy,
     as_fetch,
     ascan_keys,
+    asend,
     async_client,
     pack,
     queue_eval,
@@ -131,14 +132,14 @@ class AsyncRedisStore(RedisStoreBase):
         """EVALSHA on a shelved connection (see :meth:`RedisStore._evalsha`)."""
         conn = await self._shelf.take()
         try:
-            await conn.send_packed_command(
-                pack(conn, "EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
+            await asend(
+                conn, pack(conn, "EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
             )
             try:
                 return await conn.read_response()
             except NoScriptError:
-                await conn.send_packed_command(
-                    pack(conn, "EVAL", script.script, len(call.keys), *call.keys, *call.args)
+                await asend(
+                    conn, pack(conn, "EVAL", script.script, len(call.keys), *call.keys, *call.args)
                 )
                 return await conn.read_response()
         except ResponseError:

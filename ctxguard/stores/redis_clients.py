@@ -100,6 +100,26 @@ def pack(conn: Any, *args: str | int) -> Any:
         return conn.pack_command(*args)
 
 
+async def asend(conn: Any, packed: Any) -> None:
+    """``conn.send_packed_command(packed)`` without its task per call.
+
+    redis-py runs every send under ``asyncio.wait_for`` (a new task, ~7 µs) for
+    the socket timeout, although a command that fits the transport's buffer is
+    written at once. Written here, it is waited for (drained, under redis-py's
+    timeout and error mapping) only when something is left to wait for: data
+    still buffered, or a transport closing (the error a drain raises).
+    """
+    await conn.check_health()
+    writer = getattr(conn, "_writer", None)
+    if writer is None or writer.transport.is_closing():
+        await conn.send_packed_command(packed, check_health=False)
+        return
+    writer.writelines(packed)
+    transport = writer.transport
+    if transport.get_write_buffer_size() or transport.is_closing():
+        await conn.send_packed_command([], check_health=False)
+
+
 class ConnectionShelf:
     """The plain client's connections between script calls, kept here, not in the pool.
 
