@@ -296,17 +296,19 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
     ) -> tuple[int, Sent]:
         """The exact prompt count and what is sent; non-additive templates are rendered
         (and trimmed if over). ``required`` (the newest new user/tool message) must be sent."""
-        if not plan.messages():  # every stored message was an incomplete tool group
+        sent = plan.sent()  # (made once: a render that trims the window makes it again)
+        if not sent.messages:  # every stored message was an incomplete tool group
             raise InvalidInputError(
                 "nothing to send: the stored messages are tool calls without their results "
                 "or results without their call; pass the tool results or the next message"
             )
         if self.counter.additive:
-            validate_request(self.counter, plan.messages(), tools=tools)  # what a render refuses
+            # what a render refuses
+            validate_request(self.counter, list(sent.messages), tools=tools)
             total = budget.overhead + plan.item_tokens()
         else:
             total = self._render_to_fit(plan, budget, tools)
-        sent = plan.sent()
+            sent = plan.sent()
         problems = check_plan(sent.messages, budget, total, required)
         if problems:
             raise CtxGuardError("internal error, request failed its checks: " + "; ".join(problems))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ctxguard.errors import BudgetError, InvalidInputError, InvalidMessageError, MessageTooLongError
 from ctxguard.guard.plan import Budget
 from ctxguard.guard.truncate import shrink_message
-from ctxguard.messages import Message, MessageLike, to_messages
+from ctxguard.messages import Message, MessageLike, record_of, to_messages
 from ctxguard.stores.base import NewMessage, WindowFetch
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class NewMessages:
             cap = self.config.max_message_tokens
             if cap is not None and tokens > cap:
                 message, tokens = self._oversized(message, tokens, cap)
-            out.append(NewMessage(message, tokens))
+            out.append(NewMessage(message, tokens, record_of(message)))
         return out
 
     def _oversized(self, message: Message, tokens: int, cap: int) -> tuple[Message, int]:
