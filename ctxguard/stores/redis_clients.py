@@ -95,7 +95,7 @@ def pack(conn: Any, *args: str | int) -> Any:
     """One command as RESP bytes: hiredis directly (what redis-py's hiredis packer
     calls, without its per-argument pass), else the connection's own packer."""
     try:
-        return [hiredis.pack_command(args)]
+        return [hiredis.pack_command(args)]  # type: ignore[arg-type]  # (its stub: a 1-tuple)
     except TypeError:  # a type hiredis refuses (bool, bytearray ...): redis-py decides
         return conn.pack_command(*args)
 
