@@ -111,7 +111,10 @@ class AsyncGuard(GuardBase):
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
             try:
-                reply, error = await self._execute(op), None
+                if type(op) is flows.StoreCall:  # most ops: the store, directly
+                    reply, error = await getattr(self.store, op.method)(*op.args), None
+                else:
+                    reply, error = await self._execute(op), None
             except Exception as exc:  # handed back to the flow, which decides
                 reply, error = None, exc
 

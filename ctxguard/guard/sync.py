@@ -124,7 +124,10 @@ class Guard(GuardBase):
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
             try:
-                reply, error = self._execute(op), None
+                if type(op) is flows.StoreCall:  # most ops: the store, directly
+                    reply, error = getattr(self.store, op.method)(*op.args), None
+                else:
+                    reply, error = self._execute(op), None
             except Exception as exc:  # handed back to the flow, which decides
                 reply, error = None, exc
 
