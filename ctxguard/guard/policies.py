@@ -272,6 +272,7 @@ def plan_request(
     """The whole policy chain for one request (see the module docstring)."""
     plan = Plan(pinned=list(pinned), window=[])
     groups: list[list[Item]] | None
+    removed: list[Item]
     if _plain(items):  # no tool messages (most chats): every item is its own whole group
         candidates, removed, groups = list(items), [], None
     else:
