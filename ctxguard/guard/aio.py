@@ -87,8 +87,8 @@ class AsyncGuard(GuardBase):
         usage: Mapping[str, Any] | None = None,
     ) -> AppendResult:
         """Store the model's reply; with ``usage`` the server's prompt_tokens is audited."""
-        reply = self._complete_args(session_id, reply, prepared, usage)
-        flow = flows.complete(self.core, session_id, reply, prepared, usage)
+        message, record = self._complete_args(session_id, reply, prepared, usage)
+        flow = flows.complete(self.core, session_id, message, prepared, usage, record)
         observed = self._observed("complete", session_id, flow, usage=usage, prepared=prepared)
         return await self._run(observed)
 

@@ -100,8 +100,8 @@ class Guard(GuardBase):
         usage: Mapping[str, Any] | None = None,
     ) -> AppendResult:
         """Store the model's reply; with ``usage`` the server's prompt_tokens is audited."""
-        reply = self._complete_args(session_id, reply, prepared, usage)
-        flow = flows.complete(self.core, session_id, reply, prepared, usage)
+        message, record = self._complete_args(session_id, reply, prepared, usage)
+        flow = flows.complete(self.core, session_id, message, prepared, usage, record)
         observed = self._observed("complete", session_id, flow, usage=usage, prepared=prepared)
         return self._run(observed)
 
