@@ -166,14 +166,28 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
         state) grows with the counts made now and is returned."""
         if recounts is None:
             recounts = {}
-        # one pass over the window: pinned roles go with the older pinned messages
+        # one pass over the window: pinned roles go with the older pinned messages, the
+        # others become items (when every count is known, as on a cached window)
         pinned_stored = list(fetch.pinned)
-        others: list[StoredMessage] = []
+        made: list[Item] = []
+        known: list[Item] | None = made
+        add = made.append
         for s in fetch.recent:
-            (pinned_stored if s.message.role in PINNED_ROLES else others).append(s)
+            if s.message.role in PINNED_ROLES:
+                pinned_stored.append(s)
+            elif s.tokens is not None:
+                add(Item(s.seq, s.message, s.tokens))
+            else:
+                known = None  # a count to make: two passes, the pinned ones counted first
+                break
+        others: list[StoredMessage] = []
+        if known is None:
+            pinned_stored = list(fetch.pinned)
+            for s in fetch.recent:
+                (pinned_stored if s.message.role in PINNED_ROLES else others).append(s)
         pinned_stored.sort(key=_seq)
         pinned = self.items(pinned_stored, recounts)
-        items = self.items(others, recounts)
+        items = known if known is not None else self.items(others, recounts)
         summary = fetch.summary
         if self.stable is not None:
             offset, before = fetch_positions(fetch)
