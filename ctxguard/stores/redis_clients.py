@@ -120,30 +120,39 @@ async def asend(conn: Any, packed: Any) -> None:
         await conn.send_packed_command([], check_health=False)
 
 
-class ConnectionShelf:
-    """The plain client's connections between script calls, kept here, not in the pool.
+def _resp2(pool: Any) -> bool:
+    """RESP2 (redis-py's default): no push messages, so nothing arrives unasked."""
+    return pool.connection_kwargs.get("protocol") in (None, 2, "2")
 
-    Taking one from the pool and giving it back costs more than packing the call
-    (a lock, eight observability hooks, an event dispatch): a shelf connection is
-    taken with a list ``pop`` and put back with ``append`` (atomic, so threads
-    sharing the store each get their own). The pool made it and counts it as in
-    use, so ``close()`` still disconnects it. What the pool checks before handing
-    one out is checked here too: a connection with data or EOF waiting (the
-    server closed it) is reconnected first. After a fork the parent's are dropped.
+
+class ConnectionShelf:
+    """How the plain client's script calls take a connection and give it back.
+
+    Taking one through the pool's ``get_connection`` and ``release`` costs more
+    than packing the call (a lock, eight observability hooks, an event dispatch):
+    here a connection is popped from the pool's own list of idle ones and put
+    back with an append, both atomic, so threads sharing the store each get their
+    own, and the pool's other users (pipelines, ``info``, ``delete``) share the
+    same connections under the same ``max_connections``. What the pool checks
+    before handing one out is checked too (data or EOF waiting: the server closed
+    it, so it is reconnected first). A pool of another kind (blocking, client-side
+    cache, RESP3: push and maintenance notifications) or a pool after a fork is
+    used as redis-py uses it.
     """
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
-        self._idle: list[Any] = []
-        self._pid = os.getpid()
+        self._fast = type(pool) is redis.ConnectionPool and pool.cache is None and _resp2(pool)
 
     def take(self) -> Any:
-        if self._pid != os.getpid():
-            self._idle, self._pid = [], os.getpid()  # the parent's sockets: not ours
+        pool = self.pool
+        if not self._fast or pool.pid != os.getpid():
+            return pool.get_connection()
         try:
-            conn = self._idle.pop()
+            conn = pool._available_connections.pop()
         except IndexError:
-            return self.pool.get_connection()
+            return pool.get_connection()  # a new one, made and counted by the pool
+        pool._in_use_connections.add(conn)
         try:
             try:
                 if conn._sock is None or conn.can_read():  # closed, or data/EOF waiting
@@ -152,29 +161,38 @@ class ConnectionShelf:
                 conn.disconnect()
                 conn.connect()
         except BaseException:
-            self._idle.append(conn)  # disconnected: the next take connects it again
+            self.give(conn)  # disconnected: the next user connects it again
             raise
         return conn
 
     def give(self, conn: Any) -> None:
+        pool = self.pool
+        if not self._fast or pool.pid != os.getpid() or conn.pid != pool.pid:
+            pool.release(conn)
+            return
         if conn.should_reconnect():
             conn.disconnect()
-        self._idle.append(conn)
+        pool._in_use_connections.discard(conn)
+        pool._available_connections.append(conn)
 
 
 class AsyncConnectionShelf:
-    """:class:`ConnectionShelf` for ``redis.asyncio`` (one event loop uses the store,
-    as with the pool: a connection is bound to its loop)."""
+    """:class:`ConnectionShelf` for ``redis.asyncio`` (one event loop: no lock needed
+    between the pool's list and this; its lock is only held across awaits)."""
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
-        self._idle: list[Any] = []
+        self._fast = type(pool) is aredis.ConnectionPool and _resp2(pool)
 
     async def take(self) -> Any:
+        pool = self.pool
+        if not self._fast:
+            return await pool.get_connection()
         try:
-            conn = self._idle.pop()
+            conn = pool._available_connections.pop()
         except IndexError:
-            return await self.pool.get_connection()
+            return await pool.get_connection()
+        pool._in_use_connections.add(conn)
         try:
             try:
                 if not conn.is_connected or await conn.can_read():
@@ -183,14 +201,19 @@ class AsyncConnectionShelf:
                 await conn.disconnect()
                 await conn.connect()
         except BaseException:
-            self._idle.append(conn)
+            await self.give(conn)
             raise
         return conn
 
     async def give(self, conn: Any) -> None:
+        pool = self.pool
+        if not self._fast:
+            await pool.release(conn)
+            return
         if conn.should_reconnect():
             await conn.disconnect()
-        self._idle.append(conn)
+        pool._in_use_connections.discard(conn)
+        pool._available_connections.append(conn)
 
 
 def queue_eval(pipe: Any, script: str, call: Call) -> None:

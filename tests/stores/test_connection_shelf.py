@@ -1,7 +1,8 @@
 """The plain-Redis stores keep their script connections on a shelf, not in redis-py's pool
 (``redis_clients.ConnectionShelf``): a connection the server closed meanwhile is
 reconnected before it is used (so even a call that is never retried goes through),
-and threads sharing a store each get their own.
+threads sharing a store each get their own, and the script calls share the pool's
+connections (and its ``max_connections``) with the store's other calls.
 
 CLIENT KILL closes connections of the whole server: these run only on a server this
 test run started (``scratch_redis_url``)."""
@@ -69,7 +70,8 @@ def test_threads_sharing_a_store_each_use_their_own_connection(
         for n in range(8):
             assert [m.message.text for m in store.read(f"t{n}")] == [f"{n}-{i}" for i in range(30)]
         pool = store.client.connection_pool  # type: ignore[attr-defined]
-        assert 1 <= len(pool._in_use_connections) <= 8  # made by the pool, kept on the shelf
+        assert not pool._in_use_connections  # every one given back, to the pool's idle list
+        assert 1 <= len(pool._available_connections) <= 8
     finally:
         store.close()
 
@@ -89,3 +91,30 @@ async def test_async_connection_the_server_closed_is_reconnected(
     finally:
         client.close()
         await store.close()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_script_calls_share_the_pools_connections_with_the_other_calls(
+    scratch_redis_url: str, namespace: str, purge_after: Callable[[str], None], kind: str
+) -> None:
+    purge_after(scratch_redis_url)
+    url = scratch_redis_url + "?max_connections=1"  # one connection for everything
+    if kind == "sync":
+        store = open_store(url, namespace=namespace)
+        for i in range(3):
+            store.append("s", [new(f"m{i}")], OPTIONS)  # a script call
+            info = store.info("s")  # a pipeline, through the pool
+            assert info is not None and info.message_count == i + 1
+        assert store.get_summary("s") is None
+        store.close()
+        return
+
+    async def run() -> None:
+        astore = open_async_store(url, namespace=namespace)
+        for i in range(3):
+            await astore.append("s", [new(f"m{i}")], OPTIONS)
+            info = await astore.info("s")
+            assert info is not None and info.message_count == i + 1
+        await astore.close()
+
+    asyncio.run(run())
