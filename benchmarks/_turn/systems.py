@@ -334,7 +334,8 @@ class CtxGuardCold(CtxGuardSync):
 class CtxGuardObserved(CtxGuardSync):
     """The sync guard reporting to Prometheus metrics and OpenTelemetry tracing (issue 15:
     the ratio against the floor with them on), delivered by ``background(...)`` (off the
-    request path; ``inline``: ``fan_out(...)`` on the caller's thread). Tracing on an SDK
+    request path, flushed after each turn, untimed; ``inline``: ``fan_out(...)`` on the
+    caller's thread). Tracing on an SDK
     provider with a ``BatchSpanProcessor``, sampling ``ratio`` of traces (1.0: every
     operation and store call a span)."""
 
@@ -357,7 +358,8 @@ class CtxGuardObserved(CtxGuardSync):
         provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(self.ratio)))
         provider.add_span_processor(BatchSpanProcessor(self.exporter))
         observers = (PrometheusObserver(CollectorRegistry()), TracingObserver(provider))
-        observer = fan_out(*observers) if self.inline else background(*observers)
+        self.background = None if self.inline else background(*observers)
+        observer = fan_out(*observers) if self.background is None else self.background
         self.turns = 0
         super().__init__(url, namespace, observer=observer)
 
@@ -367,6 +369,15 @@ class CtxGuardObserved(CtxGuardSync):
         if self.turns % 2_000 == 0:  # a count, not len(get_finished_spans()): that copies them
             self.exporter.clear()
         return result
+
+    def outcome(self, result: Any) -> Outcome:
+        # untimed, right after the turn: the background deliverer's events delivered now,
+        # in the idle time a server has after a turn (the model's call), so that its work
+        # does not land on the next turn, another system's (bench_turn interleaves them
+        # turn by turn). bench_observe measures the other bound: back-to-back turns.
+        if self.background is not None:
+            self.background.flush(10)
+        return super().outcome(result)
 
 
 class CtxGuardObservedAll(CtxGuardObserved):
