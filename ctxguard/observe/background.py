@@ -9,8 +9,8 @@ caller's span). The observers' work then runs in a batch, partly while the calle
 on Redis or the model server (the GIL released), not in the turn; run in a batch their
 code is also several times faster than run between two of the guard's steps.
 
-* The thread pauses (a real sleep: the GIL let go) every 16 events, so a caller back
-  from its I/O waits for a few events' delivery at most, never for a whole batch.
+* The thread pauses (a real sleep: the GIL let go) after each 0.2 ms of delivery, so a
+  caller back from its I/O waits that long at most, never for a whole batch.
 * ``flush(timeout)`` returns once every event enqueued so far is delivered (tests,
   shutdown, scrapes); every ``PrometheusObserver`` among the observers flushes it
   before its registry is collected, so ``registry.get_sample_value`` and a scrape see
@@ -194,7 +194,7 @@ class BackgroundObserver:
         self._thread = None  # started again on the child's first event
 
 
-SLICE = 16  # events delivered between two pauses
+SLICE = 0.0002  # s of delivery between two pauses (a few events; one span-heavy one)
 PAUSE = 0.0002  # s: a request thread waiting for the GIL takes it (a real sleep lets it go)
 
 
@@ -205,11 +205,13 @@ def _run(
     interval: float,
 ) -> None:
     """The delivering thread: every ``interval`` (or at a flush) what is pending, in order,
-    a pause every :data:`SLICE` events so that a caller never waits long for the GIL."""
+    a pause after each :data:`SLICE` of delivery so that a caller never waits long for
+    the GIL."""
+    clock = time.perf_counter
     while True:
         wake.wait(interval)
         wake.clear()
-        delivered = 0
+        slice_end = clock() + SLICE
         while pending:
             item = pending.popleft()
             if isinstance(item, threading.Event):
@@ -221,9 +223,9 @@ def _run(
                 return
             owner._deliver_in(*item)
             del owner, item
-            delivered += 1
-            if delivered % SLICE == 0:
+            if clock() >= slice_end:
                 time.sleep(PAUSE)
+                slice_end = clock() + SLICE
 
 
 def _drain(owner: BackgroundObserver | None, pending: collections.deque[Any]) -> None:
