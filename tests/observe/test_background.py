@@ -305,3 +305,26 @@ def test_bad_arguments_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="interval"):
         background(print, interval=0)
     assert isinstance(background(print), BackgroundObserver)
+
+
+async def test_concurrent_async_operations_note_their_own_event(
+    redis_url: str, namespace: str
+) -> None:
+    import asyncio
+
+    seen: list[OperationEvent] = []
+    guard = AsyncGuard(
+        redis_url, limit=400, max_tokens=64, namespace=namespace, observer=seen.append
+    )
+    sessions = [f"c{i}" for i in range(4)]
+    try:
+        for s in sessions:
+            await guard.prepare(s, [user(0)])  # cached from now on
+        seen.clear()
+        # interleaved on one loop: each operation made current in its own task's context
+        await asyncio.gather(*(guard.prepare(s, [user(1)]) for s in sessions))
+    finally:
+        await guard.aclose()
+    assert sorted(e.session_id for e in seen) == sessions
+    assert [e.cache for e in seen] == ["hit"] * 4
+    assert all(len(e.store_calls) == 1 for e in seen)
