@@ -74,7 +74,9 @@ class AuditRecords:
         Fields at their default (no summary, no tools, nothing dropped, default
         policy settings) are left out: one record per request, so its size is most
         of what a session's audit trail costs. Readers take a missing field as its
-        default (``guard.replay``, the CLI).
+        default (``guard.replay``, the CLI). The fields that are the same on every
+        request of a session (``kind`` to ``policy``) stand together: Redis stores
+        them once per session (``stores.audit_context``).
         """
         session_id = fetch.info.session_id
         record: dict[str, Any] = {
@@ -82,13 +84,6 @@ class AuditRecords:
             "rid": new_message_id(),
             "kind": "request",
             "session": session_id,
-            "at": datetime.now(UTC).isoformat(),
-            **sent_fields(
-                [i.seq for i in sent.items],
-                [m.id for m in sent.messages],
-                summary_index(sent) if plan.summary_message else None,
-            ),
-            "tokens": total,
             "exact": self.counter.exact,
             "additive": self.counter.additive,
             "counter": self.counter.fingerprint,
@@ -97,9 +92,25 @@ class AuditRecords:
             "limit_source": budget.limit_source,
             "reserved_output": budget.reserved_output,
             "safety_margin": budget.safety_margin,
-            "overhead": budget.overhead,
-            "message_count": fetch.info.message_count,
         }
+        policy = {
+            k: v
+            for k, v in self.policy_settings().items()
+            if v is not None and v != _POLICY_DEFAULTS.get(k)
+        }
+        if policy:
+            record["policy"] = policy
+        record.update(
+            at=datetime.now(UTC).isoformat(),
+            **sent_fields(
+                [i.seq for i in sent.items],
+                [m.id for m in sent.messages],
+                summary_index(sent) if plan.summary_message else None,
+            ),
+            tokens=total,
+            overhead=budget.overhead,
+            message_count=fetch.info.message_count,
+        )
         if plan.summary_message:
             record.update(
                 summary_version=plan.summary_version,
@@ -110,11 +121,6 @@ class AuditRecords:
             "tools": len(tools or ()),
             "dropped": [list(r) for r in plan.dropped],
             "decisions": plan.decisions,
-            "policy": {
-                k: v
-                for k, v in self.policy_settings().items()
-                if v is not None and v != _POLICY_DEFAULTS.get(k)
-            },
         }
         record.update((k, v) for k, v in optional.items() if v)
         if self.prefix.block_size is not None:
