@@ -3,7 +3,8 @@
 Layout (``<ns>`` namespace, ``<tenant>`` tenant, ``<sid>`` the session id
 percent-encoded so it holds no ``{ } * ? [ ] :`` or control characters)::
 
-    <ns>:<tenant>:{<sid>}:meta    HASH  created, updated (ms), count, tokens, counter, sumver
+    <ns>:<tenant>:{<sid>}:meta    HASH  created, updated (ms), count, tokens, counter, sumver,
+                                        turns, epoch, ver, ctx (the last context stored)
     <ns>:<tenant>:{<sid>}:msgs    LIST  JSON message records, append order (seq = index)
     <ns>:<tenant>:{<sid>}:toks    LIST  token count per record (-1 = unknown), same order
     <ns>:<tenant>:{<sid>}:ids     HASH  message id -> seq (idempotent appends)
