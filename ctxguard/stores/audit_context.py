@@ -53,16 +53,22 @@ def split(record: Mapping[str, Any]) -> tuple[dict[str, Any], str, str] | None:
     do not stand together, or it holds a ``ctx`` field of its own)."""
     if record.get("kind") != "request" or CONTEXT_KEY in record:
         return None
-    keys = list(record)
-    at = [i for i, k in enumerate(keys) if k in CONTEXT_FIELDS]
-    if at[-1] - at[0] + 1 != len(at):
-        return None
-    context = {k: record[k] for k in keys[at[0] : at[-1] + 1]}
+    out: dict[str, Any] = {}
+    context: dict[str, Any] = {}
+    after = False  # past the context fields
+    for key, value in record.items():  # one pass: this runs on every request
+        if key in CONTEXT_FIELDS:
+            if after:
+                return None
+            if not context:
+                out[CONTEXT_KEY] = ""  # its place, filled in below
+            context[key] = value
+        else:
+            after = after or bool(context)
+            out[key] = value
     encoded = encode_audit(context)
     digest = hashlib.blake2b(encoded.encode(), digest_size=DIGEST_CHARS // 2).hexdigest()
-    out = {k: record[k] for k in keys[: at[0]]}
     out[CONTEXT_KEY] = digest
-    out.update((k, record[k]) for k in keys[at[-1] + 1 :])
     return out, digest, encoded
 
 
