@@ -75,8 +75,9 @@ class AuditRecords:
         policy settings) are left out: one record per request, so its size is most
         of what a session's audit trail costs. Readers take a missing field as its
         default (``guard.replay``, the CLI). The fields that are the same on every
-        request of a session (``kind`` to ``policy``) stand together: Redis stores
-        them once per session (``stores.audit_context``).
+        request of a session (``kind`` to ``policy``; the overhead and the tool count
+        change with the tools only) stand together: Redis stores them once per
+        session (``stores.audit_context``).
         """
         session_id = fetch.info.session_id
         record: dict[str, Any] = {
@@ -92,7 +93,10 @@ class AuditRecords:
             "limit_source": budget.limit_source,
             "reserved_output": budget.reserved_output,
             "safety_margin": budget.safety_margin,
+            "overhead": budget.overhead,
         }
+        if tools:
+            record["tools"] = len(tools)
         policy = {
             k: v
             for k, v in self.policy_settings().items()
@@ -108,7 +112,6 @@ class AuditRecords:
                 summary_index(sent) if plan.summary_message else None,
             ),
             tokens=total,
-            overhead=budget.overhead,
             message_count=fetch.info.message_count,
         )
         if plan.summary_message:
@@ -118,7 +121,6 @@ class AuditRecords:
                 summary_tokens=plan.summary_tokens,
             )
         optional = {
-            "tools": len(tools or ()),
             "dropped": [list(r) for r in plan.dropped],
             "decisions": plan.decisions,
         }

@@ -2,7 +2,8 @@
 
 Most of a request record is the same on every request of a session: its kind,
 the session, the counter and its spec, the limit and where it came from, the
-output reserve, the margin, the policy settings (``CONTEXT_FIELDS``). Redis
+output reserve, the margin, the tools' overhead and count, the policy settings
+(``CONTEXT_FIELDS``). Redis
 stores that part once per distinct value, in the session's ``ctx`` hash under a
 digest of its JSON, and the record in ``audit`` carries ``"ctx": <digest>`` in
 its place. :func:`audit_arg` builds the script argument (the record, then after a
@@ -40,6 +41,8 @@ CONTEXT_FIELDS = frozenset(
         "limit_source",
         "reserved_output",
         "safety_margin",
+        "overhead",
+        "tools",
         "policy",
     }
 )

@@ -50,12 +50,12 @@ def request(rid: str, limit: int = 4096, n: int = 0) -> dict[str, Any]:
         "limit_source": "static",
         "reserved_output": 512,
         "safety_margin": 0,
+        "overhead": 3,
         "policy": {"start_on_user": True, "window_policy": "sliding", "low_water": 0.5},
         "at": "2026-12-01T18:49:03.348295+00:00",
         "sent": [[0, 1], [n, n + 3]],
         "sent_digest": "4dd01e99464a0a98",
         "tokens": 40 + n,
-        "overhead": 3,
         "message_count": n + 3,
     }
 

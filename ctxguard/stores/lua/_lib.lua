@@ -165,6 +165,7 @@ local function with_context(arg, meta)
     return record
   end
   local a, b = string.find(record, '"ctx":"' .. digest .. '"', 1, true)
+  if not a then return record end  -- not an argument audit_arg made: kept as it came
   return string.sub(record, 1, a - 1) .. string.sub(context, 2, -2) .. string.sub(record, b + 1)
 end
 
