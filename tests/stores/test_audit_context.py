@@ -179,7 +179,13 @@ async def test_old_records_written_whole_read_the_same(store_factory: StoreFacto
     redis_only(store_factory)
     store = store_factory.make()
     await store.append("s", [new("q0")], COUNTED)
-    old = numbered(request("r-old"), 1)  # as the previous release stored it: whole
+    # as the previous release wrote it: whole, kind and session after the rid, the
+    # counter's fields and the overhead after the tokens, the policy last
+    fields = numbered(request("r-old"), 1)
+    order = ["turn", "rid", "kind", "session", "at", "sent", "sent_digest", "tokens"]
+    order += ["exact", "additive", "counter", "counter_spec", "limit", "limit_source"]
+    order += ["reserved_output", "safety_margin", "overhead", "message_count", "policy"]
+    old = {k: fields[k] for k in order}
     await raw(store, "rpush", keys(store)["audit"], encode_audit(old))
     await store.add_audit("s", request("r-new"), 0)
     audit = await store.read_audit("s")
