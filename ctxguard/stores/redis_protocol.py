@@ -27,6 +27,7 @@ from ctxguard.errors import (
     InvalidInputError,
     SessionFullError,
 )
+from ctxguard.stores.audit_context import audit_arg, resolve
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
@@ -47,7 +48,6 @@ from ctxguard.stores.base import (
     ms_to_datetime,
     tokens_or_none,
     virtual_window,
-    with_rid,
 )
 from ctxguard.stores.integrity import RawSession, RepairPlan
 from ctxguard.stores.keys import SUFFIXES, KeySpace
@@ -184,7 +184,7 @@ class RedisProtocol:
             options.counter or "",
             _ttl_arg(options),
             options.max_messages or 0,
-            "" if audit is None else encode_audit(with_rid(audit)),
+            "" if audit is None else audit_arg(audit),
             max(0, retention),
         ]
         return Call("append", self.keys(session_id), head + _message_args(messages))
@@ -211,7 +211,7 @@ class RedisProtocol:
             budget,
             min_messages,
             "" if expect is None else "=" + expect,
-            "" if audit is None else encode_audit(with_rid(audit)),
+            "" if audit is None else audit_arg(audit),
             0 if write is None else max(0, write.retention),
         ]
         counts: list[str | int] = [0]
@@ -284,7 +284,7 @@ class RedisProtocol:
     def audit_call(
         self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int
     ) -> Call:
-        raw = encode_audit(with_rid(record))
+        raw = audit_arg(record)
         return Call("add_audit", self.keys(session_id), [raw, max(0, retention), ttl])
 
     def record_calls(self, session_id: str, write: RecordWrite) -> list[Call]:
@@ -469,5 +469,14 @@ class RedisProtocol:
             for i, r in enumerate(records)
         )
 
-    def parse_audit(self, session_id: str, raw: Sequence[Any]) -> list[dict[str, Any]]:
-        return [decode_audit(session_id, i, r) for i, r in enumerate(raw)]
+    def parse_audit(
+        self, session_id: str, raw: Sequence[Any], contexts: Any = None
+    ) -> list[dict[str, Any]]:
+        """The trail's records, each request record's context put back from the ``ctx``
+        hash (``contexts``: its HGETALL, or the error reading it)."""
+        if isinstance(contexts, Exception):
+            key = self.keys(session_id)[8]
+            detail = str(contexts).splitlines()[0][:200]
+            raise CorruptRecordError(session_id, "ctx", detail, key=key) from None
+        found = {_text(k): _text(v) for k, v in (contexts or {}).items()}
+        return resolve([decode_audit(session_id, i, r) for i, r in enumerate(raw)], found)

@@ -1,8 +1,9 @@
 -- Shared helpers, prepended to every script of ctxguard (not a script itself).
 -- KEYS (same order for every script; all share one hash tag):
---   1 meta  2 msgs  3 toks  4 ids  5 pins  6 sum  7 audit  8 rids
+--   1 meta  2 msgs  3 toks  4 ids  5 pins  6 sum  7 audit  8 rids  9 ctx
 
 local K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM, K_AUDIT, K_RIDS = 1, 2, 3, 4, 5, 6, 7, 8
+local K_CTX = 9
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -134,19 +135,55 @@ local function audit_turn(record)
   return nil
 end
 
+-- The record of an audit argument, its request context stored (stores/audit_context.py):
+-- the argument is the record, or the record .. '\n' .. a 16-hex digest .. the context
+-- JSON, the record holding '"ctx":"<digest>"' in the context's place. The context goes
+-- into the ctx hash once (meta `ctx` names the last one stored: the same context again
+-- costs no command); when it cannot (the hash holds CTX_CAP contexts, is not a hash, or
+-- the digest names another context), the record is written with its context inline.
+local CTX_CAP = 64
+local function with_context(arg, meta)
+  local nl = string.find(arg, '\n', 1, true)
+  if not nl then return arg end
+  local record, digest = string.sub(arg, 1, nl - 1), string.sub(arg, nl + 1, nl + 16)
+  if meta and meta.ctx == digest then return record end
+  local context = string.sub(arg, nl + 17)
+  local added = redis.pcall('HSETNX', KEYS[K_CTX], digest, context)
+  local stored = added == 0 and redis.call('HGET', KEYS[K_CTX], digest) == context
+  if added == 1 then
+    local n = redis.call('HLEN', KEYS[K_CTX])
+    if n > CTX_CAP then
+      redis.call('HDEL', KEYS[K_CTX], digest)
+    else
+      stored = true
+      local ttl = redis.call('PTTL', KEYS[K_META])
+      if n == 1 and ttl > 0 then redis.call('PEXPIRE', KEYS[K_CTX], ttl) end
+    end
+  end
+  if stored then
+    redis.call('HSET', KEYS[K_META], 'ctx', digest)
+    return record
+  end
+  local a, b = string.find(record, '"ctx":"' .. digest .. '"', 1, true)
+  if not a then return record end  -- not an argument audit_arg made: kept as it came
+  return string.sub(record, 1, a - 1) .. string.sub(context, 2, -2) .. string.sub(record, b + 1)
+end
+
 -- Append one audit record, keeping the newest `keep` (0 = all). A record that
 -- starts with '{"turn":0,' is a request record: it is numbered with the
 -- session's next turn (meta `turns`), so numbers stay unique after trimming.
 -- A record whose rid is already in the trail is not written again (a retry
 -- after a lost reply): its turn is returned as the first time. The rids hash
 -- holds the rids of the records in the list; trimming removes theirs.
+-- `meta`: the meta fields the script read (check_meta), or nil.
 -- Returns the turn given to a request record, else 0.
-local function add_audit(record, keep)
+local function add_audit(record, keep, meta)
   local rid = record_rid(record)
   if rid then
     local seen = redis.call('HGET', KEYS[K_RIDS], rid)
     if seen then return tonumber(seen) end
   end
+  record = with_context(record, meta)
   local turn = 0
   if string.sub(record, 1, 10) == '{"turn":0,' then
     turn = redis.call('HINCRBY', KEYS[K_META], 'turns', 1)
@@ -186,10 +223,10 @@ end
 -- before its first write, and answers `CORRUPT <key> <what>` (an error reply that
 -- redis_protocol turns into CorruptRecordError) instead of failing halfway.
 -- Each check returns nil, or the error text for redis.error_reply.
-local KEY_TYPES = {'hash', 'list', 'list', 'hash', 'list', 'string', 'list', 'hash'}
+local KEY_TYPES = {'hash', 'list', 'list', 'hash', 'list', 'string', 'list', 'hash', 'hash'}
 -- the meta fields read on a write: the first 7 must be integers (INTEGER_FIELDS)
 local META_FIELDS = {'created', 'updated', 'count', 'tokens', 'sumver', 'turns', 'ver',
-  'counter', 'epoch', 'stamp'}
+  'counter', 'epoch', 'stamp', 'ctx'}
 local INTEGER_FIELDS = 7
 
 local function corrupt(i, what)

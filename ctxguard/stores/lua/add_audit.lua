@@ -5,8 +5,9 @@
 local bad = check_types(K_META, K_AUDIT, K_RIDS)
 if bad then return redis.error_reply(bad) end
 if redis.call('EXISTS', KEYS[K_META]) == 0 then return 0 end
-bad = check_meta()
+local meta
+bad, meta = check_meta()
 if bad then return redis.error_reply(bad) end
-local turn = add_audit(ARGV[1], ARGV[2])
+local turn = add_audit(ARGV[1], ARGV[2], meta)
 touch(ARGV[3])
 return turn

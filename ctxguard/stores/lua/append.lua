@@ -16,13 +16,13 @@ local full = over_cap(7, n, ARGV[3])
 if full then return {-1, full} end
 if n == 0 then
   if ARGV[4] ~= '' and redis.call('EXISTS', KEYS[K_META]) == 1 then
-    add_audit(ARGV[4], ARGV[5])
+    add_audit(ARGV[4], ARGV[5], st.meta)
     touch(ARGV[2])
   end
   local token = state_token()
   return {redis.call('LLEN', KEYS[K_MSGS]), {}, token, token}
 end
 local result = append_many(7, n, ARGV[1], ARGV[7 + 4 * n] == '1', st)
-if ARGV[4] ~= '' then add_audit(ARGV[4], ARGV[5]) end
+if ARGV[4] ~= '' then add_audit(ARGV[4], ARGV[5], st.meta) end
 touch(ARGV[2])
 return result

@@ -74,7 +74,7 @@ if ARGV[6] ~= '' and string.sub(ARGV[6], 2) == token_of(st.meta) and #fresh == n
     appended[4] = state_token()  -- recounts (or a counter switch) moved the version on
   end
   local turn = 0
-  if exists and ARGV[7] ~= '' then turn = add_audit(ARGV[7], ARGV[8]) end
+  if exists and ARGV[7] ~= '' then turn = add_audit(ARGV[7], ARGV[8], st.meta) end
   if exists then touch(ARGV[2]) end
   return {'hit', appended, turn, appended[4]}
 end
