@@ -53,131 +53,6 @@ local function switch_counter(counter)
   changed()
 end
 
--- Append messages given as ARGV[first .. first + 4*n - 1]: id, record, tokens, pinned,
--- `retry` is true when the call is a retry (an earlier attempt of the same call may
--- have run and lost its reply; the scripts take a trailing '1' argument for it).
--- Returns {count_after, flags, state token before ('' = no session), state token after},
--- flags[i] = 1 if stored, 0 if the id was already there, 2 (retries only) if the id was
--- there with exactly this record: stored by the earlier attempt. `st` is what
--- check_for_append read (the meta fields and the message count): this runs on every
--- turn, so the meta hash is read once and written once, and the list lengths once.
-local function append_many(first, n, counter, retry, st)
-  local meta = st.meta
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local epoch, ver, total = meta.epoch, tonumber(meta.ver or '0'), tonumber(meta.tokens or '0')
-  local before, stamp = '', meta.stamp or ''
-  if epoch then before = epoch .. ':' .. ver .. ':' .. stamp end
-  local fields = {'updated', now}
-  if not meta.created then
-    -- the epoch (creation time in microseconds) tells a re-created session from the old one
-    epoch = t[1] .. '.' .. t[2]
-    local f = {'created', now, 'sumver', 0, 'epoch', epoch}
-    for i = 1, #f do fields[#fields + 1] = f[i] end
-    before = ''
-  end
-  if counter ~= '' and meta.counter ~= counter then
-    switch_counter(counter)  -- counts become unknown; moves ver on by one
-    ver, total = ver + 1, 0
-    stamp = redis.call('HGET', KEYS[K_META], 'stamp')
-  end
-  local flags = {}
-  local count = st.len
-  local start_count = count
-  for i = 0, n - 1 do
-    local at = first + 4 * i
-    local id, record, tokens, pinned = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2]), ARGV[at + 3]
-    if redis.call('HSETNX', KEYS[K_IDS], id, count) == 1 then
-      if counter == '' then tokens = -1 end
-      redis.call('RPUSH', KEYS[K_MSGS], record)
-      redis.call('RPUSH', KEYS[K_TOKS], tokens)
-      if tokens >= 0 then total = total + tokens end
-      if pinned == '1' then redis.call('RPUSH', KEYS[K_PINS], count) end
-      count = count + 1
-      flags[#flags + 1] = 1
-    elseif retry and redis.call('LINDEX', KEYS[K_MSGS], redis.call('HGET', KEYS[K_IDS], id))
-        == record then
-      flags[#flags + 1] = 2
-    else
-      flags[#flags + 1] = 0
-    end
-  end
-  if count > start_count then ver, stamp = ver + 1, t[1] .. '.' .. t[2] end
-  local f = {'count', count, 'tokens', total, 'ver', ver, 'stamp', stamp}
-  for i = 1, #f do fields[#fields + 1] = f[i] end
-  redis.call('HSET', KEYS[K_META], unpack(fields))
-  return {count, flags, before, epoch .. ':' .. ver .. ':' .. stamp}
-end
-
--- True when an append result stored every message it was given.
-local function all_stored(appended)
-  for _, flag in ipairs(appended[2]) do
-    if flag ~= 1 then return false end
-  end
-  return true
-end
-
--- The id of an audit record (`rid`), written by ctxguard right after the opening
--- brace or after a leading "turn" (see base.with_rid); nil for a record without one.
-local function record_rid(record)
-  return string.match(record, '^{"rid":"([%w_.:%-]+)"')
-    or string.match(record, '^{"turn":%-?%d+,"rid":"([%w_.:%-]+)"')
-end
-
--- The turn given to the audit record with this record's rid, if it is already in
--- the trail (0 when it is not a request record); nil when it is not.
-local function audit_turn(record)
-  local rid = record_rid(record)
-  if not rid then return nil end
-  local turn = redis.call('HGET', KEYS[K_RIDS], rid)
-  if turn then return tonumber(turn) end
-  return nil
-end
-
--- Append one audit record, keeping the newest `keep` (0 = all). A record that
--- starts with '{"turn":0,' is a request record: it is numbered with the
--- session's next turn (meta `turns`), so numbers stay unique after trimming.
--- A record whose rid is already in the trail is not written again (a retry
--- after a lost reply): its turn is returned as the first time. The rids hash
--- holds the rids of the records in the list; trimming removes theirs.
--- Returns the turn given to a request record, else 0.
-local function add_audit(record, keep)
-  local rid = record_rid(record)
-  if rid then
-    local seen = redis.call('HGET', KEYS[K_RIDS], rid)
-    if seen then return tonumber(seen) end
-  end
-  local turn = 0
-  if string.sub(record, 1, 10) == '{"turn":0,' then
-    turn = redis.call('HINCRBY', KEYS[K_META], 'turns', 1)
-    record = '{"turn":' .. turn .. ',' .. string.sub(record, 11)
-  end
-  local len = redis.call('RPUSH', KEYS[K_AUDIT], record)
-  if rid then
-    redis.call('HSET', KEYS[K_RIDS], rid, turn)
-    if redis.call('HLEN', KEYS[K_RIDS]) == 1 then
-      -- just created, maybe after the script's touch(): give it the session's TTL
-      local ttl = redis.call('PTTL', KEYS[K_META])
-      if ttl > 0 then redis.call('PEXPIRE', KEYS[K_RIDS], ttl) end
-    end
-  end
-  keep = tonumber(keep)
-  if keep > 0 and len > keep then
-    local dropped = redis.call('LPOP', KEYS[K_AUDIT], len - keep)
-    local gone = {}
-    for _, old in ipairs(dropped) do
-      local old_rid = record_rid(old)
-      if old_rid then gone[#gone + 1] = old_rid end
-      if #gone == 1000 then
-        redis.call('HDEL', KEYS[K_RIDS], unpack(gone))
-        gone = {}
-      end
-    end
-    if #gone > 0 then redis.call('HDEL', KEYS[K_RIDS], unpack(gone)) end
-  end
-  return turn
-end
-
 local function meta_flat()
   return redis.call('HGETALL', KEYS[K_META])
 end
@@ -270,19 +145,175 @@ local function check_pins(len)
   return pins, nil
 end
 
--- Everything an append (with an audit record) relies on.
--- meta, msgs, toks and pins are read here (each read checks its key's type); the
--- other keys get a TYPE call.
--- Returns the error, or nil and what was read (see check_meta_and_lengths).
-local function check_for_append()
-  local bad = check_types(K_IDS, K_SUM, K_AUDIT, K_RIDS)
-  if bad then return bad end
-  local st
-  bad, st = check_meta_and_lengths()
+-- The id of an audit record (`rid`), written by ctxguard right after the opening
+-- brace or after a leading "turn" (see base.with_rid); nil for a record without one.
+local function record_rid(record)
+  return string.match(record, '^{"rid":"([%w_.:%-]+)"')
+    or string.match(record, '^{"turn":%-?%d+,"rid":"([%w_.:%-]+)"')
+end
+
+-- What writing the audit record `record` ('' = none) will do, read before the
+-- script's first write: {rid = its rid (nil: none), seen = the turn the trail gave
+-- it already (a retry after a lost reply: nothing is written again), turn = the
+-- number a request record ('{"turn":0,...') gets: the session's next (meta `turns`,
+-- from check_meta's fields)}. The rids read is also that key's type check.
+local function audit_plan(record, meta)
+  local plan = {}
+  if record == '' then return plan end
+  plan.rid = record_rid(record)
+  if plan.rid then
+    local seen = must(K_RIDS, redis.pcall('HGET', KEYS[K_RIDS], plan.rid))
+    if seen then plan.seen = tonumber(seen) end
+  end
+  if not plan.seen and string.sub(record, 1, 10) == '{"turn":0,' then
+    plan.turn = tonumber(meta.turns or '0') + 1
+  end
+  return plan
+end
+
+-- Everything an append of `n` messages by `counter` with the audit record `record`
+-- ('' = none) relies on. meta, msgs, toks and pins are read here (each read checks
+-- its key's type), and so is rids when the record has a rid (audit_plan); ids is
+-- checked by the append's first HSETNX (its first write, see append_many) unless
+-- nothing is appended or a counter switch writes first; the other keys get a TYPE.
+-- Returns the error, or nil and what was read: {meta = the fields by name, len = the
+-- message count, audit = audit_plan's answer}.
+local function check_for_append(counter, n, record)
+  local bad, st = check_meta_and_lengths()
   if bad then return bad end
   local _, bad_pins = check_pins(st.len)
   if bad_pins then return bad_pins end
+  st.audit = audit_plan(record, st.meta)
+  local unread = {K_SUM, K_AUDIT}
+  if n == 0 or (counter ~= '' and st.meta.counter ~= counter) then
+    unread[#unread + 1] = K_IDS
+  end
+  if not st.audit.rid then unread[#unread + 1] = K_RIDS end
+  bad = check_types(unpack(unread))
+  if bad then return bad end
   return nil, st
+end
+
+-- Append messages given as ARGV[first .. first + 4*n - 1]: id, record, tokens, pinned,
+-- `retry` is true when the call is a retry (an earlier attempt of the same call may
+-- have run and lost its reply; the scripts take a trailing '1' argument for it).
+-- `now` is the caller's clock in microseconds (a string of digits): `updated` (ms),
+-- and the stamp of the state token (and the epoch of a new session) are made from
+-- it, so the script needs no TIME.
+-- Returns {count_after, flags, state token before ('' = no session), state token after},
+-- flags[i] = 1 if stored, 0 if the id was already there, 2 (retries only) if the id was
+-- there with exactly this record: stored by the earlier attempt. `st` is what
+-- check_for_append read (the meta fields, the message count, the audit plan): this
+-- runs on every turn, so the meta hash is read once and written once (the request
+-- record's turn number with it), and the list lengths once.
+local function append_many(first, n, counter, retry, st, now)
+  local meta = st.meta
+  local updated = math.floor(tonumber(now) / 1000)
+  local epoch, ver, total = meta.epoch, tonumber(meta.ver or '0'), tonumber(meta.tokens or '0')
+  local before, stamp = '', meta.stamp or ''
+  if epoch then before = epoch .. ':' .. ver .. ':' .. stamp end
+  local fields = {'updated', updated}
+  if not meta.created then
+    -- the epoch (creation time in microseconds) tells a re-created session from the old one
+    epoch = now
+    local f = {'created', updated, 'sumver', 0, 'epoch', epoch}
+    for i = 1, #f do fields[#fields + 1] = f[i] end
+    before = ''
+  end
+  if counter ~= '' and meta.counter ~= counter then
+    switch_counter(counter)  -- counts become unknown; moves ver on by one
+    ver, total = ver + 1, 0
+    stamp = redis.call('HGET', KEYS[K_META], 'stamp')
+  end
+  local flags = {}
+  local count = st.len
+  local start_count = count
+  for i = 0, n - 1 do
+    local at = first + 4 * i
+    local id, record, tokens, pinned = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2]), ARGV[at + 3]
+    local added
+    if i == 0 then  -- maybe the script's first write: it checks the type of ids
+      added = must(K_IDS, redis.pcall('HSETNX', KEYS[K_IDS], id, count))
+    else
+      added = redis.call('HSETNX', KEYS[K_IDS], id, count)
+    end
+    if added == 1 then
+      if counter == '' then tokens = -1 end
+      redis.call('RPUSH', KEYS[K_MSGS], record)
+      redis.call('RPUSH', KEYS[K_TOKS], tokens)
+      if tokens >= 0 then total = total + tokens end
+      if pinned == '1' then redis.call('RPUSH', KEYS[K_PINS], count) end
+      count = count + 1
+      flags[#flags + 1] = 1
+    elseif retry and redis.call('LINDEX', KEYS[K_MSGS], redis.call('HGET', KEYS[K_IDS], id))
+        == record then
+      flags[#flags + 1] = 2
+    else
+      flags[#flags + 1] = 0
+    end
+  end
+  if count > start_count then ver, stamp = ver + 1, now end
+  local f = {'count', count, 'tokens', total, 'ver', ver, 'stamp', stamp}
+  for i = 1, #f do fields[#fields + 1] = f[i] end
+  local audit = st.audit
+  if audit and audit.turn then  -- the request record's number, in the same HSET
+    fields[#fields + 1] = 'turns'
+    fields[#fields + 1] = audit.turn
+    audit.written = true
+  end
+  redis.call('HSET', KEYS[K_META], unpack(fields))
+  return {count, flags, before, epoch .. ':' .. ver .. ':' .. stamp}
+end
+
+-- True when an append result stored every message it was given.
+local function all_stored(appended)
+  for _, flag in ipairs(appended[2]) do
+    if flag ~= 1 then return false end
+  end
+  return true
+end
+
+-- Append one audit record as `plan` (audit_plan, read before the first write) says,
+-- keeping the newest `keep` (0 = all). A request record ('{"turn":0,') is numbered
+-- with the session's next turn (meta `turns`, written by append_many's HSET when the
+-- script appended, else here), so numbers stay unique after trimming. A record whose
+-- rid is already in the trail is not written again (a retry after a lost reply): its
+-- turn is returned as the first time. The rids hash holds the rids of the records in
+-- the list; trimming removes theirs. `ttl` is the call's TTL (its touch() follows).
+-- Returns the turn given to a request record, else 0.
+local function add_audit(record, keep, ttl, plan)
+  if plan.seen then return plan.seen end
+  local turn = 0
+  if plan.turn then
+    turn = plan.turn
+    if not plan.written then turn = redis.call('HINCRBY', KEYS[K_META], 'turns', 1) end
+    record = '{"turn":' .. turn .. ',' .. string.sub(record, 11)
+  end
+  local len = redis.call('RPUSH', KEYS[K_AUDIT], record)
+  if plan.rid then
+    redis.call('HSET', KEYS[K_RIDS], plan.rid, turn)
+    -- just created by a call without a TTL of its own (with one, its touch() gives
+    -- every key the TTL): give it the session's
+    if (tonumber(ttl) or 0) <= 0 and redis.call('HLEN', KEYS[K_RIDS]) == 1 then
+      local pttl = redis.call('PTTL', KEYS[K_META])
+      if pttl > 0 then redis.call('PEXPIRE', KEYS[K_RIDS], pttl) end
+    end
+  end
+  keep = tonumber(keep)
+  if keep > 0 and len > keep then
+    local dropped = redis.call('LPOP', KEYS[K_AUDIT], len - keep)
+    local gone = {}
+    for _, old in ipairs(dropped) do
+      local old_rid = record_rid(old)
+      if old_rid then gone[#gone + 1] = old_rid end
+      if #gone == 1000 then
+        redis.call('HDEL', KEYS[K_RIDS], unpack(gone))
+        gone = {}
+      end
+    end
+    if #gone > 0 then redis.call('HDEL', KEYS[K_RIDS], unpack(gone)) end
+  end
+  return turn
 end
 
 -- With a cap: would the messages at ARGV[first ..] (4 args each) pass it? Ids already
