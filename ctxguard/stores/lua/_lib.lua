@@ -62,10 +62,15 @@ end
 -- redis_protocol turns into CorruptRecordError) instead of failing halfway.
 -- Each check returns nil, or the error text for redis.error_reply.
 local KEY_TYPES = {'hash', 'list', 'list', 'hash', 'list', 'string', 'list', 'hash'}
--- the meta fields read on a write: the first 7 must be integers (INTEGER_FIELDS)
+-- the meta fields a fetch reads (and returns, as HGETALL would list them), and the
+-- ones a write reads (it overwrites `updated` and never uses `sumver`; a commit that
+-- turns into a fetch reads those two as well: see window.lua)
 local META_FIELDS = {'created', 'updated', 'count', 'tokens', 'sumver', 'turns', 'ver',
   'counter', 'epoch', 'stamp'}
-local INTEGER_FIELDS = 7
+local WRITE_FIELDS = {'created', 'count', 'tokens', 'turns', 'ver', 'counter', 'epoch', 'stamp'}
+-- the meta fields ctxguard computes with, each an integer
+local INTEGER_FIELDS = {created = true, updated = true, count = true, tokens = true,
+  sumver = true, turns = true, ver = true}
 
 local function corrupt(i, what)
   return 'CORRUPT ' .. KEYS[i] .. ' ' .. what
@@ -100,13 +105,15 @@ local function is_integer(v)
   return type(v) == 'string' and string.match(v, '^%-?%d+$') ~= nil
 end
 
--- The meta fields ctxguard computes with are integers. Returns the error, or nil and
--- the fields by name (false when absent).
-local function check_meta()
-  local v = must(K_META, redis.pcall('HMGET', KEYS[K_META], unpack(META_FIELDS)))
-  local meta = {}
-  for i, name in ipairs(META_FIELDS) do
-    if i <= INTEGER_FIELDS and v[i] and not is_integer(v[i]) then
+-- Read the meta fields `names` (META_FIELDS when nil) into `meta` (a new table when
+-- nil); those ctxguard computes with are integers. Returns the error, or nil and the
+-- fields by name (false when absent).
+local function check_meta(names, meta)
+  names = names or META_FIELDS
+  local v = must(K_META, redis.pcall('HMGET', KEYS[K_META], unpack(names)))
+  meta = meta or {}
+  for i, name in ipairs(names) do
+    if v[i] and INTEGER_FIELDS[name] and not is_integer(v[i]) then
       return corrupt(K_META, 'field ' .. name .. ' is not an integer')
     end
     meta[name] = v[i]
@@ -120,10 +127,10 @@ local function token_of(meta)
   return meta.epoch .. ':' .. (meta.ver or '0') .. ':' .. (meta.stamp or '')
 end
 
--- ... and toks holds one count per record. Returns the error, or nil and what was
--- read: {meta = fields by name, len = the message count}.
+-- ... (WRITE_FIELDS) and toks holds one count per record. Returns the error, or nil
+-- and what was read: {meta = fields by name, len = the message count}.
 local function check_meta_and_lengths()
-  local bad, meta = check_meta()
+  local bad, meta = check_meta(WRITE_FIELDS)
   if bad then return bad end
   local m = must(K_MSGS, redis.pcall('LLEN', KEYS[K_MSGS]))
   local t = must(K_TOKS, redis.pcall('LLEN', KEYS[K_TOKS]))
@@ -208,16 +215,17 @@ end
 -- record's turn number with it), and the list lengths once.
 local function append_many(first, n, counter, retry, st, now)
   local meta = st.meta
-  local updated = math.floor(tonumber(now) / 1000)
+  local updated = string.sub(now, 1, -4)  -- ms, as digits (a number would be printf'd)
   local epoch, ver, total = meta.epoch, tonumber(meta.ver or '0'), tonumber(meta.tokens or '0')
   local before, stamp = '', meta.stamp or ''
-  if epoch then before = epoch .. ':' .. ver .. ':' .. stamp end
-  local fields = {'updated', updated}
-  if not meta.created then
+  if epoch then before = epoch .. ':' .. (meta.ver or '0') .. ':' .. stamp end
+  local fields
+  if meta.created then
+    fields = {'updated', updated}
+  else
     -- the epoch (creation time in microseconds) tells a re-created session from the old one
     epoch = now
-    local f = {'created', updated, 'sumver', 0, 'epoch', epoch}
-    for i = 1, #f do fields[#fields + 1] = f[i] end
+    fields = {'updated', updated, 'created', updated, 'sumver', '0', 'epoch', epoch}
     before = ''
   end
   if counter ~= '' and meta.counter ~= counter then
@@ -230,7 +238,7 @@ local function append_many(first, n, counter, retry, st, now)
   local start_count = count
   for i = 0, n - 1 do
     local at = first + 4 * i
-    local id, record, tokens, pinned = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2]), ARGV[at + 3]
+    local id, record, tokens, pinned = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
     local added
     if i == 0 then  -- maybe the script's first write: it checks the type of ids
       added = must(K_IDS, redis.pcall('HSETNX', KEYS[K_IDS], id, count))
@@ -238,10 +246,11 @@ local function append_many(first, n, counter, retry, st, now)
       added = redis.call('HSETNX', KEYS[K_IDS], id, count)
     end
     if added == 1 then
-      if counter == '' then tokens = -1 end
+      if counter == '' then tokens = '-1' end
       redis.call('RPUSH', KEYS[K_MSGS], record)
-      redis.call('RPUSH', KEYS[K_TOKS], tokens)
-      if tokens >= 0 then total = total + tokens end
+      redis.call('RPUSH', KEYS[K_TOKS], tokens)  -- the argument as sent: no number to format
+      local value = tonumber(tokens)
+      if value >= 0 then total = total + value end
       if pinned == '1' then redis.call('RPUSH', KEYS[K_PINS], count) end
       count = count + 1
       flags[#flags + 1] = 1
@@ -253,8 +262,9 @@ local function append_many(first, n, counter, retry, st, now)
     end
   end
   if count > start_count then ver, stamp = ver + 1, now end
-  local f = {'count', count, 'tokens', total, 'ver', ver, 'stamp', stamp}
-  for i = 1, #f do fields[#fields + 1] = f[i] end
+  local at = #fields
+  fields[at + 1], fields[at + 2], fields[at + 3], fields[at + 4] = 'count', count, 'tokens', total
+  fields[at + 5], fields[at + 6], fields[at + 7], fields[at + 8] = 'ver', ver, 'stamp', stamp
   local audit = st.audit
   if audit and audit.turn then  -- the request record's number, in the same HSET
     fields[#fields + 1] = 'turns'
@@ -317,12 +327,13 @@ local function add_audit(record, keep, ttl, plan)
 end
 
 -- With a cap: would the messages at ARGV[first ..] (4 args each) pass it? Ids already
--- stored, and ids repeated inside the batch, count once. Returns the current count
--- when the batch must be refused, else false.
-local function over_cap(first, n, cap)
+-- stored, and ids repeated inside the batch, count once (`len`: the message count when
+-- the script read it already). Returns the current count when the batch must be
+-- refused, else false.
+local function over_cap(first, n, cap, len)
   cap = tonumber(cap)
   if cap <= 0 or n == 0 then return false end
-  local count = must(K_MSGS, redis.pcall('LLEN', KEYS[K_MSGS]))
+  local count = len or must(K_MSGS, redis.pcall('LLEN', KEYS[K_MSGS]))
   local fresh, seen = 0, {}
   for i = 0, n - 1 do
     local id = ARGV[first + 4 * i]

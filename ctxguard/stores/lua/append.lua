@@ -13,7 +13,7 @@
 local n = tonumber(ARGV[7])
 local bad, st = check_for_append(ARGV[1], n, ARGV[4])
 if bad then return redis.error_reply(bad) end
-local full = over_cap(8, n, ARGV[3])
+local full = over_cap(8, n, ARGV[3], st.len)
 if full then return {-1, full} end
 if n == 0 then
   if ARGV[4] ~= '' and redis.call('EXISTS', KEYS[K_META]) == 1 then

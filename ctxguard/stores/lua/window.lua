@@ -43,7 +43,7 @@ else
 end
 if bad then return redis.error_reply(bad) end
 if n > 0 then
-  local full = over_cap(11, n, ARGV[3])
+  local full = over_cap(11, n, ARGV[3], st.len)
   if full then return {{-1, full}} end
 end
 
@@ -92,6 +92,10 @@ if ARGV[6] ~= '' and ARGV[7] ~= '' then
 end
 
 -- A fetch (nothing is written, but a bad position must be named, not fail in the walk).
+if ARGV[6] ~= '' then  -- a commit read the fields a write uses: the rest of them too
+  bad = check_meta({'updated', 'sumver'}, st.meta)
+  if bad then return redis.error_reply(bad) end
+end
 local len = st.len or must(K_MSGS, redis.pcall('LLEN', KEYS[K_MSGS]))
 local pins
 pins, bad = check_pins(len)
