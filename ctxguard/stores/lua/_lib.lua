@@ -142,7 +142,8 @@ end
 
 -- Every pinned position is an integer inside the history (returns the positions).
 local function check_pins(len)
-  local pins = must(K_PINS, redis.pcall('LRANGE', KEYS[K_PINS], 0, -1))
+  -- '0' and '-1' as strings: a Lua number argument costs Redis an snprintf each
+  local pins = must(K_PINS, redis.pcall('LRANGE', KEYS[K_PINS], '0', '-1'))
   for _, s in ipairs(pins) do
     local seq = tonumber(s)
     if not is_integer(s) or seq < 0 or seq >= len then
@@ -173,7 +174,8 @@ local function audit_plan(record, meta)
     if seen then plan.seen = tonumber(seen) end
   end
   if not plan.seen and string.sub(record, 1, 10) == '{"turn":0,' then
-    plan.turn = tonumber(meta.turns or '0') + 1
+    -- as a string: it goes into meta, the record and rids (formatted once, not each time)
+    plan.turn = tostring(tonumber(meta.turns or '0') + 1)
   end
   return plan
 end
@@ -293,7 +295,7 @@ end
 -- Returns the turn given to a request record, else 0.
 local function add_audit(record, keep, ttl, plan)
   if plan.seen then return plan.seen end
-  local turn = 0
+  local turn = '0'
   if plan.turn then
     turn = plan.turn
     if not plan.written then turn = redis.call('HINCRBY', KEYS[K_META], 'turns', 1) end
@@ -323,7 +325,7 @@ local function add_audit(record, keep, ttl, plan)
     end
     if #gone > 0 then redis.call('HDEL', KEYS[K_RIDS], unpack(gone)) end
   end
-  return turn
+  return tonumber(turn)
 end
 
 -- With a cap: would the messages at ARGV[first ..] (4 args each) pass it? Ids already
