@@ -11,8 +11,9 @@ end
 
 -- The session's state token: its creation stamp, a version that moves on with
 -- every change a window could see (messages, counts, counter, summary), and the
--- server time of that change in microseconds (so that two histories that diverged,
--- e.g. across a failover that lost a write, never share a token). A guard that
+-- time of that change in microseconds (so that two histories that diverged, e.g.
+-- across a failover that lost a write, never share a token): the caller's clock for
+-- an append (append_many), the server's TIME for the other changes. A guard that
 -- cached a window sends it back; window.lua commits only if it still holds.
 local function state_token()
   local v = redis.call('HMGET', KEYS[K_META], 'epoch', 'ver', 'stamp')
