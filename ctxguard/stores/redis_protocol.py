@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -153,6 +154,13 @@ def _ttl_arg(options: WriteOptions) -> int:
     return int(options.ttl_seconds or 0)
 
 
+def _now_arg() -> str:
+    """The caller's clock in microseconds: the scripts that append make the meta's
+    ``updated``, the state token's stamp and a new session's epoch from it (no ``TIME``
+    call in the script). A retry sends the same value (``Call.again``)."""
+    return str(time.time_ns() // 1000)
+
+
 def _message_args(messages: Sequence[NewMessage]) -> list[str | int]:
     args: list[str | int] = [len(messages)]
     for new in messages:
@@ -186,6 +194,7 @@ class RedisProtocol:
             options.max_messages or 0,
             "" if audit is None else audit_arg(audit),
             max(0, retention),
+            _now_arg(),
         ]
         return Call("append", self.keys(session_id), head + _message_args(messages))
 
@@ -213,6 +222,7 @@ class RedisProtocol:
             "" if expect is None else "=" + expect,
             "" if audit is None else audit_arg(audit),
             0 if write is None else max(0, write.retention),
+            _now_arg(),
         ]
         counts: list[str | int] = [0]
         if write is not None and write.counts and options.counter and expect is not None:
