@@ -105,7 +105,7 @@ def script_calls(url: str, system: CtxGuardSync, pool: list[tuple[str, str]]) ->
     keys, args = captured[0]
     client = redis.Redis.from_url(url)
     window = load_script("window")
-    helpers = window[: window.index("local n = tonumber(ARGV[9])")]
+    helpers = window[: window.index("local n = tonumber(ARGV[10])")]
     rows = {}
     for name, body in (
         ("EVALSHA 'return 1'", "return 1"),

@@ -57,3 +57,30 @@ def test_import_stays_light(imports: str) -> None:
 
 def test_probe_would_notice_a_heavy_import() -> None:
     assert "xml" in _top_level_modules_after("import xml.dom.minidom")
+
+
+GUARD_WITHOUT_OBSERVER = """
+import json, sys
+import ctxguard
+guard = ctxguard.Guard('memory://', limit=100, max_tokens=10)
+guard.prepare('s', [{'role': 'user', 'content': 'hi'}])
+guard.complete('s', {'role': 'assistant', 'content': 'hello'})
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_a_guard_without_observer_loads_nothing_of_observe() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", GUARD_WITHOUT_OBSERVER],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert "ctxguard.guard.events" in loaded  # the hook point itself is the guard's
+    observe = sorted(
+        m for m in loaded if m == "ctxguard.observe" or m.startswith("ctxguard.observe.")
+    )
+    assert observe == []
+    assert not {m.split(".")[0] for m in loaded}.intersection(HEAVY)

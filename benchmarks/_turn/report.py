@@ -21,7 +21,8 @@ CTXGUARD_SYSTEMS = (
 )
 ASYNC_SYSTEMS = ("floor-min-async", "floor-async", "ctxguard-async", "ctxguard-async-cold")
 FLOORS = ("floor-min", "floor-min-async", "floor", "floor-async")
-OBSERVED = ("ctxguard-observed", "ctxguard-observed-all")  # issue 15: not run by default
+# issue 15: not run by default
+OBSERVED = ("ctxguard-observed", "ctxguard-observed-all", "ctxguard-observed-inline")
 SYSTEMS = (*FLOORS, *CTXGUARD_SYSTEMS, "ctxguard-prefix", *OBSERVED, "langchain", "llamaindex")
 # what each row is divided by, first one that ran
 BASES_SYNC = ("floor-min", "floor")

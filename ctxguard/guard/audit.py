@@ -74,7 +74,10 @@ class AuditRecords:
         Fields at their default (no summary, no tools, nothing dropped, default
         policy settings) are left out: one record per request, so its size is most
         of what a session's audit trail costs. Readers take a missing field as its
-        default (``guard.replay``, the CLI).
+        default (``guard.replay``, the CLI). The fields that are the same on every
+        request of a session (``kind`` to ``policy``; the overhead and the tool count
+        change with the tools only) stand together: Redis stores them once per
+        session (``stores.audit_context``).
         """
         session_id = fetch.info.session_id
         record: dict[str, Any] = {
@@ -82,13 +85,6 @@ class AuditRecords:
             "rid": new_message_id(),
             "kind": "request",
             "session": session_id,
-            "at": datetime.now(UTC).isoformat(),
-            **sent_fields(
-                [i.seq for i in sent.items],
-                [m.id for m in sent.messages],
-                summary_index(sent) if plan.summary_message else None,
-            ),
-            "tokens": total,
             "exact": self.counter.exact,
             "additive": self.counter.additive,
             "counter": self.counter.fingerprint,
@@ -98,8 +94,26 @@ class AuditRecords:
             "reserved_output": budget.reserved_output,
             "safety_margin": budget.safety_margin,
             "overhead": budget.overhead,
-            "message_count": fetch.info.message_count,
         }
+        if tools:
+            record["tools"] = len(tools)
+        policy = {
+            k: v
+            for k, v in self.policy_settings().items()
+            if v is not None and v != _POLICY_DEFAULTS.get(k)
+        }
+        if policy:
+            record["policy"] = policy
+        record.update(
+            at=datetime.now(UTC).isoformat(),
+            **sent_fields(
+                [i.seq for i in sent.items],
+                [m.id for m in sent.messages],
+                summary_index(sent) if plan.summary_message else None,
+            ),
+            tokens=total,
+            message_count=fetch.info.message_count,
+        )
         if plan.summary_message:
             record.update(
                 summary_version=plan.summary_version,
@@ -107,14 +121,8 @@ class AuditRecords:
                 summary_tokens=plan.summary_tokens,
             )
         optional = {
-            "tools": len(tools or ()),
             "dropped": [list(r) for r in plan.dropped],
             "decisions": plan.decisions,
-            "policy": {
-                k: v
-                for k, v in self.policy_settings().items()
-                if v is not None and v != _POLICY_DEFAULTS.get(k)
-            },
         }
         record.update((k, v) for k, v in optional.items() if v)
         if self.prefix.block_size is not None:

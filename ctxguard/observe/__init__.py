@@ -5,9 +5,14 @@ A room of its own that uses the guard through one hook point, ``observer=``
 
     from ctxguard.observe.metrics import PrometheusObserver, start_http_server
     from ctxguard.observe.tracing import TracingObserver
-    from ctxguard.observe import fan_out
+    from ctxguard.observe import background
 
-    guard = Guard(url, limit=..., observer=fan_out(PrometheusObserver(), TracingObserver()))
+    guard = Guard(url, limit=..., observer=background(PrometheusObserver(), TracingObserver()))
+
+``background(...)`` (:mod:`ctxguard.observe.background`, recommended) delivers each event
+on a thread of its own, in the caller's context, while the caller waits on its next I/O:
+the request path only enqueues it. Prometheus reads stay exact (each collect flushes it
+first). ``fan_out(...)`` calls the observers inline, on the caller's thread, in turn.
 
 Nothing here is imported by ``import ctxguard``; ``prometheus_client`` (extra
 ``ctxguard[metrics]``) and ``opentelemetry-api`` (extra ``ctxguard[otel]``) load only
@@ -19,12 +24,23 @@ from __future__ import annotations
 import contextlib
 
 from ctxguard.guard.events import Observer, OperationEvent, StoreCallEvent, SummaryEvent
+from ctxguard.observe.background import BackgroundObserver, background
 
-__all__ = ["Observer", "OperationEvent", "StoreCallEvent", "SummaryEvent", "fan_out"]
+__all__ = [
+    "BackgroundObserver",
+    "Observer",
+    "OperationEvent",
+    "StoreCallEvent",
+    "SummaryEvent",
+    "background",
+    "fan_out",
+]
 
 
 def fan_out(*observers: Observer) -> Observer:
-    """One observer that hands each event to every one of ``observers`` in turn."""
+    """One observer that hands each event to every one of ``observers`` in turn (inline;
+    its ``observers`` attribute names them, so ``background(fan_out(a, b))`` is
+    ``background(a, b)``)."""
     chosen = tuple(observers)
 
     def observe(event: OperationEvent) -> None:
@@ -32,4 +48,5 @@ def fan_out(*observers: Observer) -> Observer:
             with contextlib.suppress(Exception):  # one observer's bug does not blind the rest
                 observer(event)
 
+    observe.observers = chosen  # type: ignore[attr-defined]
     return observe

@@ -7,14 +7,20 @@ small fixed set of values: operation names, outcomes, policy names, error classe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import start_http_server as _start_http_server
 
 from ctxguard.errors import BudgetError, ConfigError, InvalidMessageError, TemplateRefusedError
 from ctxguard.guard.events import OperationEvent
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from ctxguard.observe.background import BackgroundObserver
 
 REFUSALS = (BudgetError, TemplateRefusedError, InvalidMessageError)  # MessageTooLong is a Budget
 # the policy a request is counted under: the first of these its plan used
@@ -42,6 +48,15 @@ class PrometheusObserver:
             )
         self.registry = REGISTRY if registry is None else registry
         r, p = self.registry, prefix
+        # first on the registry: a collect flushes the background deliverers feeding
+        # these metrics before any of them is read (the registry collects in order)
+        self._flushes: list[Callable[[], Callable[..., bool] | None]] = []
+        r.register(_FlushFirst(self._flushes))
+        self.events_dropped = Counter(
+            f"{p}_observer_events_dropped",
+            "Events a background observer dropped, its queue full, instead of blocking a request",
+            registry=r,
+        )
         self.requests = Counter(
             f"{p}_requests",
             "Prepared requests by outcome (sent, refused, error) and the policy "
@@ -141,6 +156,12 @@ class PrometheusObserver:
             registry=r,
         )
 
+    def attach_background(self, deliverer: BackgroundObserver) -> None:
+        """Called by ``background(...)``: flush ``deliverer`` before each collect of the
+        registry, count its dropped events."""
+        self._flushes.append(weakref.WeakMethod(deliverer.flush))
+        deliverer._on_drop.append(self.events_dropped.inc)
+
     def _child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, looked up once (prometheus_client locks on each call)."""
         key = (id(metric), values)
@@ -205,6 +226,25 @@ class PrometheusObserver:
         cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
         if isinstance(cached, int) and cached > 0:
             self.prefix_cached.inc(cached)
+
+
+class _FlushFirst:
+    """A collector of no metrics whose collect flushes the background deliverers first."""
+
+    FLUSH_TIMEOUT = 2.0  # a stuck observer delays a scrape this long at most
+
+    def __init__(self, flushes: list[Callable[[], Callable[..., bool] | None]]) -> None:
+        self.flushes = flushes
+
+    def collect(self) -> Iterator[Metric]:
+        for ref in list(self.flushes):
+            flush = ref()
+            if flush is not None:
+                flush(self.FLUSH_TIMEOUT)
+        return iter(())
+
+    def describe(self) -> list[Metric]:
+        return []  # no names: the registry never calls collect() to learn them
 
 
 def _is_refusal(error: BaseException | None) -> bool:

@@ -5,7 +5,9 @@ false`` (``--no-metrics``, ``CTXGUARD_SERVE_METRICS=0``); without the extra noth
 ``prometheus_client`` is imported and ``/metrics`` answers 404 saying what to install.
 
 Every tenant's guard reports to one :class:`~ctxguard.observe.metrics.PrometheusObserver`
-(``ctxguard_*``); the gateway adds ``ctxguard_gateway_upstream_request_duration_seconds``
+(``ctxguard_*``), delivered off the request path by
+:func:`~ctxguard.observe.background.background` (a scrape flushes it first, so it sees
+every finished turn); the gateway adds ``ctxguard_gateway_upstream_request_duration_seconds``
 by ``outcome`` (ok, rejected, error, timeout, unavailable; to the upstream's response
 headers, so time to first chunk when streaming). No session or user labels.
 
@@ -13,7 +15,9 @@ With several worker processes (``--workers N``) :func:`multiprocess_dir` gives t
 workers one directory (``PROMETHEUS_MULTIPROC_DIR``, emptied at start), each worker
 writes its values there, and a scrape on any worker adds up every worker's files
 (``MultiProcessCollector``); the live-gauge files of a worker that is gone are dropped
-at the next scrape, or when it stops.
+at the next scrape, or when it stops. There the observer is called inline, before the
+turn answers: a scrape on one worker cannot flush another worker's queue, and a turn
+answered must be in the next scrape whichever worker takes it.
 """
 
 from __future__ import annotations
@@ -26,8 +30,12 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from ctxguard.guard.events import Observer
+
+if TYPE_CHECKING:
+    from ctxguard.observe.background import BackgroundObserver
 
 DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
@@ -48,13 +56,18 @@ class GatewayMetrics:
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Histogram
 
+        from ctxguard.observe.background import background
         from ctxguard.observe.metrics import PrometheusObserver
 
         self.path = os.environ.get(DIR_ENV) or None  # multiprocess mode when set
         # values are written here; in multiprocess mode they go to the files and a
         # scrape reads those, never this registry (that would count them twice)
         self.registry = CollectorRegistry()
-        self.observer: Observer = PrometheusObserver(self.registry)
+        self.prometheus = PrometheusObserver(self.registry)
+        self.background: BackgroundObserver | None = None
+        self.observer: Observer = self.prometheus
+        if self.path is None:  # one process: off the request path, flushed by each scrape
+            self.background = self.observer = background(self.prometheus)
         self.upstream = Histogram(
             "ctxguard_gateway_upstream_request_duration_seconds",
             "Requests to the model server, to its response headers, by outcome "
@@ -78,6 +91,8 @@ class GatewayMetrics:
         return generate_latest(registry), CONTENT_TYPE_LATEST
 
     def close(self) -> None:
+        if self.background is not None:
+            self.background.close()
         if self.path is not None:
             from prometheus_client import multiprocess
 

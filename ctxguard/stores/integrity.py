@@ -27,6 +27,7 @@ EXPECTED_TYPES = {
     "sum": "string",
     "audit": "list",
     "rids": "hash",
+    "ctx": "hash",
 }
 NUMERIC_META = ("created", "updated", "count", "tokens", "sumver", "turns", "ver")
 

@@ -3,7 +3,8 @@
 Layout (``<ns>`` namespace, ``<tenant>`` tenant, ``<sid>`` the session id
 percent-encoded so it holds no ``{ } * ? [ ] :`` or control characters)::
 
-    <ns>:<tenant>:{<sid>}:meta    HASH  created, updated (ms), count, tokens, counter, sumver
+    <ns>:<tenant>:{<sid>}:meta    HASH  created, updated (ms), count, tokens, counter, sumver,
+                                        turns, epoch, ver, ctx (the last context stored)
     <ns>:<tenant>:{<sid>}:msgs    LIST  JSON message records, append order (seq = index)
     <ns>:<tenant>:{<sid>}:toks    LIST  token count per record (-1 = unknown), same order
     <ns>:<tenant>:{<sid>}:ids     HASH  message id -> seq (idempotent appends)
@@ -12,6 +13,8 @@ percent-encoded so it holds no ``{ } * ? [ ] :`` or control characters)::
     <ns>:<tenant>:{<sid>}:audit   LIST  JSON audit records, newest last, capped
     <ns>:<tenant>:{<sid>}:rids    HASH  audit record id -> turn (0 = not a request), for the
                                         records in ``audit`` (idempotent audit writes)
+    <ns>:<tenant>:{<sid>}:ctx     HASH  digest -> JSON: the request records' context, once
+                                        per distinct value (stores.audit_context)
 
 Beside them, short-lived and never read by a session script (not in ``SUFFIXES``)::
 
@@ -37,7 +40,7 @@ from urllib.parse import quote, unquote
 
 from ctxguard.ids import validate_id, validate_name
 
-SUFFIXES = ("meta", "msgs", "toks", "ids", "pins", "sum", "audit", "rids")
+SUFFIXES = ("meta", "msgs", "toks", "ids", "pins", "sum", "audit", "rids", "ctx")
 
 
 def encode_session_id(session_id: str) -> str:
@@ -61,7 +64,7 @@ class KeySpace:
         return f"{self.namespace}:{self.tenant}:"
 
     def session_keys(self, session_id: str) -> list[str]:
-        """The eight keys of a session, in the order every script expects them."""
+        """The nine keys of a session, in the order every script expects them."""
         if not isinstance(session_id, str):  # (unhashable ones too: the typed error first)
             validate_id(session_id, "session id")
         return list(_session_keys(f"{self.namespace}:{self.tenant}:", session_id))

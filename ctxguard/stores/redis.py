@@ -360,9 +360,21 @@ class RedisStore(RedisStoreBase):
         return self.protocol.parse_append(session_id, messages, self._run(call))
 
     def read_audit(self, session_id: str) -> list[dict[str, Any]]:
-        key = self.protocol.keys(session_id)[6]
-        raw = self._io("read_audit", lambda: self.client.lrange(key, 0, -1), True, (key,))
-        return self.protocol.parse_audit(session_id, raw)
+        keys = self.protocol.keys(session_id)
+
+        def fetch() -> list[Any]:
+            # the trail, then the contexts its records name (only ever added, so read
+            # after the records, every context they name is there)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.lrange(keys[6], 0, -1)
+            pipe.hgetall(keys[8])
+            out: list[Any] = pipe.execute(raise_on_error=False)
+            if isinstance(out[0], Exception):
+                raise out[0]
+            return out
+
+        raw, contexts = self._io("read_audit", fetch, True, (keys[6],))
+        return self.protocol.parse_audit(session_id, raw, contexts)
 
     def inspect(self, session_id: str) -> RawSession | None:
         """Every key of the session as stored, for ``ctxguard audit`` / ``repair``."""

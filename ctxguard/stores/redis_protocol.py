@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,6 +28,7 @@ from ctxguard.errors import (
     InvalidInputError,
     SessionFullError,
 )
+from ctxguard.stores.audit_context import audit_arg, resolve
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
@@ -47,7 +49,6 @@ from ctxguard.stores.base import (
     ms_to_datetime,
     tokens_or_none,
     virtual_window,
-    with_rid,
 )
 from ctxguard.stores.integrity import RawSession, RepairPlan
 from ctxguard.stores.keys import SUFFIXES, KeySpace
@@ -153,6 +154,13 @@ def _ttl_arg(options: WriteOptions) -> int:
     return int(options.ttl_seconds or 0)
 
 
+def _now_arg() -> str:
+    """The caller's clock in microseconds: the scripts that append make the meta's
+    ``updated``, the state token's stamp and a new session's epoch from it (no ``TIME``
+    call in the script). A retry sends the same value (``Call.again``)."""
+    return str(time.time_ns() // 1000)
+
+
 def _message_args(messages: Sequence[NewMessage]) -> list[str | int]:
     args: list[str | int] = [len(messages)]
     for new in messages:
@@ -184,8 +192,9 @@ class RedisProtocol:
             options.counter or "",
             _ttl_arg(options),
             options.max_messages or 0,
-            "" if audit is None else encode_audit(with_rid(audit)),
+            "" if audit is None else audit_arg(audit),
             max(0, retention),
+            _now_arg(),
         ]
         return Call("append", self.keys(session_id), head + _message_args(messages))
 
@@ -211,8 +220,9 @@ class RedisProtocol:
             budget,
             min_messages,
             "" if expect is None else "=" + expect,
-            "" if audit is None else encode_audit(with_rid(audit)),
+            "" if audit is None else audit_arg(audit),
             0 if write is None else max(0, write.retention),
+            _now_arg(),
         ]
         counts: list[str | int] = [0]
         if write is not None and write.counts and options.counter and expect is not None:
@@ -284,7 +294,7 @@ class RedisProtocol:
     def audit_call(
         self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int
     ) -> Call:
-        raw = encode_audit(with_rid(record))
+        raw = audit_arg(record)
         return Call("add_audit", self.keys(session_id), [raw, max(0, retention), ttl])
 
     def record_calls(self, session_id: str, write: RecordWrite) -> list[Call]:
@@ -469,5 +479,14 @@ class RedisProtocol:
             for i, r in enumerate(records)
         )
 
-    def parse_audit(self, session_id: str, raw: Sequence[Any]) -> list[dict[str, Any]]:
-        return [decode_audit(session_id, i, r) for i, r in enumerate(raw)]
+    def parse_audit(
+        self, session_id: str, raw: Sequence[Any], contexts: Any = None
+    ) -> list[dict[str, Any]]:
+        """The trail's records, each request record's context put back from the ``ctx``
+        hash (``contexts``: its HGETALL, or the error reading it)."""
+        if isinstance(contexts, Exception):
+            key = self.keys(session_id)[8]
+            detail = str(contexts).splitlines()[0][:200]
+            raise CorruptRecordError(session_id, "ctx", detail, key=key) from None
+        found = {_text(k): _text(v) for k, v in (contexts or {}).items()}
+        return resolve([decode_audit(session_id, i, r) for i, r in enumerate(raw)], found)

@@ -10,6 +10,8 @@ import pytest
 
 from ctxguard.guard import Guard
 from ctxguard.stores.base import SessionStore
+from ctxguard.stores.keys import SUFFIXES, KeySpace
+from tests.conftest import raw_client
 
 from .conftest import CHAT, CORRUPT, TOOLS, Cli
 
@@ -148,3 +150,34 @@ def test_round_trip_of_a_session_whose_old_audit_records_were_trimmed(
     assert run("import", str(out)).exit_code == 0
     assert state(store, "trimmed") == before
     assert store.add_audit("trimmed", {"turn": 0, "kind": "request"}, retention=0) == 7
+
+
+def test_an_imported_trail_stores_each_context_once_and_exports_the_same(
+    run: Cli,
+    sessions: None,
+    store: SessionStore,
+    redis_url: str,
+    redis_namespace: str,
+    tmp_path: Path,
+) -> None:
+    keys = dict(zip(SUFFIXES, KeySpace(redis_namespace).session_keys(CHAT), strict=True))
+    first, again = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert run("export", CHAT, "--out", str(first)).exit_code == 0
+    assert run("delete", CHAT, "--yes").exit_code == 0
+    assert run("import", str(first)).exit_code == 0
+    client = raw_client(redis_url)
+    try:
+        contexts = client.hgetall(keys["ctx"])
+        stored = [json.loads(r) for r in client.lrange(keys["audit"], 0, -1)]
+    finally:
+        client.close()
+    requests = [r for r in store.read_audit(CHAT) if r["kind"] == "request"]
+    assert requests and len(contexts) == 1  # one guard, one setting: one context
+    assert all(r.get("ctx") == next(iter(contexts)).decode() for r in stored if "turn" in r)
+    assert run("export", CHAT, "--out", str(again)).exit_code == 0
+
+    def records(path: Path) -> list[Any]:
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        return [line for line in lines if line["type"] == "audit"]
+
+    assert records(again) == records(first) and records(first)

@@ -66,7 +66,10 @@ def run_stable(
         where = start_of(req)
         if previous is not None and previous[0] == where:
             assert len(ids) > len(previous[1]) and ids[: len(previous[1])] == previous[1]
-        elif where[0] != 0:
+        elif req.dropped:
+            # a window that leaves messages out (a cut) opens on a user turn; one that
+            # starts at the history's first message opens with whatever was stored first
+            # (seq 0 is the system message, so ``first_seq != 0`` said nothing)
             body = [m for m in req.messages if m.role != "system"]
             assert body[0].role == "user"
         previous = (where, ids)

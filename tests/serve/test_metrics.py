@@ -122,3 +122,37 @@ def test_several_workers_are_added_up(
             assert samples[("ctxguard_limit_tokens", ())] == 4096
     finally:
         gateway.stop()
+
+
+def test_a_scrape_flushes_the_background_delivery(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctxguard.guard.events import OperationEvent
+    from ctxguard.serve.metrics import GatewayMetrics
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    metrics = GatewayMetrics()
+    try:
+        assert metrics.background is not None and metrics.observer is metrics.background
+        metrics.background.interval = 60.0  # no delivery of its own before the scrape
+        for i in range(3):
+            metrics.observer(OperationEvent("complete", f"s{i}", 0, 0, end_ns=1000))
+        body, _ = metrics.render()
+    finally:
+        metrics.close()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+    }
+    name = "ctxguard_operation_duration_seconds_count"
+    assert samples[(name, (("operation", "complete"),))] == 3
+
+
+def test_several_workers_deliver_inline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from ctxguard.serve.metrics import GatewayMetrics
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    metrics = GatewayMetrics()
+    try:  # another worker's scrape cannot flush this one's queue: no queue at all
+        assert metrics.background is None and metrics.observer is metrics.prometheus
+    finally:
+        metrics.close()

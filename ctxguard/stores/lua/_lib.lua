@@ -1,8 +1,9 @@
 -- Shared helpers, prepended to every script of ctxguard (not a script itself).
 -- KEYS (same order for every script; all share one hash tag):
---   1 meta  2 msgs  3 toks  4 ids  5 pins  6 sum  7 audit  8 rids
+--   1 meta  2 msgs  3 toks  4 ids  5 pins  6 sum  7 audit  8 rids  9 ctx
 
 local K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM, K_AUDIT, K_RIDS = 1, 2, 3, 4, 5, 6, 7, 8
+local K_CTX = 9
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -11,8 +12,9 @@ end
 
 -- The session's state token: its creation stamp, a version that moves on with
 -- every change a window could see (messages, counts, counter, summary), and the
--- server time of that change in microseconds (so that two histories that diverged,
--- e.g. across a failover that lost a write, never share a token). A guard that
+-- time of that change in microseconds (so that two histories that diverged, e.g.
+-- across a failover that lost a write, never share a token): the caller's clock for
+-- an append (append_many), the server's TIME for the other changes. A guard that
 -- cached a window sends it back; window.lua commits only if it still holds.
 local function state_token()
   local v = redis.call('HMGET', KEYS[K_META], 'epoch', 'ver', 'stamp')
@@ -53,131 +55,6 @@ local function switch_counter(counter)
   changed()
 end
 
--- Append messages given as ARGV[first .. first + 4*n - 1]: id, record, tokens, pinned,
--- `retry` is true when the call is a retry (an earlier attempt of the same call may
--- have run and lost its reply; the scripts take a trailing '1' argument for it).
--- Returns {count_after, flags, state token before ('' = no session), state token after},
--- flags[i] = 1 if stored, 0 if the id was already there, 2 (retries only) if the id was
--- there with exactly this record: stored by the earlier attempt. `st` is what
--- check_for_append read (the meta fields and the message count): this runs on every
--- turn, so the meta hash is read once and written once, and the list lengths once.
-local function append_many(first, n, counter, retry, st)
-  local meta = st.meta
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local epoch, ver, total = meta.epoch, tonumber(meta.ver or '0'), tonumber(meta.tokens or '0')
-  local before, stamp = '', meta.stamp or ''
-  if epoch then before = epoch .. ':' .. ver .. ':' .. stamp end
-  local fields = {'updated', now}
-  if not meta.created then
-    -- the epoch (creation time in microseconds) tells a re-created session from the old one
-    epoch = t[1] .. '.' .. t[2]
-    local f = {'created', now, 'sumver', 0, 'epoch', epoch}
-    for i = 1, #f do fields[#fields + 1] = f[i] end
-    before = ''
-  end
-  if counter ~= '' and meta.counter ~= counter then
-    switch_counter(counter)  -- counts become unknown; moves ver on by one
-    ver, total = ver + 1, 0
-    stamp = redis.call('HGET', KEYS[K_META], 'stamp')
-  end
-  local flags = {}
-  local count = st.len
-  local start_count = count
-  for i = 0, n - 1 do
-    local at = first + 4 * i
-    local id, record, tokens, pinned = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2]), ARGV[at + 3]
-    if redis.call('HSETNX', KEYS[K_IDS], id, count) == 1 then
-      if counter == '' then tokens = -1 end
-      redis.call('RPUSH', KEYS[K_MSGS], record)
-      redis.call('RPUSH', KEYS[K_TOKS], tokens)
-      if tokens >= 0 then total = total + tokens end
-      if pinned == '1' then redis.call('RPUSH', KEYS[K_PINS], count) end
-      count = count + 1
-      flags[#flags + 1] = 1
-    elseif retry and redis.call('LINDEX', KEYS[K_MSGS], redis.call('HGET', KEYS[K_IDS], id))
-        == record then
-      flags[#flags + 1] = 2
-    else
-      flags[#flags + 1] = 0
-    end
-  end
-  if count > start_count then ver, stamp = ver + 1, t[1] .. '.' .. t[2] end
-  local f = {'count', count, 'tokens', total, 'ver', ver, 'stamp', stamp}
-  for i = 1, #f do fields[#fields + 1] = f[i] end
-  redis.call('HSET', KEYS[K_META], unpack(fields))
-  return {count, flags, before, epoch .. ':' .. ver .. ':' .. stamp}
-end
-
--- True when an append result stored every message it was given.
-local function all_stored(appended)
-  for _, flag in ipairs(appended[2]) do
-    if flag ~= 1 then return false end
-  end
-  return true
-end
-
--- The id of an audit record (`rid`), written by ctxguard right after the opening
--- brace or after a leading "turn" (see base.with_rid); nil for a record without one.
-local function record_rid(record)
-  return string.match(record, '^{"rid":"([%w_.:%-]+)"')
-    or string.match(record, '^{"turn":%-?%d+,"rid":"([%w_.:%-]+)"')
-end
-
--- The turn given to the audit record with this record's rid, if it is already in
--- the trail (0 when it is not a request record); nil when it is not.
-local function audit_turn(record)
-  local rid = record_rid(record)
-  if not rid then return nil end
-  local turn = redis.call('HGET', KEYS[K_RIDS], rid)
-  if turn then return tonumber(turn) end
-  return nil
-end
-
--- Append one audit record, keeping the newest `keep` (0 = all). A record that
--- starts with '{"turn":0,' is a request record: it is numbered with the
--- session's next turn (meta `turns`), so numbers stay unique after trimming.
--- A record whose rid is already in the trail is not written again (a retry
--- after a lost reply): its turn is returned as the first time. The rids hash
--- holds the rids of the records in the list; trimming removes theirs.
--- Returns the turn given to a request record, else 0.
-local function add_audit(record, keep)
-  local rid = record_rid(record)
-  if rid then
-    local seen = redis.call('HGET', KEYS[K_RIDS], rid)
-    if seen then return tonumber(seen) end
-  end
-  local turn = 0
-  if string.sub(record, 1, 10) == '{"turn":0,' then
-    turn = redis.call('HINCRBY', KEYS[K_META], 'turns', 1)
-    record = '{"turn":' .. turn .. ',' .. string.sub(record, 11)
-  end
-  local len = redis.call('RPUSH', KEYS[K_AUDIT], record)
-  if rid then
-    redis.call('HSET', KEYS[K_RIDS], rid, turn)
-    if redis.call('HLEN', KEYS[K_RIDS]) == 1 then
-      -- just created, maybe after the script's touch(): give it the session's TTL
-      local ttl = redis.call('PTTL', KEYS[K_META])
-      if ttl > 0 then redis.call('PEXPIRE', KEYS[K_RIDS], ttl) end
-    end
-  end
-  keep = tonumber(keep)
-  if keep > 0 and len > keep then
-    local dropped = redis.call('LPOP', KEYS[K_AUDIT], len - keep)
-    local gone = {}
-    for _, old in ipairs(dropped) do
-      local old_rid = record_rid(old)
-      if old_rid then gone[#gone + 1] = old_rid end
-      if #gone == 1000 then
-        redis.call('HDEL', KEYS[K_RIDS], unpack(gone))
-        gone = {}
-      end
-    end
-    if #gone > 0 then redis.call('HDEL', KEYS[K_RIDS], unpack(gone)) end
-  end
-  return turn
-end
-
 local function meta_flat()
   return redis.call('HGETALL', KEYS[K_META])
 end
@@ -186,11 +63,18 @@ end
 -- before its first write, and answers `CORRUPT <key> <what>` (an error reply that
 -- redis_protocol turns into CorruptRecordError) instead of failing halfway.
 -- Each check returns nil, or the error text for redis.error_reply.
-local KEY_TYPES = {'hash', 'list', 'list', 'hash', 'list', 'string', 'list', 'hash'}
--- the meta fields read on a write: the first 7 must be integers (INTEGER_FIELDS)
+local KEY_TYPES = {'hash', 'list', 'list', 'hash', 'list', 'string', 'list', 'hash', 'hash'}
+-- the meta fields a fetch reads (and returns, as HGETALL would list them), and the
+-- ones a write reads (it overwrites `updated` and never uses `sumver`; a commit that
+-- turns into a fetch reads those two as well: see window.lua)
+-- (`ctx`: the digest of the request context stored last, see with_context)
 local META_FIELDS = {'created', 'updated', 'count', 'tokens', 'sumver', 'turns', 'ver',
-  'counter', 'epoch', 'stamp'}
-local INTEGER_FIELDS = 7
+  'counter', 'epoch', 'stamp', 'ctx'}
+local WRITE_FIELDS = {'created', 'count', 'tokens', 'turns', 'ver', 'counter', 'epoch', 'stamp',
+  'ctx'}
+-- the meta fields ctxguard computes with, each an integer
+local INTEGER_FIELDS = {created = true, updated = true, count = true, tokens = true,
+  sumver = true, turns = true, ver = true}
 
 local function corrupt(i, what)
   return 'CORRUPT ' .. KEYS[i] .. ' ' .. what
@@ -225,13 +109,15 @@ local function is_integer(v)
   return type(v) == 'string' and string.match(v, '^%-?%d+$') ~= nil
 end
 
--- The meta fields ctxguard computes with are integers. Returns the error, or nil and
--- the fields by name (false when absent).
-local function check_meta()
-  local v = must(K_META, redis.pcall('HMGET', KEYS[K_META], unpack(META_FIELDS)))
-  local meta = {}
-  for i, name in ipairs(META_FIELDS) do
-    if i <= INTEGER_FIELDS and v[i] and not is_integer(v[i]) then
+-- Read the meta fields `names` (META_FIELDS when nil) into `meta` (a new table when
+-- nil); those ctxguard computes with are integers. Returns the error, or nil and the
+-- fields by name (false when absent).
+local function check_meta(names, meta)
+  names = names or META_FIELDS
+  local v = must(K_META, redis.pcall('HMGET', KEYS[K_META], unpack(names)))
+  meta = meta or {}
+  for i, name in ipairs(names) do
+    if v[i] and INTEGER_FIELDS[name] and not is_integer(v[i]) then
       return corrupt(K_META, 'field ' .. name .. ' is not an integer')
     end
     meta[name] = v[i]
@@ -245,10 +131,10 @@ local function token_of(meta)
   return meta.epoch .. ':' .. (meta.ver or '0') .. ':' .. (meta.stamp or '')
 end
 
--- ... and toks holds one count per record. Returns the error, or nil and what was
--- read: {meta = fields by name, len = the message count}.
+-- ... (WRITE_FIELDS) and toks holds one count per record. Returns the error, or nil
+-- and what was read: {meta = fields by name, len = the message count}.
 local function check_meta_and_lengths()
-  local bad, meta = check_meta()
+  local bad, meta = check_meta(WRITE_FIELDS)
   if bad then return bad end
   local m = must(K_MSGS, redis.pcall('LLEN', KEYS[K_MSGS]))
   local t = must(K_TOKS, redis.pcall('LLEN', KEYS[K_TOKS]))
@@ -260,7 +146,8 @@ end
 
 -- Every pinned position is an integer inside the history (returns the positions).
 local function check_pins(len)
-  local pins = must(K_PINS, redis.pcall('LRANGE', KEYS[K_PINS], 0, -1))
+  -- '0' and '-1' as strings: a Lua number argument costs Redis an snprintf each
+  local pins = must(K_PINS, redis.pcall('LRANGE', KEYS[K_PINS], '0', '-1'))
   for _, s in ipairs(pins) do
     local seq = tonumber(s)
     if not is_integer(s) or seq < 0 or seq >= len then
@@ -270,28 +157,225 @@ local function check_pins(len)
   return pins, nil
 end
 
--- Everything an append (with an audit record) relies on.
--- meta, msgs, toks and pins are read here (each read checks its key's type); the
--- other keys get a TYPE call.
--- Returns the error, or nil and what was read (see check_meta_and_lengths).
-local function check_for_append()
-  local bad = check_types(K_IDS, K_SUM, K_AUDIT, K_RIDS)
-  if bad then return bad end
-  local st
-  bad, st = check_meta_and_lengths()
+-- The id of an audit record (`rid`), written by ctxguard right after the opening
+-- brace or after a leading "turn" (see base.with_rid); nil for a record without one.
+local function record_rid(record)
+  return string.match(record, '^{"rid":"([%w_.:%-]+)"')
+    or string.match(record, '^{"turn":%-?%d+,"rid":"([%w_.:%-]+)"')
+end
+
+-- What writing the audit record `record` ('' = none) will do, read before the
+-- script's first write: {rid = its rid (nil: none), seen = the turn the trail gave
+-- it already (a retry after a lost reply: nothing is written again), turn = the
+-- number a request record ('{"turn":0,...') gets: the session's next (meta `turns`,
+-- from check_meta's fields), meta = those fields (with_context reads `ctx`)}. The
+-- rids read is also that key's type check.
+local function audit_plan(record, meta)
+  local plan = {meta = meta}
+  if record == '' then return plan end
+  plan.rid = record_rid(record)
+  if plan.rid then
+    local seen = must(K_RIDS, redis.pcall('HGET', KEYS[K_RIDS], plan.rid))
+    if seen then plan.seen = tonumber(seen) end
+  end
+  if not plan.seen and string.sub(record, 1, 10) == '{"turn":0,' then
+    -- as a string: it goes into meta, the record and rids (formatted once, not each time)
+    plan.turn = tostring(tonumber(meta.turns or '0') + 1)
+  end
+  return plan
+end
+
+-- Everything an append of `n` messages by `counter` with the audit record `record`
+-- ('' = none) relies on. meta, msgs, toks and pins are read here (each read checks
+-- its key's type), and so is rids when the record has a rid (audit_plan); ids is
+-- checked by the append's first HSETNX (its first write, see append_many) unless
+-- nothing is appended or a counter switch writes first; the other keys get a TYPE.
+-- Returns the error, or nil and what was read: {meta = the fields by name, len = the
+-- message count, audit = audit_plan's answer}.
+local function check_for_append(counter, n, record)
+  local bad, st = check_meta_and_lengths()
   if bad then return bad end
   local _, bad_pins = check_pins(st.len)
   if bad_pins then return bad_pins end
+  st.audit = audit_plan(record, st.meta)
+  local unread = {K_SUM, K_AUDIT}
+  if n == 0 or (counter ~= '' and st.meta.counter ~= counter) then
+    unread[#unread + 1] = K_IDS
+  end
+  if not st.audit.rid then unread[#unread + 1] = K_RIDS end
+  bad = check_types(unpack(unread))
+  if bad then return bad end
   return nil, st
 end
 
+-- Append messages given as ARGV[first .. first + 4*n - 1]: id, record, tokens, pinned,
+-- `retry` is true when the call is a retry (an earlier attempt of the same call may
+-- have run and lost its reply; the scripts take a trailing '1' argument for it).
+-- `now` is the caller's clock in microseconds (a string of digits): `updated` (ms),
+-- and the stamp of the state token (and the epoch of a new session) are made from
+-- it, so the script needs no TIME.
+-- Returns {count_after, flags, state token before ('' = no session), state token after},
+-- flags[i] = 1 if stored, 0 if the id was already there, 2 (retries only) if the id was
+-- there with exactly this record: stored by the earlier attempt. `st` is what
+-- check_for_append read (the meta fields, the message count, the audit plan): this
+-- runs on every turn, so the meta hash is read once and written once (the request
+-- record's turn number with it), and the list lengths once.
+local function append_many(first, n, counter, retry, st, now)
+  local meta = st.meta
+  local updated = string.sub(now, 1, -4)  -- ms, as digits (a number would be printf'd)
+  local epoch, ver, total = meta.epoch, tonumber(meta.ver or '0'), tonumber(meta.tokens or '0')
+  local before, stamp = '', meta.stamp or ''
+  if epoch then before = epoch .. ':' .. (meta.ver or '0') .. ':' .. stamp end
+  local fields
+  if meta.created then
+    fields = {'updated', updated}
+  else
+    -- the epoch (creation time in microseconds) tells a re-created session from the old one
+    epoch = now
+    fields = {'updated', updated, 'created', updated, 'sumver', '0', 'epoch', epoch}
+    before = ''
+  end
+  if counter ~= '' and meta.counter ~= counter then
+    switch_counter(counter)  -- counts become unknown; moves ver on by one
+    ver, total = ver + 1, 0
+    stamp = redis.call('HGET', KEYS[K_META], 'stamp')
+  end
+  local flags = {}
+  local count = st.len
+  local start_count = count
+  for i = 0, n - 1 do
+    local at = first + 4 * i
+    local id, record, tokens, pinned = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
+    local added
+    if i == 0 then  -- maybe the script's first write: it checks the type of ids
+      added = must(K_IDS, redis.pcall('HSETNX', KEYS[K_IDS], id, count))
+    else
+      added = redis.call('HSETNX', KEYS[K_IDS], id, count)
+    end
+    if added == 1 then
+      if counter == '' then tokens = '-1' end
+      redis.call('RPUSH', KEYS[K_MSGS], record)
+      redis.call('RPUSH', KEYS[K_TOKS], tokens)  -- the argument as sent: no number to format
+      local value = tonumber(tokens)
+      if value >= 0 then total = total + value end
+      if pinned == '1' then redis.call('RPUSH', KEYS[K_PINS], count) end
+      count = count + 1
+      flags[#flags + 1] = 1
+    elseif retry and redis.call('LINDEX', KEYS[K_MSGS], redis.call('HGET', KEYS[K_IDS], id))
+        == record then
+      flags[#flags + 1] = 2
+    else
+      flags[#flags + 1] = 0
+    end
+  end
+  if count > start_count then ver, stamp = ver + 1, now end
+  local at = #fields
+  fields[at + 1], fields[at + 2], fields[at + 3], fields[at + 4] = 'count', count, 'tokens', total
+  fields[at + 5], fields[at + 6], fields[at + 7], fields[at + 8] = 'ver', ver, 'stamp', stamp
+  local audit = st.audit
+  if audit and audit.turn then  -- the request record's number, in the same HSET
+    fields[#fields + 1] = 'turns'
+    fields[#fields + 1] = audit.turn
+    audit.written = true
+  end
+  redis.call('HSET', KEYS[K_META], unpack(fields))
+  return {count, flags, before, epoch .. ':' .. ver .. ':' .. stamp}
+end
+
+-- True when an append result stored every message it was given.
+local function all_stored(appended)
+  for _, flag in ipairs(appended[2]) do
+    if flag ~= 1 then return false end
+  end
+  return true
+end
+
+-- The record of an audit argument, its request context stored (stores/audit_context.py):
+-- the argument is the record, or the record .. '\n' .. a 16-hex digest .. the context
+-- JSON, the record holding '"ctx":"<digest>"' in the context's place. The context goes
+-- into the ctx hash once (meta `ctx` names the last one stored: the same context again
+-- costs no command); when it cannot (the hash holds CTX_CAP contexts, is not a hash, or
+-- the digest names another context), the record is written with its context inline.
+local CTX_CAP = 64
+local function with_context(arg, meta)
+  local nl = string.find(arg, '\n', 1, true)
+  if not nl then return arg end
+  local record, digest = string.sub(arg, 1, nl - 1), string.sub(arg, nl + 1, nl + 16)
+  if meta and meta.ctx == digest then return record end
+  local context = string.sub(arg, nl + 17)
+  local added = redis.pcall('HSETNX', KEYS[K_CTX], digest, context)
+  local stored = added == 0 and redis.call('HGET', KEYS[K_CTX], digest) == context
+  if added == 1 then
+    local n = redis.call('HLEN', KEYS[K_CTX])
+    if n > CTX_CAP then
+      redis.call('HDEL', KEYS[K_CTX], digest)
+    else
+      stored = true
+      local ttl = redis.call('PTTL', KEYS[K_META])
+      if n == 1 and ttl > 0 then redis.call('PEXPIRE', KEYS[K_CTX], ttl) end
+    end
+  end
+  if stored then
+    redis.call('HSET', KEYS[K_META], 'ctx', digest)
+    return record
+  end
+  local a, b = string.find(record, '"ctx":"' .. digest .. '"', 1, true)
+  if not a then return record end  -- not an argument audit_arg made: kept as it came
+  return string.sub(record, 1, a - 1) .. string.sub(context, 2, -2) .. string.sub(record, b + 1)
+end
+
+-- Append one audit record as `plan` (audit_plan, read before the first write) says,
+-- keeping the newest `keep` (0 = all). A request record ('{"turn":0,') is numbered
+-- with the session's next turn (meta `turns`, written by append_many's HSET when the
+-- script appended, else here), so numbers stay unique after trimming. A record whose
+-- rid is already in the trail is not written again (a retry after a lost reply): its
+-- turn is returned as the first time. The rids hash holds the rids of the records in
+-- the list; trimming removes theirs. `ttl` is the call's TTL (its touch() follows).
+-- Returns the turn given to a request record, else 0.
+local function add_audit(record, keep, ttl, plan)
+  if plan.seen then return plan.seen end
+  record = with_context(record, plan.meta)
+  local turn = '0'
+  if plan.turn then
+    turn = plan.turn
+    if not plan.written then turn = redis.call('HINCRBY', KEYS[K_META], 'turns', 1) end
+    record = '{"turn":' .. turn .. ',' .. string.sub(record, 11)
+  end
+  local len = redis.call('RPUSH', KEYS[K_AUDIT], record)
+  if plan.rid then
+    redis.call('HSET', KEYS[K_RIDS], plan.rid, turn)
+    -- just created by a call without a TTL of its own (with one, its touch() gives
+    -- every key the TTL): give it the session's
+    if (tonumber(ttl) or 0) <= 0 and redis.call('HLEN', KEYS[K_RIDS]) == 1 then
+      local pttl = redis.call('PTTL', KEYS[K_META])
+      if pttl > 0 then redis.call('PEXPIRE', KEYS[K_RIDS], pttl) end
+    end
+  end
+  keep = tonumber(keep)
+  if keep > 0 and len > keep then
+    local dropped = redis.call('LPOP', KEYS[K_AUDIT], len - keep)
+    local gone = {}
+    for _, old in ipairs(dropped) do
+      local old_rid = record_rid(old)
+      if old_rid then gone[#gone + 1] = old_rid end
+      if #gone == 1000 then
+        redis.call('HDEL', KEYS[K_RIDS], unpack(gone))
+        gone = {}
+      end
+    end
+    if #gone > 0 then redis.call('HDEL', KEYS[K_RIDS], unpack(gone)) end
+  end
+  return tonumber(turn)
+end
+
 -- With a cap: would the messages at ARGV[first ..] (4 args each) pass it? Ids already
--- stored, and ids repeated inside the batch, count once. Returns the current count
--- when the batch must be refused, else false.
-local function over_cap(first, n, cap)
+-- stored, and ids repeated inside the batch, count once (`len`: the message count when
+-- the script read it already). Returns the current count when the batch must be
+-- refused, else false.
+local function over_cap(first, n, cap, len)
   cap = tonumber(cap)
   if cap <= 0 or n == 0 then return false end
-  local count = must(K_MSGS, redis.pcall('LLEN', KEYS[K_MSGS]))
+  local count = len or must(K_MSGS, redis.pcall('LLEN', KEYS[K_MSGS]))
   local fresh, seen = 0, {}
   for i = 0, n - 1 do
     local id = ARGV[first + 4 * i]

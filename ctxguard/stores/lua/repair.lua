@@ -4,13 +4,13 @@
 -- fingerprint of all of it. Mode 'apply' writes a plan computed from that read
 -- (toks, ids, pins, meta fields; optionally drops the summary; adds the audit
 -- record) only if the fingerprint is unchanged, so a concurrent write is never
--- overwritten. The keys' TTL is kept.
+-- overwritten (a ctx key of another type is deleted). The keys' TTL is kept.
 -- ARGV (inspect): 1 'inspect'
 -- ARGV (apply):   1 'apply', 2 fingerprint, 3 audit record JSON, 4 drop summary '1'/'0',
 --                 5 m, then m x (meta field, value), then n, n ids, n counts, then p, p pins
 -- Returns (inspect): {types, meta flat, records, counts, ids flat, pins, summary, has summary,
 --                     fingerprint}; (apply): 1 applied, 0 the session changed since it was read
-local WANT = {'hash', 'list', 'list', 'hash', 'list', 'string', 'list', 'hash'}
+local WANT = {'hash', 'list', 'list', 'hash', 'list', 'string', 'list', 'hash', 'hash'}
 
 local function key_type(i)
   local t = redis.call('TYPE', KEYS[i])
@@ -63,7 +63,11 @@ local now = dump()
 if now[9] ~= ARGV[2] then return 0 end
 local ttl = redis.call('PTTL', KEYS[K_META])
 for i = 1, #WANT do
-  if now[1][i] ~= 'none' and now[1][i] ~= WANT[i] then redis.call('DEL', KEYS[i]) end
+  if now[1][i] ~= 'none' and now[1][i] ~= WANT[i] then
+    redis.call('DEL', KEYS[i])
+    -- no context is stored any more: the next request record stores its own again
+    if i == K_CTX then redis.call('HDEL', KEYS[K_META], 'ctx') end
+  end
 end
 redis.call('DEL', KEYS[K_TOKS], KEYS[K_IDS], KEYS[K_PINS])
 if ARGV[4] == '1' then redis.call('DEL', KEYS[K_SUM]) end

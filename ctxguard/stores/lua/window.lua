@@ -6,7 +6,8 @@
 --       4 token budget, 5 min messages (always fetched, whatever the budget),
 --       6 '' = fetch, or '=' .. the expected state token ('=' alone: no session yet),
 --       7 audit record JSON ('' = none), 8 audit retention,
---       9 n new, then n x (id, record, tokens, pinned),
+--       9 the caller's clock in microseconds (see append_many),
+--       10 n new, then n x (id, record, tokens, pinned),
 --       then k, then k x (seq, tokens): recounted tokens to write with a commit,
 --       then '1' on a retry (see append_many)
 -- Returns, when the state token was the expected one and no new id is stored (a hit):
@@ -23,8 +24,8 @@
 -- back and stops before the first one that would push the running total of counts
 -- over the budget; an unknown count (-1, or another counter's) is under-estimated as
 -- (record bytes - 120) / 8, at least 1 (base.estimate_unknown_tokens).
-local n = tonumber(ARGV[9])
-local k_at = 10 + 4 * n
+local n = tonumber(ARGV[10])
+local k_at = 11 + 4 * n
 local k = tonumber(ARGV[k_at] or '0')
 local min_messages = tonumber(ARGV[5])
 local counter = ARGV[1]
@@ -33,7 +34,7 @@ local counter = ARGV[1]
 -- writes nothing, so there each read checks its own key's type (must) where it reads
 local bad, st
 if ARGV[6] ~= '' then
-  bad, st = check_for_append()
+  bad, st = check_for_append(counter, n, ARGV[7])
   if not bad and k > 0 then bad = check_counts(k_at + 1, k) end
 else
   local meta
@@ -42,17 +43,17 @@ else
 end
 if bad then return redis.error_reply(bad) end
 if n > 0 then
-  local full = over_cap(10, n, ARGV[3])
+  local full = over_cap(11, n, ARGV[3], st.len)
   if full then return {{-1, full}} end
 end
 
 -- which new messages would be stored: ids neither stored nor repeated in the batch
 local flags, fresh, seen = {}, {}, {}
 for i = 0, n - 1 do
-  local id = ARGV[10 + 4 * i]
+  local id = ARGV[11 + 4 * i]
   if not seen[id] and must(K_IDS, redis.pcall('HEXISTS', KEYS[K_IDS], id)) == 0 then
     flags[#flags + 1] = 1
-    fresh[#fresh + 1] = 10 + 4 * i
+    fresh[#fresh + 1] = 11 + 4 * i
   else
     flags[#flags + 1] = 0
   end
@@ -63,7 +64,7 @@ end
 if ARGV[6] ~= '' and string.sub(ARGV[6], 2) == token_of(st.meta) and #fresh == n then
   local appended
   if n > 0 then
-    appended = append_many(10, n, counter, ARGV[k_at + 1 + 2 * k] == '1', st)
+    appended = append_many(11, n, counter, ARGV[k_at + 1 + 2 * k] == '1', st, ARGV[9])
   else
     local token = token_of(st.meta)
     appended = {st.len, {}, token, token}
@@ -74,7 +75,7 @@ if ARGV[6] ~= '' and string.sub(ARGV[6], 2) == token_of(st.meta) and #fresh == n
     appended[4] = state_token()  -- recounts (or a counter switch) moved the version on
   end
   local turn = 0
-  if exists and ARGV[7] ~= '' then turn = add_audit(ARGV[7], ARGV[8]) end
+  if exists and ARGV[7] ~= '' then turn = add_audit(ARGV[7], ARGV[8], ARGV[2], st.audit) end
   if exists then touch(ARGV[2]) end
   return {'hit', appended, turn, appended[4]}
 end
@@ -82,7 +83,7 @@ end
 -- record is already there. A hit again, with its turn; '' as the token (unknown now).
 -- Every new message was stored by that attempt (a hit stores them all): flag 2.
 if ARGV[6] ~= '' and ARGV[7] ~= '' then
-  local turn = audit_turn(ARGV[7])
+  local turn = st.audit.seen  -- read before any write (audit_plan)
   if turn then
     local again = {}
     for i = 1, n do again[i] = 2 end
@@ -91,6 +92,10 @@ if ARGV[6] ~= '' and ARGV[7] ~= '' then
 end
 
 -- A fetch (nothing is written, but a bad position must be named, not fail in the walk).
+if ARGV[6] ~= '' then  -- a commit read the fields a write uses: the rest of them too
+  bad = check_meta({'updated', 'sumver'}, st.meta)
+  if bad then return redis.error_reply(bad) end
+end
 local len = st.len or must(K_MSGS, redis.pcall('LLEN', KEYS[K_MSGS]))
 local pins
 pins, bad = check_pins(len)
@@ -120,7 +125,7 @@ end
 -- then the stored counts only; a record is read here just when its count is unknown
 -- (to estimate it), and the records of the window are read once, below.
 local counts = {}
-local step = 32
+local step = 64  -- what the minimal client reads; 4,096 tokens is ~50 messages here
 local hi = len - 1
 if stopped then hi = -1 end
 while hi >= 0 do
