@@ -67,9 +67,11 @@ from ctxguard.stores.integrity import RawSession, RepairPlan
 from ctxguard.stores.leases import lease_call
 from ctxguard.stores.redis_async import AsyncRedisStore
 from ctxguard.stores.redis_clients import (
+    ConnectionShelf,
     RedisStoreBase,
     RetryPolicy,
     as_fetch,
+    pack,
     queue_eval,
     scan_keys,
     sync_client,
@@ -98,6 +100,7 @@ class RedisStore(RedisStoreBase):
         super().__init__(url, retry)
         self.client = client if client is not None else sync_client(url)
         self._direct = type(self.client) is redis.Redis
+        self._shelf = ConnectionShelf(getattr(self.client, "connection_pool", None))
         self._scripts = {
             name: self.client.register_script(load_script(name)) for name in SCRIPT_NAMES
         }
@@ -142,20 +145,24 @@ class RedisStore(RedisStoreBase):
         return self._io(call.script, send, idempotent, call.keys)
 
     def _evalsha(self, script: Any, call: Call) -> Any:
-        """EVALSHA on a pooled connection, without redis-py's per-command layers.
+        """EVALSHA on a shelved connection, without redis-py's per-command layers.
 
         Every turn pays redis-py's command dispatch (callbacks, hooks, retry
-        wrapper) on each round trip: about 25 µs of a 120 µs call here. Only
-        the plain client takes this path; the cluster client routes by slot.
+        wrapper) and its pool's (lock, hooks) on each round trip: about 25 µs of
+        a 120 µs call here. Only the plain client takes this path; the cluster
+        client routes by slot.
         """
-        pool = self.client.connection_pool
-        conn = pool.get_connection()
+        conn = self._shelf.take()
         try:
-            conn.send_command("EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
+            conn.send_packed_command(
+                pack(conn, "EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
+            )
             try:
                 return conn.read_response()
             except NoScriptError:  # a restarted or flushed server: EVAL caches it again
-                conn.send_command("EVAL", script.script, len(call.keys), *call.keys, *call.args)
+                conn.send_packed_command(
+                    pack(conn, "EVAL", script.script, len(call.keys), *call.keys, *call.args)
+                )
                 return conn.read_response()
         except ResponseError:
             raise  # an error reply: the connection is in step
@@ -163,7 +170,7 @@ class RedisStore(RedisStoreBase):
             conn.disconnect()  # a reply may be left unread: never reuse the connection
             raise
         finally:
-            pool.release(conn)
+            self._shelf.give(conn)
 
     def append(
         self,

@@ -37,11 +37,14 @@ from ctxguard.stores.base import (
 from ctxguard.stores.integrity import RawSession, RepairPlan
 from ctxguard.stores.leases import lease_call
 from ctxguard.stores.redis_clients import (
+    AsyncConnectionShelf,
     RedisStoreBase,
     RetryPolicy,
     as_fetch,
     ascan_keys,
+    asend,
     async_client,
+    pack,
     queue_eval,
 )
 from ctxguard.stores.redis_errors import (
@@ -67,6 +70,7 @@ class AsyncRedisStore(RedisStoreBase):
         self.client = client if client is not None else async_client(url)
         self._direct = type(self.client) is aredis.Redis
         self._cluster = isinstance(self.client, aredis.RedisCluster)
+        self._shelf = AsyncConnectionShelf(getattr(self.client, "connection_pool", None))
         self._scripts = {
             name: self.client.register_script(load_script(name)) for name in SCRIPT_NAMES
         }
@@ -125,16 +129,17 @@ class AsyncRedisStore(RedisStoreBase):
         return await self._io(call.script, send, idempotent, call.keys)
 
     async def _evalsha(self, script: Any, call: Call) -> Any:
-        """EVALSHA on a pooled connection (see :meth:`RedisStore._evalsha`)."""
-        pool = self.client.connection_pool
-        conn = await pool.get_connection()
+        """EVALSHA on a shelved connection (see :meth:`RedisStore._evalsha`)."""
+        conn = await self._shelf.take()
         try:
-            await conn.send_command("EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
+            await asend(
+                conn, pack(conn, "EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
+            )
             try:
                 return await conn.read_response()
             except NoScriptError:
-                await conn.send_command(
-                    "EVAL", script.script, len(call.keys), *call.keys, *call.args
+                await asend(
+                    conn, pack(conn, "EVAL", script.script, len(call.keys), *call.keys, *call.args)
                 )
                 return await conn.read_response()
         except ResponseError:
@@ -143,7 +148,7 @@ class AsyncRedisStore(RedisStoreBase):
             await conn.disconnect()
             raise
         finally:
-            await pool.release(conn)
+            await self._shelf.give(conn)
 
     async def append(
         self,
