@@ -125,6 +125,19 @@ def _resp2(pool: Any) -> bool:
     return pool.connection_kwargs.get("protocol") in (None, 2, "2")
 
 
+def _has_internals(pool: Any) -> bool:
+    """The pool holds what a shelf reaches into, as redis-py 5-8 lay it out: a list of
+    idle connections, a set of those in use, and a connection class that can tell
+    whether the server closed it. Any other layout (a redis-py to come) is used
+    through ``get_connection`` / ``release``, as redis-py uses it."""
+    conn = getattr(pool, "connection_class", None)
+    return (
+        isinstance(getattr(pool, "_available_connections", None), list)
+        and isinstance(getattr(pool, "_in_use_connections", None), set)
+        and all(callable(getattr(conn, name, None)) for name in ("can_read", "should_reconnect"))
+    )
+
+
 class ConnectionShelf:
     """How the plain client's script calls take a connection and give it back.
 
@@ -142,7 +155,12 @@ class ConnectionShelf:
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
-        self._fast = type(pool) is redis.ConnectionPool and pool.cache is None and _resp2(pool)
+        self._fast = (
+            type(pool) is redis.ConnectionPool
+            and getattr(pool, "cache", None) is None
+            and _resp2(pool)
+            and _has_internals(pool)
+        )
 
     def take(self) -> Any:
         pool = self.pool
@@ -182,7 +200,7 @@ class AsyncConnectionShelf:
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
-        self._fast = type(pool) is aredis.ConnectionPool and _resp2(pool)
+        self._fast = type(pool) is aredis.ConnectionPool and _resp2(pool) and _has_internals(pool)
 
     async def take(self) -> Any:
         pool = self.pool

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -118,3 +119,37 @@ def test_script_calls_share_the_pools_connections_with_the_other_calls(
         await astore.close()
 
     asyncio.run(run())
+
+
+def test_a_pool_laid_out_otherwise_is_used_through_redis_pys_own_calls() -> None:
+    """The shelf reaches into redis-py's pool; a layout it does not know (another
+    redis-py) takes the pool's get_connection / release, never an AttributeError."""
+    import redis
+
+    from ctxguard.stores.redis_clients import ConnectionShelf
+
+    class Other(redis.ConnectionPool):  # a pool type of its own: not the plain one
+        pass
+
+    plain = redis.ConnectionPool()
+    assert ConnectionShelf(plain)._fast is True
+    assert ConnectionShelf(Other())._fast is False
+    calls: list[str] = []
+
+    class Moved(redis.ConnectionPool):
+        def get_connection(self, *args: object, **kwargs: object) -> Any:
+            calls.append("get")
+            return "conn"
+
+        def release(self, connection: Any) -> None:
+            calls.append(f"release {connection}")
+
+    moved = Moved()
+    moved._available_connections = ()  # type: ignore[assignment]  # another layout
+    shelf = ConnectionShelf(moved)
+    assert shelf._fast is False
+    shelf.give(shelf.take())
+    assert calls == ["get", "release conn"]
+    relaid = redis.ConnectionPool()  # the plain type, its idle list not a list
+    relaid._available_connections = ()  # type: ignore[assignment]
+    assert ConnectionShelf(relaid)._fast is False
