@@ -90,7 +90,21 @@ def load_script(name: str) -> str:
                 wanted |= set(_WORD.findall(text))
                 added = True
     kept = [text for defines, text in chunks if not defines or defines & wanted]
-    return "".join(kept) + "\n" + body
+    return _inline_keys("".join(kept) + "\n" + body)
+
+
+# `local K_META, K_MSGS, ... = 1, 2, ...` in _lib.lua: the key indices, written into the
+# text as numbers at load. Each name a function reads is otherwise an upvalue of its
+# closure, made on every call (the helpers are defined anew by every call).
+_KEY_INDEX = re.compile(r"^local (K_[A-Z_]+(?:, K_[A-Z_]+)*) = (\d+(?:, \d+)*)\n", re.M)
+
+
+def _inline_keys(text: str) -> str:
+    index: dict[str, str] = {}
+    for found in _KEY_INDEX.finditer(text):
+        index.update(zip(found[1].split(", "), found[2].split(", "), strict=True))
+    text = _KEY_INDEX.sub("", text)
+    return re.sub(r"\bK_[A-Z_]+\b", lambda m: index.get(m[0], m[0]), text)
 
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -48,3 +48,19 @@ def test_every_helper_is_defined_before_it_is_used(name: str) -> None:
 def test_a_script_leaves_out_helpers_it_never_reaches() -> None:
     assert "local function append_many" not in load_script("read")
     assert "local function append_many" in load_script("append")
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_key_indices_are_written_in_as_numbers(name: str) -> None:
+    # the key index names (K_META ...) are gone from the text Redis runs: none is left
+    # as a free name (a nil global at run time) or an upvalue of every helper closure
+    assert re.search(r"\bK_[A-Z]+\b", code_only(load_script(name))) is None
+
+
+def test_a_key_index_written_in_is_the_key_s_position() -> None:
+    # KEYS order: meta msgs toks ids pins sum audit rids ctx (keys.SUFFIXES)
+    assert "check_types(2, 3)" in load_script("read")  # msgs, toks
+    window = load_script("window")
+    assert "must(4, redis.pcall('HEXISTS', KEYS[4]" in window  # ids
+    assert "redis.pcall('HSETNX', KEYS[9], digest, context)" in window  # ctx
+    assert "redis.call('RPUSH', KEYS[7], record)" in window  # audit

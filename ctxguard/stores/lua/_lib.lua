@@ -94,13 +94,20 @@ local function must(i, reply)
   return reply
 end
 
+-- The key at index i holds its type, or does not exist (nil, else the error).
+local function check_type(i)
+  local t = redis.call('TYPE', KEYS[i])['ok']
+  if t ~= 'none' and t ~= KEY_TYPES[i] then
+    return corrupt(i, 'is a ' .. t .. ', not a ' .. KEY_TYPES[i])
+  end
+  return nil
+end
+
 -- The keys at the given indices hold their type, or do not exist.
 local function check_types(...)
-  for _, i in ipairs({...}) do
-    local t = redis.call('TYPE', KEYS[i])['ok']
-    if t ~= 'none' and t ~= KEY_TYPES[i] then
-      return corrupt(i, 'is a ' .. t .. ', not a ' .. KEY_TYPES[i])
-    end
+  for j = 1, select('#', ...) do
+    local bad = check_type((select(j, ...)))
+    if bad then return bad end
   end
   return nil
 end
@@ -115,12 +122,17 @@ end
 local function check_meta(names, meta)
   names = names or META_FIELDS
   local v = must(K_META, redis.pcall('HMGET', KEYS[K_META], unpack(names)))
-  meta = meta or {}
-  for i, name in ipairs(names) do
-    if v[i] and INTEGER_FIELDS[name] and not is_integer(v[i]) then
+  -- every field a slot from the start (false = absent): no table growth as they are set
+  meta = meta or {created = false, updated = false, count = false, tokens = false,
+    sumver = false, turns = false, ver = false, counter = false, epoch = false,
+    stamp = false, ctx = false}
+  for i = 1, #names do
+    local name, value = names[i], v[i]
+    -- a field read is a string or false (absent)
+    if value and INTEGER_FIELDS[name] and not string.match(value, '^%-?%d+$') then
       return corrupt(K_META, 'field ' .. name .. ' is not an integer')
     end
-    meta[name] = v[i]
+    meta[name] = value
   end
   return nil, meta
 end
@@ -141,14 +153,15 @@ local function check_meta_and_lengths()
   if m ~= t then
     return corrupt(K_TOKS, 'holds ' .. t .. ' counts for ' .. m .. ' messages')
   end
-  return nil, {meta = meta, len = m}
+  return nil, {meta = meta, len = m, audit = false}
 end
 
 -- Every pinned position is an integer inside the history (returns the positions).
 local function check_pins(len)
   -- '0' and '-1' as strings: a Lua number argument costs Redis an snprintf each
   local pins = must(K_PINS, redis.pcall('LRANGE', KEYS[K_PINS], '0', '-1'))
-  for _, s in ipairs(pins) do
+  for i = 1, #pins do
+    local s = pins[i]
     local seq = tonumber(s)
     if not is_integer(s) or seq < 0 or seq >= len then
       return nil, corrupt(K_PINS, 'holds a position that is not one of the ' .. len .. ' messages')
@@ -171,7 +184,8 @@ end
 -- from check_meta's fields), meta = those fields (with_context reads `ctx`)}. The
 -- rids read is also that key's type check.
 local function audit_plan(record, meta)
-  local plan = {meta = meta}
+  -- every field a slot from the start (false = none): no table growth as they are set
+  local plan = {meta = meta, rid = false, seen = false, turn = false, written = false}
   if record == '' then return plan end
   plan.rid = record_rid(record)
   if plan.rid then
@@ -198,12 +212,11 @@ local function check_for_append(counter, n, record)
   local _, bad_pins = check_pins(st.len)
   if bad_pins then return bad_pins end
   st.audit = audit_plan(record, st.meta)
-  local unread = {K_SUM, K_AUDIT}
-  if n == 0 or (counter ~= '' and st.meta.counter ~= counter) then
-    unread[#unread + 1] = K_IDS
+  bad = check_type(K_SUM) or check_type(K_AUDIT)
+  if not bad and (n == 0 or (counter ~= '' and st.meta.counter ~= counter)) then
+    bad = check_type(K_IDS)
   end
-  if not st.audit.rid then unread[#unread + 1] = K_RIDS end
-  bad = check_types(unpack(unread))
+  if not bad and not st.audit.rid then bad = check_type(K_RIDS) end
   if bad then return bad end
   return nil, st
 end
@@ -226,13 +239,10 @@ local function append_many(first, n, counter, retry, st, now)
   local epoch, ver, total = meta.epoch, tonumber(meta.ver or '0'), tonumber(meta.tokens or '0')
   local before, stamp = '', meta.stamp or ''
   if epoch then before = epoch .. ':' .. (meta.ver or '0') .. ':' .. stamp end
-  local fields
-  if meta.created then
-    fields = {'updated', updated}
-  else
+  local created = meta.created
+  if not created then
     -- the epoch (creation time in microseconds) tells a re-created session from the old one
     epoch = now
-    fields = {'updated', updated, 'created', updated, 'sumver', '0', 'epoch', epoch}
     before = ''
   end
   if counter ~= '' and meta.counter ~= counter then
@@ -269,16 +279,26 @@ local function append_many(first, n, counter, retry, st, now)
     end
   end
   if count > start_count then ver, stamp = ver + 1, now end
-  local at = #fields
-  fields[at + 1], fields[at + 2], fields[at + 3], fields[at + 4] = 'count', count, 'tokens', total
-  fields[at + 5], fields[at + 6], fields[at + 7], fields[at + 8] = 'ver', ver, 'stamp', stamp
+  -- one HSET, its arguments written out (no table to fill and unpack: this runs on every
+  -- turn); a new session's fields first, in the order they have always been stored
   local audit = st.audit
-  if audit and audit.turn then  -- the request record's number, in the same HSET
-    fields[#fields + 1] = 'turns'
-    fields[#fields + 1] = audit.turn
-    audit.written = true
+  local turn = audit and audit.turn  -- the request record's number, in the same HSET
+  if turn then audit.written = true end
+  if not created then
+    local fields = {'updated', updated, 'created', updated, 'sumver', '0', 'epoch', epoch,
+      'count', count, 'tokens', total, 'ver', ver, 'stamp', stamp}
+    if turn then
+      fields[#fields + 1] = 'turns'
+      fields[#fields + 1] = turn
+    end
+    redis.call('HSET', KEYS[K_META], unpack(fields))
+  elseif turn then
+    redis.call('HSET', KEYS[K_META], 'updated', updated, 'count', count, 'tokens', total,
+      'ver', ver, 'stamp', stamp, 'turns', turn)
+  else
+    redis.call('HSET', KEYS[K_META], 'updated', updated, 'count', count, 'tokens', total,
+      'ver', ver, 'stamp', stamp)
   end
-  redis.call('HSET', KEYS[K_META], unpack(fields))
   return {count, flags, before, epoch .. ':' .. ver .. ':' .. stamp}
 end
 
