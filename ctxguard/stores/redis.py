@@ -84,6 +84,7 @@ from ctxguard.stores.redis_errors import (
 )
 from ctxguard.stores.redis_protocol import SCRIPT_NAMES, Call, load_script
 from ctxguard.stores.urls import StoreURL
+from ctxguard.stores.window_reads import Commands, RowsHint, fetch_flow
 
 __all__ = ["CLIENT_INTERNAL_ERRORS", "RETRYABLE", "AsyncRedisStore", "RedisStore", "RetryPolicy"]
 
@@ -101,6 +102,7 @@ class RedisStore(RedisStoreBase):
         self._scripts = {
             name: self.client.register_script(load_script(name)) for name in SCRIPT_NAMES
         }
+        self._rows = RowsHint()  # how many records a window read takes first
 
     def _io(self, what: str, fn: Callable[[], T], idempotent: bool, keys: Sequence[str] = ()) -> T:
         delays = self.retry_policy.delays() if idempotent else iter(())
@@ -228,8 +230,40 @@ class RedisStore(RedisStoreBase):
         new: Sequence[NewMessage] = (),
         min_messages: int = 0,
     ) -> WindowFetch:
+        # plain reads in one MULTI/EXEC; the script only when they cannot answer alike
+        flow = fetch_flow(self.protocol, self._rows, session_id, budget, options, new, min_messages)
+        keys = self.protocol.keys(session_id)
+        try:
+            commands = next(flow)
+            while True:
+                replies = self._io("fetch_window", lambda: self._multi(commands), True, keys)
+                commands = flow.send(replies)
+        except StopIteration as done:
+            if done.value is not None:
+                return done.value  # type: ignore[no-any-return]
         reply = self._run(self.protocol.window_call(session_id, budget, options, new, min_messages))
         return as_fetch(self.protocol.parse_window(session_id, new, reply, options))
+
+    def _multi(self, commands: Commands) -> list[Any]:
+        """Read commands of one session in one MULTI/EXEC: one round trip, one snapshot
+        (a command's error, e.g. WRONGTYPE, comes back in its place, not raised)."""
+        if not self._direct:  # the cluster client routes the transaction by its one slot
+            pipe = self.client.pipeline(transaction=True)
+            for command in commands:
+                pipe.execute_command(*command)
+            return list(pipe.execute(raise_on_error=False))
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command(conn.pack_commands([("MULTI",), *commands, ("EXEC",)]))
+            for _ in range(len(commands) + 1):
+                conn.read_response()  # OK, then QUEUED for each command
+            return list(conn.read_response())
+        except BaseException:
+            conn.disconnect()  # replies may be left unread: never reuse the connection
+            raise
+        finally:
+            pool.release(conn)
 
     def commit_if_unchanged(
         self,

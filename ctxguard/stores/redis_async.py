@@ -54,6 +54,7 @@ from ctxguard.stores.redis_errors import (
 )
 from ctxguard.stores.redis_protocol import SCRIPT_NAMES, Call, load_script
 from ctxguard.stores.urls import StoreURL
+from ctxguard.stores.window_reads import Commands, RowsHint, fetch_flow
 
 T = TypeVar("T")
 _DEFAULT_OPTIONS = WriteOptions()
@@ -70,6 +71,7 @@ class AsyncRedisStore(RedisStoreBase):
         self._scripts = {
             name: self.client.register_script(load_script(name)) for name in SCRIPT_NAMES
         }
+        self._rows = RowsHint()  # how many records a window read takes first
 
     async def _io(
         self,
@@ -210,10 +212,41 @@ class AsyncRedisStore(RedisStoreBase):
         new: Sequence[NewMessage] = (),
         min_messages: int = 0,
     ) -> WindowFetch:
+        # plain reads in one MULTI/EXEC; the script only when they cannot answer alike
+        flow = fetch_flow(self.protocol, self._rows, session_id, budget, options, new, min_messages)
+        keys = self.protocol.keys(session_id)
+        try:
+            commands = next(flow)
+            while True:
+                replies = await self._io("fetch_window", lambda: self._multi(commands), True, keys)
+                commands = flow.send(replies)
+        except StopIteration as done:
+            if done.value is not None:
+                return done.value  # type: ignore[no-any-return]
         reply = await self._run(
             self.protocol.window_call(session_id, budget, options, new, min_messages)
         )
         return as_fetch(self.protocol.parse_window(session_id, new, reply, options))
+
+    async def _multi(self, commands: Commands) -> list[Any]:
+        """Read commands in one MULTI/EXEC (see :meth:`RedisStore._multi`)."""
+        if not self._direct:
+            pipe = self.client.pipeline(transaction=True)
+            for command in commands:
+                pipe.execute_command(*command)
+            return list(await pipe.execute(raise_on_error=False))
+        pool = self.client.connection_pool
+        conn = await pool.get_connection()
+        try:
+            await conn.send_packed_command(conn.pack_commands([("MULTI",), *commands, ("EXEC",)]))
+            for _ in range(len(commands) + 1):
+                await conn.read_response()  # OK, then QUEUED for each command
+            return list(await conn.read_response())
+        except BaseException:
+            await conn.disconnect()  # replies may be left unread: never reuse the connection
+            raise
+        finally:
+            await pool.release(conn)
 
     async def commit_if_unchanged(
         self,
