@@ -39,6 +39,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeVar
 
 import redis
@@ -236,7 +237,7 @@ class RedisStore(RedisStoreBase):
         try:
             commands = next(flow)
             while True:
-                replies = self._io("fetch_window", lambda: self._multi(commands), True, keys)
+                replies = self._io("fetch_window", partial(self._multi, commands), True, keys)
                 commands = flow.send(replies)
         except StopIteration as done:
             if done.value is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeVar
 
 import redis.asyncio as aredis
@@ -218,7 +219,7 @@ class AsyncRedisStore(RedisStoreBase):
         try:
             commands = next(flow)
             while True:
-                replies = await self._io("fetch_window", lambda: self._multi(commands), True, keys)
+                replies = await self._io("fetch_window", partial(self._multi, commands), True, keys)
                 commands = flow.send(replies)
         except StopIteration as done:
             if done.value is not None:

@@ -277,7 +277,8 @@ def fetch_flow(
     replies; returns the fetch, or None when the script must answer (see SCRIPT)."""
     check_window_args(budget, min_messages)
     keys = protocol.keys(session_id)
-    rows, heads = hint.rows(budget, min_messages), (0,)
+    rows = hint.rows(budget, min_messages)
+    heads: tuple[int, ...] = (0,)
     for _ in range(ROUNDS):
         replies = yield read_commands(keys, new, rows, heads)
         shaped = parse_reads(new, replies, budget, options, min_messages, rows, heads)
@@ -295,13 +296,13 @@ def fetch_flow(
 
 
 __all__ = [
-    "Commands",
-    "fetch_flow",
     "META_FIELDS",
     "ROUNDS",
     "SCRIPT",
+    "Commands",
     "ReadMore",
     "RowsHint",
+    "fetch_flow",
     "learned",
     "parse_reads",
     "read_commands",
