@@ -1,8 +1,10 @@
 """Redis and Redis Cluster stores (redis-py), sync and async.
 
 Each mutating operation is one Lua script (``ctxguard/stores/lua/``): atomic and
-one round trip. The stores only move bytes: :mod:`redis_protocol` builds every
-call and parses every reply. This module holds :class:`RedisStore` and re-exports
+one round trip. ``fetch_window`` (a read) is plain commands in one MULTI/EXEC
+(``window_reads.py``), the script only when they cannot answer as it would. The
+stores only move bytes: :mod:`redis_protocol` builds every call and parses every
+reply. This module holds :class:`RedisStore` and re-exports
 its twin :class:`AsyncRedisStore` (``redis_async.py``); ``redis_clients.py`` makes
 the client from the URL and holds what both share, ``redis_errors.py`` turns
 redis-py's errors into ctxguard's.
@@ -85,7 +87,7 @@ from ctxguard.stores.redis_errors import (
 )
 from ctxguard.stores.redis_protocol import SCRIPT_NAMES, Call, load_script
 from ctxguard.stores.urls import StoreURL
-from ctxguard.stores.window_reads import Commands, RowsHint, fetch_flow
+from ctxguard.stores.window_reads import Commands, RowsHint, fetch_flow, pack
 
 __all__ = ["CLIENT_INTERNAL_ERRORS", "RETRYABLE", "AsyncRedisStore", "RedisStore", "RetryPolicy"]
 
@@ -256,7 +258,7 @@ class RedisStore(RedisStoreBase):
         pool = self.client.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_packed_command(conn.pack_commands([("MULTI",), *commands, ("EXEC",)]))
+            conn.send_packed_command([pack(commands)])
             for _ in range(len(commands) + 1):
                 conn.read_response()  # OK, then QUEUED for each command
             return list(conn.read_response())

@@ -8,6 +8,7 @@ in step. Imported as ``from ctxguard.stores.redis import AsyncRedisStore``.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
@@ -21,6 +22,7 @@ from redis.exceptions import (
     RedisError,
     ResponseError,
 )
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ctxguard._validate import check_count, check_prefix, check_store_args
 from ctxguard.stores.base import (
@@ -55,7 +57,7 @@ from ctxguard.stores.redis_errors import (
 )
 from ctxguard.stores.redis_protocol import SCRIPT_NAMES, Call, load_script
 from ctxguard.stores.urls import StoreURL
-from ctxguard.stores.window_reads import Commands, RowsHint, fetch_flow
+from ctxguard.stores.window_reads import Commands, RowsHint, fetch_flow, pack
 
 T = TypeVar("T")
 _DEFAULT_OPTIONS = WriteOptions()
@@ -239,10 +241,15 @@ class AsyncRedisStore(RedisStoreBase):
         pool = self.client.connection_pool
         conn = await pool.get_connection()
         try:
-            await conn.send_packed_command(conn.pack_commands([("MULTI",), *commands, ("EXEC",)]))
-            for _ in range(len(commands) + 1):
-                await conn.read_response()  # OK, then QUEUED for each command
-            return list(await conn.read_response())
+            await conn.send_packed_command(pack(commands))
+            # one deadline for every reply (the socket timeout), not a timer per reply
+            async with asyncio.timeout(conn.socket_timeout):
+                for _ in range(len(commands) + 1):
+                    await conn.read_response(timeout=math.inf)  # OK, then QUEUED for each
+                return list(await conn.read_response(timeout=math.inf))
+        except TimeoutError as exc:
+            await conn.disconnect()
+            raise RedisTimeoutError(f"Timeout reading from {self.where}") from exc
         except BaseException:
             await conn.disconnect()  # replies may be left unread: never reuse the connection
             raise

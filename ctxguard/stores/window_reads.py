@@ -56,6 +56,9 @@ MAX_ROWS: Final = 100_000  # beyond this a window is the script's to walk
 ROUNDS: Final = 2  # transactions before the script
 
 
+Commands = list[tuple[Any, ...]]
+
+
 class _Script:
     """The answer "ask window.lua": the session is not as ctxguard writes it, or the
     reads did not cover the window twice (a singleton, :data:`SCRIPT`)."""
@@ -115,6 +118,19 @@ def read_commands(
     if new:
         commands.append(("HMGET", ids, *[n.message.id for n in new]))
     return commands
+
+
+def pack(commands: Commands) -> bytes:
+    """MULTI, the commands, EXEC as one RESP packet (a window read's 12-14 commands:
+    redis-py's asyncio packer encodes each argument in Python, ~3 us a command)."""
+    out = [b"*1\r\n$5\r\nMULTI\r\n"]
+    for command in commands:
+        out.append(b"*%d\r\n" % len(command))
+        for arg in command:
+            data = arg if isinstance(arg, bytes) else str(arg).encode()
+            out.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    out.append(b"*1\r\n$4\r\nEXEC\r\n")
+    return b"".join(out)
 
 
 def _integer(value: Any) -> int | None:
@@ -261,9 +277,6 @@ def learned(hint: RowsHint, fetch: WindowFetch | WindowHit) -> None:
             hint.saw(sum(known), len(known))
 
 
-Commands = list[tuple[Any, ...]]
-
-
 def fetch_flow(
     protocol: RedisProtocol,
     hint: RowsHint,
@@ -304,6 +317,7 @@ __all__ = [
     "RowsHint",
     "fetch_flow",
     "learned",
+    "pack",
     "parse_reads",
     "read_commands",
 ]
