@@ -87,7 +87,7 @@ from ctxguard.stores.redis_errors import (
 )
 from ctxguard.stores.redis_protocol import SCRIPT_NAMES, Call, load_script
 from ctxguard.stores.urls import StoreURL
-from ctxguard.stores.window_reads import Commands, RowsHint, fetch_flow, pack
+from ctxguard.stores.window_reads import Commands, RowsHint, fetch_flow, pack, run_flow
 
 __all__ = ["CLIENT_INTERNAL_ERRORS", "RETRYABLE", "AsyncRedisStore", "RedisStore", "RetryPolicy"]
 
@@ -236,20 +236,16 @@ class RedisStore(RedisStoreBase):
         # plain reads in one MULTI/EXEC; the script only when they cannot answer alike
         flow = fetch_flow(self.protocol, self._rows, session_id, budget, options, new, min_messages)
         keys = self.protocol.keys(session_id)
-        try:
-            commands = next(flow)
-            while True:
-                replies = self._io("fetch_window", partial(self._multi, commands), True, keys)
-                commands = flow.send(replies)
-        except StopIteration as done:
-            if done.value is not None:
-                return done.value  # type: ignore[no-any-return]
+        fetch = run_flow(
+            flow, lambda c: self._io("fetch_window", partial(self._multi, c), True, keys)
+        )
+        if fetch is not None:
+            return fetch
         reply = self._run(self.protocol.window_call(session_id, budget, options, new, min_messages))
         return as_fetch(self.protocol.parse_window(session_id, new, reply, options))
 
     def _multi(self, commands: Commands) -> list[Any]:
-        """Read commands of one session in one MULTI/EXEC: one round trip, one snapshot
-        (a command's error, e.g. WRONGTYPE, comes back in its place, not raised)."""
+        """Reads of one session in one MULTI/EXEC (an error, e.g. WRONGTYPE, in its place)."""
         if not self._direct:  # the cluster client routes the transaction by its one slot
             pipe = self.client.pipeline(transaction=True)
             for command in commands:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -308,6 +308,20 @@ def fetch_flow(
     return None
 
 
+def run_flow(
+    flow: Generator[Commands, Sequence[Any], WindowFetch | None],
+    send: Callable[[Commands], Sequence[Any]],
+) -> WindowFetch | None:
+    """Run :func:`fetch_flow` with a blocking ``send`` (the async store awaits in place)."""
+    try:
+        commands = next(flow)
+        while True:
+            commands = flow.send(send(commands))
+    except StopIteration as done:
+        result: WindowFetch | None = done.value
+        return result
+
+
 __all__ = [
     "META_FIELDS",
     "ROUNDS",
@@ -320,4 +334,5 @@ __all__ = [
     "pack",
     "parse_reads",
     "read_commands",
+    "run_flow",
 ]
