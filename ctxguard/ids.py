@@ -21,12 +21,13 @@ from ctxguard.errors import InvalidIdError
 MAX_ID_BYTES = 256
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _PAIRS = tuple(a + b for a in _CROCKFORD for b in _CROCKFORD)  # index: 10 bits
-_PAIR_SHIFTS = tuple(range(120, -1, -10))
+_RAND_SHIFTS = tuple(range(70, -1, -10))
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 _lock = threading.Lock()
 _last_ms = -1
 _last_rand = 0
+_last_prefix = ""
 
 
 def validate_id(value: object, what: str = "id") -> str:
@@ -68,15 +69,18 @@ def validate_name(value: object, what: str) -> str:
 
 def new_message_id() -> str:
     """A 26-character, time-ordered, unique id (ULID layout, monotonic per process)."""
-    global _last_ms, _last_rand
+    global _last_ms, _last_rand, _last_prefix
     with _lock:
         now_ms = time.time_ns() // 1_000_000
         if now_ms <= _last_ms:
-            now_ms = _last_ms
             _last_rand = (_last_rand + 1) & ((1 << 80) - 1)
         else:
             _last_ms = now_ms
             _last_rand = int.from_bytes(os.urandom(10), "big") >> 1
-        value = (now_ms << 80) | _last_rand
-    # 26 Crockford digits of 5 bits, written two at a time (13 lookups of 10 bits)
-    return "".join([_PAIRS[(value >> shift) & 1023] for shift in _PAIR_SHIFTS])
+            # the time's 10 digits (48 bits after two zero bits), made once per millisecond
+            _last_prefix = "".join(
+                [_PAIRS[(now_ms >> shift) & 1023] for shift in (40, 30, 20, 10, 0)]
+            )
+        prefix, rand = _last_prefix, _last_rand
+    # the 80 random bits: 16 Crockford digits of 5 bits, written two at a time
+    return prefix + "".join([_PAIRS[(rand >> shift) & 1023] for shift in _RAND_SHIFTS])

@@ -10,6 +10,7 @@ OpenAI keys ctxguard does not model (``refusal``, ``audio``, ``reasoning_content
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -166,7 +167,7 @@ class Message(BaseModel):
         clash = _OWN_KEYS.intersection(self.extra) | _CTXGUARD_KEYS.intersection(self.extra)
         if clash:
             raise ValueError(f"extra must not repeat modelled keys: {sorted(clash)}")
-        self._serialise()
+        _made.last = (self, self._serialise())
         return self
 
     def _serialise(self) -> str:
@@ -262,6 +263,20 @@ class Message(BaseModel):
 
 MessageLike = Message | Mapping[str, Any]
 
+# The record the last message validated in this thread serialised to (its check that it
+# can be stored), so that a message made to be appended now is not serialised twice.
+_made = threading.local()
+
+
+def record_of(message: Message) -> str:
+    """``message.to_record()``; the JSON its validation just made when ``message`` is the
+    one this thread validated last (nothing ran on it since: the same JSON), once."""
+    last = getattr(_made, "last", None)
+    if last is not None and last[0] is message:
+        _made.last = None
+        return last[1]  # type: ignore[no-any-return]
+    return message.to_record()
+
 
 @lru_cache(maxsize=1)
 def _record_validator() -> SchemaValidator:
@@ -283,6 +298,7 @@ def _record_validator() -> SchemaValidator:
 def to_message(value: MessageLike) -> Message:
     """Accept a :class:`Message` or an OpenAI dict; anything else is a typed error."""
     if isinstance(value, Message):
+        _made.last = None  # made by the caller, who may have changed its dicts since
         return value
     return Message.from_openai(value)
 

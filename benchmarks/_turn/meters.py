@@ -1,7 +1,8 @@
 """What a turn costs Redis: round trips, top-level commands, INFO commandstats deltas.
 
-:class:`RoundTrips` wraps redis-py's ``send_packed_command`` (sync and asyncio): one
-call is one packet sent, i.e. one round trip (a pipeline is one). While active it
+:class:`RoundTrips` wraps redis-py's ``send_packed_command`` (sync and asyncio) and
+``AsyncRedisStore``'s own send (``redis_clients.asend``, which writes on the transport
+itself): one call is one packet sent, i.e. one round trip (a pipeline is one). While active it
 keeps a reference to each packet; the command names in it are parsed after the
 turn, outside the timed region.
 
@@ -19,6 +20,7 @@ their server time is a little high; ``bench_server_instr.py`` has no such overla
 
 from __future__ import annotations
 
+import contextvars
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,21 +32,27 @@ CONTAINERS = frozenset(
 )
 
 
+_IN_ASEND: contextvars.ContextVar[bool] = contextvars.ContextVar("in_asend", default=False)
+
+
 class RoundTrips:
     """Counts packets sent to Redis (one per command, one per pipeline) while active."""
 
     def __init__(self) -> None:
         self.packets: list[Any] = []
         self.active = False
-        self._patched: list[tuple[Any, Any]] = []
+        self._patched: list[tuple[Any, str, Any]] = []
 
     def install(self) -> None:
         import redis.asyncio.connection as aconn
         import redis.connection as conn
 
+        import ctxguard.stores.redis_async as redis_async
+
         meter = self
         sync_orig = conn.AbstractConnection.send_packed_command
         async_orig = aconn.AbstractConnection.send_packed_command
+        asend_orig = getattr(redis_async, "asend", None)  # AsyncRedisStore's own send
 
         def sync_send(self: Any, command: Any, check_health: bool = True) -> Any:
             if meter.active:
@@ -52,20 +60,32 @@ class RoundTrips:
             return sync_orig(self, command, check_health)
 
         async def async_send(self: Any, command: Any, check_health: bool = True) -> Any:
-            if meter.active:
+            if meter.active and not _IN_ASEND.get():
                 meter.packets.append(command)
             return await async_orig(self, command, check_health)
+
+        async def asend(connection: Any, packed: Any) -> None:
+            token = _IN_ASEND.set(True)  # (it may finish through send_packed_command)
+            try:
+                if meter.active:
+                    meter.packets.append(packed)
+                await asend_orig(connection, packed)  # type: ignore[misc]
+            finally:
+                _IN_ASEND.reset(token)
 
         conn.AbstractConnection.send_packed_command = sync_send  # type: ignore[method-assign]
         aconn.AbstractConnection.send_packed_command = async_send  # type: ignore[method-assign]
         self._patched = [
-            (conn.AbstractConnection, sync_orig),
-            (aconn.AbstractConnection, async_orig),
+            (conn.AbstractConnection, "send_packed_command", sync_orig),
+            (aconn.AbstractConnection, "send_packed_command", async_orig),
         ]
+        if asend_orig is not None:
+            redis_async.asend = asend  # type: ignore[attr-defined]
+            self._patched.append((redis_async, "asend", asend_orig))
 
     def uninstall(self) -> None:
-        for cls, orig in self._patched:
-            cls.send_packed_command = orig
+        for owner, name, orig in self._patched:
+            setattr(owner, name, orig)
         self._patched = []
 
     def take(self) -> list[Any]:

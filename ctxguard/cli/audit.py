@@ -34,6 +34,7 @@ from ctxguard.cli.common import (
 from ctxguard.cli.snapshot import Snapshot, load_snapshot, require_snapshot, summary_version_of
 from ctxguard.guard.policies import tool_problems
 from ctxguard.messages import Message
+from ctxguard.stores.audit_context import CONTEXT_KEY
 from ctxguard.stores.base import SessionStore
 
 _EPILOG = f"""\b
@@ -49,7 +50,8 @@ missing_newest (a request sent without the newest message or the newest
 user message of its time), summary_beyond_history (a summary covering
 messages the session does not hold), unknown_sent_id, long_message,
 corrupt_record, damaged_key (a key of the session that its scripts cannot
-use: repair it with `ctxguard repair SESSION`), drift (with --max-drift).
+use: repair it with `ctxguard repair SESSION`), missing_context (a request
+record whose stored context was deleted), drift (with --max-drift).
 
 {EXIT_CODES_HELP}
 """
@@ -143,6 +145,9 @@ def audit_snapshot(
     result.violations += _summary_range(snap)
     retract_after = _retract_positions(snap)
     for index, record in enumerate(snap.audit):
+        if "kind" not in record and isinstance(record.get(CONTEXT_KEY), str):
+            result.violations.append(_missing_context(snap.session_id, record))
+            continue
         if record.get("kind") != "request":
             continue
         result.violations += _limit(snap.session_id, record)
@@ -154,6 +159,16 @@ def audit_snapshot(
     result.drift_p50, result.drift_max, found = _drift(snap, max_drift)
     result.violations += found
     return result
+
+
+def _missing_context(session: str, record: dict[str, Any]) -> Violation:
+    """A request record whose context (stores/audit_context.py) is no longer stored: only
+    outside damage to the session's ``ctx`` key does this; the record cannot be checked."""
+    detail = (
+        f"its request context {record[CONTEXT_KEY]} is not in the session's ctx key "
+        "(deleted or damaged outside ctxguard): its limit and counter are unknown"
+    )
+    return Violation(session, "missing_context", f"turn {record.get('turn')}", detail)
 
 
 def _corrupt(snap: Snapshot) -> list[Violation]:

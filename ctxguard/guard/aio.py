@@ -87,8 +87,8 @@ class AsyncGuard(GuardBase):
         usage: Mapping[str, Any] | None = None,
     ) -> AppendResult:
         """Store the model's reply; with ``usage`` the server's prompt_tokens is audited."""
-        reply = self._complete_args(session_id, reply, prepared, usage)
-        flow = flows.complete(self.core, session_id, reply, prepared, usage)
+        message, record = self._complete_args(session_id, reply, prepared, usage)
+        flow = flows.complete(self.core, session_id, message, prepared, usage, record)
         observed = self._observed("complete", session_id, flow, usage=usage, prepared=prepared)
         return await self._run(observed)
 
@@ -111,7 +111,10 @@ class AsyncGuard(GuardBase):
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
             try:
-                reply, error = await self._execute(op), None
+                if type(op) is flows.StoreCall:  # most ops: the store, directly
+                    reply, error = await getattr(self.store, op.method)(*op.args), None
+                else:
+                    reply, error = await self._execute(op), None
             except Exception as exc:  # handed back to the flow, which decides
                 reply, error = None, exc
 

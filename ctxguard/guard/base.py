@@ -16,7 +16,7 @@ from ctxguard.guard.events import Kind, Observer, observed
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.setup import make_counter, make_limit
 from ctxguard.kv.limit import ContextLimit, LimitSource
-from ctxguard.messages import Message, to_message
+from ctxguard.messages import Message, record_of, to_message
 from ctxguard.tokens._protocol import TokenCounter
 
 _SETTINGS = frozenset(f.name for f in dataclasses.fields(GuardConfig))
@@ -98,17 +98,19 @@ class GuardBase:
     @staticmethod
     def _complete_args(
         session_id: object, reply: object, prepared: object, usage: object
-    ) -> Message:
-        """Checks ``complete``'s arguments; returns the reply as a Message."""
+    ) -> tuple[Message, str]:
+        """Checks ``complete``'s arguments; returns the reply as a Message, and its record
+        when the guard made the Message now (else "": the caller's is serialised as it is)."""
         session = v.check_session_id(session_id)
         v.check_reply(reply)
         try:
             message = to_message(reply)  # type: ignore[arg-type]
         except InvalidMessageError as exc:
             raise InvalidMessageError(f"reply: {exc}") from None
+        record = "" if message is reply else record_of(message)
         v.check_prepared(prepared, session)
         v.check_usage(usage)
-        return message
+        return message, record
 
     @staticmethod
     def _summarize_args(session_id: object, request: object) -> None:

@@ -166,14 +166,28 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
         state) grows with the counts made now and is returned."""
         if recounts is None:
             recounts = {}
-        # one pass over the window: pinned roles go with the older pinned messages
+        # one pass over the window: pinned roles go with the older pinned messages, the
+        # others become items (when every count is known, as on a cached window)
         pinned_stored = list(fetch.pinned)
-        others: list[StoredMessage] = []
+        made: list[Item] = []
+        known: list[Item] | None = made
+        add = made.append
         for s in fetch.recent:
-            (pinned_stored if s.message.role in PINNED_ROLES else others).append(s)
+            if s.message.role in PINNED_ROLES:
+                pinned_stored.append(s)
+            elif s.tokens is not None:
+                add(Item(s.seq, s.message, s.tokens))
+            else:
+                known = None  # a count to make: two passes, the pinned ones counted first
+                break
+        others: list[StoredMessage] = []
+        if known is None:
+            pinned_stored = list(fetch.pinned)
+            for s in fetch.recent:
+                (pinned_stored if s.message.role in PINNED_ROLES else others).append(s)
         pinned_stored.sort(key=_seq)
         pinned = self.items(pinned_stored, recounts)
-        items = self.items(others, recounts)
+        items = known if known is not None else self.items(others, recounts)
         summary = fetch.summary
         if self.stable is not None:
             offset, before = fetch_positions(fetch)
@@ -296,17 +310,19 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
     ) -> tuple[int, Sent]:
         """The exact prompt count and what is sent; non-additive templates are rendered
         (and trimmed if over). ``required`` (the newest new user/tool message) must be sent."""
-        if not plan.messages():  # every stored message was an incomplete tool group
+        sent = plan.sent()  # (made once: a render that trims the window makes it again)
+        if not sent.messages:  # every stored message was an incomplete tool group
             raise InvalidInputError(
                 "nothing to send: the stored messages are tool calls without their results "
                 "or results without their call; pass the tool results or the next message"
             )
         if self.counter.additive:
-            validate_request(self.counter, plan.messages(), tools=tools)  # what a render refuses
+            # what a render refuses
+            validate_request(self.counter, list(sent.messages), tools=tools)
             total = budget.overhead + plan.item_tokens()
         else:
             total = self._render_to_fit(plan, budget, tools)
-        sent = plan.sent()
+            sent = plan.sent()
         problems = check_plan(sent.messages, budget, total, required)
         if problems:
             raise CtxGuardError("internal error, request failed its checks: " + "; ".join(problems))

@@ -363,13 +363,15 @@ def complete(
     reply: MessageLike,
     prepared: PreparedRequest | None,
     usage: Mapping[str, Any] | None,
+    record: str = "",
 ) -> Flow[AppendResult]:
     """Store the reply; with the server's usage, audit its count against the estimate too.
 
     Without usage nothing is audited here: the request record already holds the
     estimate, and a record that repeated it would halve what the capped trail covers.
+    ``record``: the reply's JSON when the guard made the Message (see ``encode_new``).
     """
-    new = core.encode_new([reply])
+    new = core.encode_new([reply], record=record)
     held = core.take(session_id, None if prepared is None else prepared.pending_audit)
     if held is not None:
         write = core.write({}, core.with_usage(held, usage))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ctxguard.errors import BudgetError, InvalidInputError, InvalidMessageError, MessageTooLongError
 from ctxguard.guard.plan import Budget
 from ctxguard.guard.truncate import shrink_message
-from ctxguard.messages import Message, MessageLike, to_messages
+from ctxguard.messages import Message, MessageLike, record_of, to_messages
 from ctxguard.stores.base import NewMessage, WindowFetch
 
 if TYPE_CHECKING:
@@ -26,14 +26,20 @@ class NewMessages:
     counter: TokenCounter
     config: GuardConfig
 
-    def encode_new(self, values: Iterable[MessageLike], what: str = "messages") -> list[NewMessage]:
+    def encode_new(
+        self, values: Iterable[MessageLike], what: str = "messages", record: str = ""
+    ) -> list[NewMessage]:
+        """``values`` validated, capped and counted; ``record``, when given, is the JSON of
+        the one message in ``values``, made by the guard with it (used unless it shrinks)."""
         out: list[NewMessage] = []
         for message in to_messages(values, what):
             tokens = self.counter.count_message(message)
             cap = self.config.max_message_tokens
+            made = record
             if cap is not None and tokens > cap:
                 message, tokens = self._oversized(message, tokens, cap)
-            out.append(NewMessage(message, tokens))
+                made = ""  # shrunk: another message
+            out.append(NewMessage(message, tokens, made or record_of(message)))
         return out
 
     def _oversized(self, message: Message, tokens: int, cap: int) -> tuple[Message, int]:

@@ -115,8 +115,8 @@ class Plan:
 
     def item_tokens(self) -> int:
         return (
-            sum(i.tokens for i in self.pinned)
-            + sum(i.tokens for i in self.window)
+            sum([i.tokens for i in self.pinned])
+            + sum([i.tokens for i in self.window])
             + self.summary_tokens
         )
 

@@ -172,6 +172,34 @@ def select_window(
     return list(items[len(items) - count :]) if count else []
 
 
+def _plain(items: Sequence[Item]) -> bool:
+    """True when no item is a tool result or calls tools: then ``group`` would make one
+    group per item and ``_repair`` keep them all."""
+    for item in items:
+        message = item.message
+        if message.tool_calls or message.role == "tool":
+            return False
+    return True
+
+
+def _select_plain(
+    items: Sequence[Item], available: int, max_messages: int | None, keep_from: int
+) -> list[Item]:
+    """:func:`select_window` when every item is its own group (see :func:`_plain`)."""
+    used = count = 0
+    position = len(items)
+    while position > 0:
+        position -= 1
+        size = items[position].tokens
+        if position < keep_from and (
+            used + size > available or (max_messages is not None and count + 1 > max_messages)
+        ):
+            break
+        used += size
+        count += 1
+    return list(items[len(items) - count :]) if count else []
+
+
 def from_user_turn(window: Sequence[Item]) -> int:
     """How many leading items to drop so ``window`` starts on a user message (0 if none)."""
     for index, item in enumerate(window):
@@ -243,7 +271,12 @@ def plan_request(
 ) -> Plan:
     """The whole policy chain for one request (see the module docstring)."""
     plan = Plan(pinned=list(pinned), window=[])
-    candidates, removed, groups = _repair(group(items))
+    groups: list[list[Item]] | None
+    removed: list[Item]
+    if _plain(items):  # no tool messages (most chats): every item is its own whole group
+        candidates, removed, groups = list(items), [], None
+    else:
+        candidates, removed, groups = _repair(group(items))
     if removed:
         plan.decide("tool_integrity", removed=[i.seq for i in removed])
     admitted = admit(
@@ -254,7 +287,10 @@ def plan_request(
         groups = group(candidates)
     keep_from = tail_start(candidates)
     available = budget.prompt - budget.overhead - sum(i.tokens for i in pinned)
-    window = select_window(candidates, available, policy.max_window_messages, keep_from, groups)
+    if groups is None:
+        window = _select_plain(candidates, available, policy.max_window_messages, keep_from)
+    else:
+        window = select_window(candidates, available, policy.max_window_messages, keep_from, groups)
     pinned_seqs = sorted(i.seq for i in pinned)
 
     def left_out(low: int, high: int) -> int:

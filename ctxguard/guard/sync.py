@@ -100,8 +100,8 @@ class Guard(GuardBase):
         usage: Mapping[str, Any] | None = None,
     ) -> AppendResult:
         """Store the model's reply; with ``usage`` the server's prompt_tokens is audited."""
-        reply = self._complete_args(session_id, reply, prepared, usage)
-        flow = flows.complete(self.core, session_id, reply, prepared, usage)
+        message, record = self._complete_args(session_id, reply, prepared, usage)
+        flow = flows.complete(self.core, session_id, message, prepared, usage, record)
         observed = self._observed("complete", session_id, flow, usage=usage, prepared=prepared)
         return self._run(observed)
 
@@ -124,7 +124,10 @@ class Guard(GuardBase):
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
             try:
-                reply, error = self._execute(op), None
+                if type(op) is flows.StoreCall:  # most ops: the store, directly
+                    reply, error = getattr(self.store, op.method)(*op.args), None
+                else:
+                    reply, error = self._execute(op), None
             except Exception as exc:  # handed back to the flow, which decides
                 reply, error = None, exc
 

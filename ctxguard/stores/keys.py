@@ -35,6 +35,7 @@ Outside the sessions (never matched by a session pattern: no ``{`` after the pre
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import quote, unquote
 
 from ctxguard.ids import validate_id, validate_name
@@ -64,9 +65,9 @@ class KeySpace:
 
     def session_keys(self, session_id: str) -> list[str]:
         """The nine keys of a session, in the order every script expects them."""
-        validate_id(session_id, "session id")
-        base = f"{self.prefix}{{{encode_session_id(session_id)}}}:"
-        return [base + suffix for suffix in SUFFIXES]
+        if not isinstance(session_id, str):  # (unhashable ones too: the typed error first)
+            validate_id(session_id, "session id")
+        return list(_session_keys(f"{self.namespace}:{self.tenant}:", session_id))
 
     def lease_key(self, session_id: str, name: str) -> str:
         """A lease on ``name`` within the session (same hash slot as its keys)."""
@@ -101,3 +102,12 @@ class KeySpace:
         if suffix not in SUFFIXES or "}" in encoded:
             return None
         return unquote(encoded), suffix
+
+
+@lru_cache(maxsize=4096)
+def _session_keys(prefix: str, session_id: str) -> tuple[str, ...]:
+    """Made once per session (every script call of a turn needs them; an id that
+    fails validation raises, and nothing is kept for it)."""
+    validate_id(session_id, "session id")
+    base = f"{prefix}{{{encode_session_id(session_id)}}}:"
+    return tuple(base + suffix for suffix in SUFFIXES)

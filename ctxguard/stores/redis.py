@@ -70,9 +70,11 @@ from ctxguard.stores.integrity import RawSession, RepairPlan
 from ctxguard.stores.leases import lease_call
 from ctxguard.stores.redis_async import AsyncRedisStore
 from ctxguard.stores.redis_clients import (
+    ConnectionShelf,
     RedisStoreBase,
     RetryPolicy,
     as_fetch,
+    pack,
     queue_eval,
     scan_keys,
     sync_client,
@@ -87,7 +89,7 @@ from ctxguard.stores.redis_errors import (
 )
 from ctxguard.stores.redis_protocol import SCRIPT_NAMES, Call, load_script
 from ctxguard.stores.urls import StoreURL
-from ctxguard.stores.window_reads import Commands, RowsHint, fetch_flow, pack, run_flow
+from ctxguard.stores.window_reads import Commands, RowsHint, fetch_flow, pack_reads, run_flow
 
 __all__ = ["CLIENT_INTERNAL_ERRORS", "RETRYABLE", "AsyncRedisStore", "RedisStore", "RetryPolicy"]
 
@@ -102,6 +104,7 @@ class RedisStore(RedisStoreBase):
         super().__init__(url, retry)
         self.client = client if client is not None else sync_client(url)
         self._direct = type(self.client) is redis.Redis
+        self._shelf = ConnectionShelf(getattr(self.client, "connection_pool", None))
         self._scripts = {
             name: self.client.register_script(load_script(name)) for name in SCRIPT_NAMES
         }
@@ -147,20 +150,24 @@ class RedisStore(RedisStoreBase):
         return self._io(call.script, send, idempotent, call.keys)
 
     def _evalsha(self, script: Any, call: Call) -> Any:
-        """EVALSHA on a pooled connection, without redis-py's per-command layers.
+        """EVALSHA on a shelved connection, without redis-py's per-command layers.
 
         Every turn pays redis-py's command dispatch (callbacks, hooks, retry
-        wrapper) on each round trip: about 25 µs of a 120 µs call here. Only
-        the plain client takes this path; the cluster client routes by slot.
+        wrapper) and its pool's (lock, hooks) on each round trip: about 25 µs of
+        a 120 µs call here. Only the plain client takes this path; the cluster
+        client routes by slot.
         """
-        pool = self.client.connection_pool
-        conn = pool.get_connection()
+        conn = self._shelf.take()
         try:
-            conn.send_command("EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
+            conn.send_packed_command(
+                pack(conn, "EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
+            )
             try:
                 return conn.read_response()
             except NoScriptError:  # a restarted or flushed server: EVAL caches it again
-                conn.send_command("EVAL", script.script, len(call.keys), *call.keys, *call.args)
+                conn.send_packed_command(
+                    pack(conn, "EVAL", script.script, len(call.keys), *call.keys, *call.args)
+                )
                 return conn.read_response()
         except ResponseError:
             raise  # an error reply: the connection is in step
@@ -168,7 +175,7 @@ class RedisStore(RedisStoreBase):
             conn.disconnect()  # a reply may be left unread: never reuse the connection
             raise
         finally:
-            pool.release(conn)
+            self._shelf.give(conn)
 
     def append(
         self,
@@ -251,10 +258,9 @@ class RedisStore(RedisStoreBase):
             for command in commands:
                 pipe.execute_command(*command)
             return list(pipe.execute(raise_on_error=False))
-        pool = self.client.connection_pool
-        conn = pool.get_connection()
+        conn = self._shelf.take()
         try:
-            conn.send_packed_command([pack(commands)])
+            conn.send_packed_command(pack_reads(commands))
             for _ in range(len(commands) + 1):
                 conn.read_response()  # OK, then QUEUED for each command
             return list(conn.read_response())
@@ -262,7 +268,7 @@ class RedisStore(RedisStoreBase):
             conn.disconnect()  # replies may be left unread: never reuse the connection
             raise
         finally:
-            pool.release(conn)
+            self._shelf.give(conn)
 
     def commit_if_unchanged(
         self,

@@ -40,11 +40,14 @@ from ctxguard.stores.base import (
 from ctxguard.stores.integrity import RawSession, RepairPlan
 from ctxguard.stores.leases import lease_call
 from ctxguard.stores.redis_clients import (
+    AsyncConnectionShelf,
     RedisStoreBase,
     RetryPolicy,
     as_fetch,
     ascan_keys,
+    asend,
     async_client,
+    pack,
     queue_eval,
 )
 from ctxguard.stores.redis_errors import (
@@ -57,7 +60,7 @@ from ctxguard.stores.redis_errors import (
 )
 from ctxguard.stores.redis_protocol import SCRIPT_NAMES, Call, load_script
 from ctxguard.stores.urls import StoreURL
-from ctxguard.stores.window_reads import Commands, RowsHint, fetch_flow, pack
+from ctxguard.stores.window_reads import Commands, RowsHint, fetch_flow, pack_reads
 
 T = TypeVar("T")
 _DEFAULT_OPTIONS = WriteOptions()
@@ -71,6 +74,7 @@ class AsyncRedisStore(RedisStoreBase):
         self.client = client if client is not None else async_client(url)
         self._direct = type(self.client) is aredis.Redis
         self._cluster = isinstance(self.client, aredis.RedisCluster)
+        self._shelf = AsyncConnectionShelf(getattr(self.client, "connection_pool", None))
         self._scripts = {
             name: self.client.register_script(load_script(name)) for name in SCRIPT_NAMES
         }
@@ -130,16 +134,17 @@ class AsyncRedisStore(RedisStoreBase):
         return await self._io(call.script, send, idempotent, call.keys)
 
     async def _evalsha(self, script: Any, call: Call) -> Any:
-        """EVALSHA on a pooled connection (see :meth:`RedisStore._evalsha`)."""
-        pool = self.client.connection_pool
-        conn = await pool.get_connection()
+        """EVALSHA on a shelved connection (see :meth:`RedisStore._evalsha`)."""
+        conn = await self._shelf.take()
         try:
-            await conn.send_command("EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
+            await asend(
+                conn, pack(conn, "EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
+            )
             try:
                 return await conn.read_response()
             except NoScriptError:
-                await conn.send_command(
-                    "EVAL", script.script, len(call.keys), *call.keys, *call.args
+                await asend(
+                    conn, pack(conn, "EVAL", script.script, len(call.keys), *call.keys, *call.args)
                 )
                 return await conn.read_response()
         except ResponseError:
@@ -148,7 +153,7 @@ class AsyncRedisStore(RedisStoreBase):
             await conn.disconnect()
             raise
         finally:
-            await pool.release(conn)
+            await self._shelf.give(conn)
 
     async def append(
         self,
@@ -238,10 +243,9 @@ class AsyncRedisStore(RedisStoreBase):
             for command in commands:
                 pipe.execute_command(*command)
             return list(await pipe.execute(raise_on_error=False))
-        pool = self.client.connection_pool
-        conn = await pool.get_connection()
+        conn = await self._shelf.take()
         try:
-            await conn.send_packed_command(pack(commands))
+            await asend(conn, pack_reads(commands))
             # one deadline for every reply (the socket timeout), not a timer per reply
             async with asyncio.timeout(conn.socket_timeout):
                 for _ in range(len(commands) + 1):
@@ -254,7 +258,7 @@ class AsyncRedisStore(RedisStoreBase):
             await conn.disconnect()  # replies may be left unread: never reuse the connection
             raise
         finally:
-            await pool.release(conn)
+            await self._shelf.give(conn)
 
     async def commit_if_unchanged(
         self,

@@ -9,15 +9,19 @@ timeouts passed as arguments, redis-py's own retries off), the
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import hiredis
 import redis
 import redis.asyncio as aredis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from ctxguard.errors import ConfigError, StoreError
@@ -85,6 +89,149 @@ class RedisStoreBase:
     @property
     def tenant(self) -> str:
         return self.protocol.keyspace.tenant
+
+
+def pack(conn: Any, *args: str | int) -> Any:
+    """One command as RESP bytes: hiredis directly (what redis-py's hiredis packer
+    calls, without its per-argument pass), else the connection's own packer."""
+    try:
+        return [hiredis.pack_command(args)]  # type: ignore[arg-type]  # (its stub: a 1-tuple)
+    except TypeError:  # a type hiredis refuses (bool, bytearray ...): redis-py decides
+        return conn.pack_command(*args)
+
+
+async def asend(conn: Any, packed: Any) -> None:
+    """``conn.send_packed_command(packed)`` without its task per call.
+
+    redis-py runs every send under ``asyncio.wait_for`` (a new task, ~7 µs) for
+    the socket timeout, although a command that fits the transport's buffer is
+    written at once. Written here, it is waited for (drained, under redis-py's
+    timeout and error mapping) only when something is left to wait for: data
+    still buffered, or a transport closing (the error a drain raises).
+    """
+    await conn.check_health()
+    writer = getattr(conn, "_writer", None)
+    if writer is None or writer.transport.is_closing():
+        await conn.send_packed_command(packed, check_health=False)
+        return
+    writer.writelines(packed)
+    transport = writer.transport
+    if transport.get_write_buffer_size() or transport.is_closing():
+        await conn.send_packed_command([], check_health=False)
+
+
+def _resp2(pool: Any) -> bool:
+    """RESP2 (redis-py's default): no push messages, so nothing arrives unasked."""
+    return pool.connection_kwargs.get("protocol") in (None, 2, "2")
+
+
+def _has_internals(pool: Any) -> bool:
+    """The pool holds what a shelf reaches into, as redis-py 5-8 lay it out: a list of
+    idle connections, a set of those in use, and a connection class that can tell
+    whether the server closed it. Any other layout (a redis-py to come) is used
+    through ``get_connection`` / ``release``, as redis-py uses it."""
+    conn = getattr(pool, "connection_class", None)
+    return (
+        isinstance(getattr(pool, "_available_connections", None), list)
+        and isinstance(getattr(pool, "_in_use_connections", None), set)
+        and all(callable(getattr(conn, name, None)) for name in ("can_read", "should_reconnect"))
+    )
+
+
+class ConnectionShelf:
+    """How the plain client's script calls take a connection and give it back.
+
+    Taking one through the pool's ``get_connection`` and ``release`` costs more
+    than packing the call (a lock, eight observability hooks, an event dispatch):
+    here a connection is popped from the pool's own list of idle ones and put
+    back with an append, both atomic, so threads sharing the store each get their
+    own, and the pool's other users (pipelines, ``info``, ``delete``) share the
+    same connections under the same ``max_connections``. What the pool checks
+    before handing one out is checked too (data or EOF waiting: the server closed
+    it, so it is reconnected first). A pool of another kind (blocking, client-side
+    cache, RESP3: push and maintenance notifications) or a pool after a fork is
+    used as redis-py uses it.
+    """
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self._fast = (
+            type(pool) is redis.ConnectionPool
+            and getattr(pool, "cache", None) is None
+            and _resp2(pool)
+            and _has_internals(pool)
+        )
+
+    def take(self) -> Any:
+        pool = self.pool
+        if not self._fast or pool.pid != os.getpid():
+            return pool.get_connection()
+        try:
+            conn = pool._available_connections.pop()
+        except IndexError:
+            return pool.get_connection()  # a new one, made and counted by the pool
+        pool._in_use_connections.add(conn)
+        try:
+            try:
+                if conn._sock is None or conn.can_read():  # closed, or data/EOF waiting
+                    raise RedisConnectionError
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                conn.disconnect()
+                conn.connect()
+        except BaseException:
+            self.give(conn)  # disconnected: the next user connects it again
+            raise
+        return conn
+
+    def give(self, conn: Any) -> None:
+        pool = self.pool
+        if not self._fast or pool.pid != os.getpid() or conn.pid != pool.pid:
+            pool.release(conn)
+            return
+        if conn.should_reconnect():
+            conn.disconnect()
+        pool._in_use_connections.discard(conn)
+        pool._available_connections.append(conn)
+
+
+class AsyncConnectionShelf:
+    """:class:`ConnectionShelf` for ``redis.asyncio`` (one event loop: no lock needed
+    between the pool's list and this; its lock is only held across awaits)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self._fast = type(pool) is aredis.ConnectionPool and _resp2(pool) and _has_internals(pool)
+
+    async def take(self) -> Any:
+        pool = self.pool
+        if not self._fast:
+            return await pool.get_connection()
+        try:
+            conn = pool._available_connections.pop()
+        except IndexError:
+            return await pool.get_connection()
+        pool._in_use_connections.add(conn)
+        try:
+            try:
+                if not conn.is_connected or await conn.can_read():
+                    raise RedisConnectionError
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                await conn.disconnect()
+                await conn.connect()
+        except BaseException:
+            await self.give(conn)
+            raise
+        return conn
+
+    async def give(self, conn: Any) -> None:
+        pool = self.pool
+        if not self._fast:
+            await pool.release(conn)
+            return
+        if conn.should_reconnect():
+            await conn.disconnect()
+        pool._in_use_connections.discard(conn)
+        pool._available_connections.append(conn)
 
 
 def queue_eval(pipe: Any, script: str, call: Call) -> None:

@@ -26,6 +26,8 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+import hiredis
+
 from ctxguard.stores.contract import NewMessage, WindowFetch, WindowHit, WriteOptions
 from ctxguard.stores.walk import check_window_args, estimate_unknown_tokens, walk_back
 
@@ -120,17 +122,23 @@ def read_commands(
     return commands
 
 
-def pack(commands: Commands) -> bytes:
-    """MULTI, the commands, EXEC as one RESP packet (a window read's 12-14 commands:
-    redis-py's asyncio packer encodes each argument in Python, ~3 us a command)."""
-    out = [b"*1\r\n$5\r\nMULTI\r\n"]
-    for command in commands:
-        out.append(b"*%d\r\n" % len(command))
-        for arg in command:
-            data = arg if isinstance(arg, bytes) else str(arg).encode()
-            out.append(b"$%d\r\n%b\r\n" % (len(data), data))
-    out.append(b"*1\r\n$4\r\nEXEC\r\n")
+def pack_reads(commands: Commands) -> list[bytes]:
+    """MULTI, the commands, EXEC as RESP, one buffer per command (hiredis packs each:
+    redis-py's asyncio packer would encode every argument in Python, ~3 us a command)."""
+    packed = [hiredis.pack_command(c) for c in commands]
+    return [_MULTI, *packed, _EXEC]
+
+
+def _resp(command: tuple[Any, ...]) -> bytes:
+    out = [b"*%d\r\n" % len(command)]
+    for arg in command:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        out.append(b"$%d\r\n%b\r\n" % (len(data), data))
     return b"".join(out)
+
+
+_MULTI: Final = _resp(("MULTI",))
+_EXEC: Final = _resp(("EXEC",))
 
 
 def _integer(value: Any) -> int | None:
@@ -331,7 +339,7 @@ __all__ = [
     "RowsHint",
     "fetch_flow",
     "learned",
-    "pack",
+    "pack_reads",
     "parse_reads",
     "read_commands",
     "run_flow",

@@ -97,3 +97,29 @@ def test_planted_violation_helper_and_one_session(
 def test_audit_needs_a_session_or_all(run: Cli) -> None:
     assert run("audit").exit_code == 2
     assert run("audit", "x", "--all").exit_code == 2
+
+
+def test_a_request_record_whose_stored_context_is_gone_is_reported(
+    run: Cli, sessions: None, store: SessionStore, redis_url: str, redis_namespace: str
+) -> None:
+    """Only outside damage deletes a session's ``ctx`` key; every request record that
+    named a context there is then reported, not skipped as a record of no kind."""
+    import redis
+
+    from ctxguard.stores.keys import SUFFIXES, KeySpace
+
+    keys = dict(zip(SUFFIXES, KeySpace(redis_namespace).session_keys(CHAT), strict=True))
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert client.exists(keys["ctx"]) == 1
+        client.delete(keys["ctx"])
+    finally:
+        client.close()
+    data = run.json("audit", CHAT)
+    missing = [v for v in data["violations"] if v["check"] == "missing_context"]
+    requests = sum(1 for r in store.read_audit(CHAT) if "ctx" in r and "kind" not in r)
+    assert requests >= 10 and len(missing) == requests
+    assert _found(data) == {(CHAT, "missing_context")}
+    assert "is not in the session's ctx key" in missing[0]["detail"]
+    assert missing[0]["where"].startswith("turn ")
+    assert run("audit", CHAT).exit_code == 1

@@ -81,12 +81,11 @@ def test_a_window_read_is_retried_when_its_connection_drops(private_redis: Redis
     policy = RecordingPolicy()
     store = _open(private_redis, policy)
     store.append(SID, [new("first", id="m-first")], OPTS)
-    pool = store.client.connection_pool
-    get = pool.get_connection
+    take = store._shelf.take  # where the store's calls get their connection
     dropped: list[bool] = []
 
-    def get_connection(*args: Any, **kwargs: Any) -> Any:
-        conn = get(*args, **kwargs)
+    def take_once_dropped() -> Any:
+        conn = take()
         send = conn.send_packed_command
         if dropped:
             return conn
@@ -100,7 +99,7 @@ def test_a_window_read_is_retried_when_its_connection_drops(private_redis: Redis
         conn.send_packed_command = send_then_drop
         return conn
 
-    pool.get_connection = get_connection
+    store._shelf.take = take_once_dropped
     fetch = store.fetch_window(SID, 10_000, OPTS)
     assert dropped and policy.used and policy.used[0] == policy.first_delay
     assert [m.message.id for m in fetch.recent] == ["m-first"]

@@ -26,7 +26,8 @@ from click.testing import CliRunner
 from ctxguard.cli import cli
 from ctxguard.errors import ConfigError, StoreConnectionError
 from ctxguard.guard import AsyncGuard, Guard, GuardConfig
-from ctxguard.stores import WriteOptions, open_async_store, open_store
+from ctxguard.messages import Message
+from ctxguard.stores import NewMessage, WriteOptions, open_async_store, open_store
 from ctxguard.stores.redis import RetryPolicy
 from ctxguard.stores.urls import parse_store_url
 
@@ -344,3 +345,24 @@ def test_a_fake_server_is_what_it_says() -> None:
         probe.close()
     finally:
         server.stop()
+
+
+async def test_async_send_the_server_does_not_read_times_out_on_the_write(
+    private_redis: RedisServer,
+) -> None:
+    """A command bigger than the socket buffers, to a server that does not read it:
+    the store's own send (``redis_clients.asend``) waits for the buffered rest under
+    the socket timeout, as redis-py's send does, and says the write timed out."""
+    url = private_redis.url + "?socket_timeout=0.25"
+    store = open_async_store(url, namespace="slow", retry=RetryPolicy(attempts=1))
+    await store.append("s", [new("before", id="before")], OPTS)
+    big = NewMessage(Message(role="user", content="x" * (48 << 20), id="big"), 1)
+
+    sleeper = await asyncio.to_thread(_sleep_server, private_redis, 2.0)
+    with pytest.raises(StoreConnectionError) as caught:
+        await store.append("s", [big], OPTS)
+    assert "writing" in str(caught.value.__cause__)  # the write's timeout, not the read's
+    await asyncio.to_thread(sleeper.join, 10)
+
+    assert [m.message.id for m in await store.read("s")] == ["before"]
+    await store.close()
