@@ -123,10 +123,10 @@ def read_commands(
 
 
 def pack_reads(commands: Commands) -> list[bytes]:
-    """MULTI, the commands, EXEC as RESP, one buffer per command (hiredis packs each:
-    redis-py's asyncio packer would encode every argument in Python, ~3 us a command)."""
-    packed = [hiredis.pack_command(c) for c in commands]
-    return [_MULTI, *packed, _EXEC]
+    """MULTI, the commands, EXEC as one RESP buffer (hiredis packs each command:
+    redis-py's asyncio packer would encode every argument in Python, ~3 us a command);
+    one buffer, so that the sync send is one ``sendall``, not one per command."""
+    return [b"".join([_MULTI, *[hiredis.pack_command(c) for c in commands], _EXEC])]
 
 
 def _resp(command: tuple[Any, ...]) -> bytes:
