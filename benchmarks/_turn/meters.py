@@ -13,7 +13,9 @@ script work twice. The server time of a turn is therefore the usec of the comman
 the client itself sent (EVALSHA, RPUSH, ...): :class:`TurnCost` takes the names from
 the packets, and everything else in the delta is work done inside scripts. (If a
 client sent a command by name that its scripts also run, the script's share would be
-counted twice; none of the systems here does.)
+counted twice: ctxguard's cold rows do since their fetch is plain reads (HMGET, LLEN,
+LRANGE, GET, TTL, LINDEX) and the commit script runs HMGET, LLEN and LRANGE too, so
+their server time is a little high; ``bench_server_instr.py`` has no such overlap.)
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Redis and Redis Cluster stores (redis-py), sync and async.
 
 Each mutating operation is one Lua script (``ctxguard/stores/lua/``): atomic and
-one round trip. The stores only move bytes: :mod:`redis_protocol` builds every
-call and parses every reply. This module holds :class:`RedisStore` and re-exports
+one round trip. ``fetch_window`` (a read) is plain commands in one MULTI/EXEC
+(``window_reads.py``), the script only when they cannot answer as it would. The
+stores only move bytes: :mod:`redis_protocol` builds every call and parses every
+reply. This module holds :class:`RedisStore` and re-exports
 its twin :class:`AsyncRedisStore` (``redis_async.py``); ``redis_clients.py`` makes
 the client from the URL and holds what both share, ``redis_errors.py`` turns
 redis-py's errors into ctxguard's.
@@ -39,6 +41,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeVar
 
 import redis
@@ -86,6 +89,7 @@ from ctxguard.stores.redis_errors import (
 )
 from ctxguard.stores.redis_protocol import SCRIPT_NAMES, Call, load_script
 from ctxguard.stores.urls import StoreURL
+from ctxguard.stores.window_reads import Commands, RowsHint, fetch_flow, pack_reads, run_flow
 
 __all__ = ["CLIENT_INTERNAL_ERRORS", "RETRYABLE", "AsyncRedisStore", "RedisStore", "RetryPolicy"]
 
@@ -104,6 +108,7 @@ class RedisStore(RedisStoreBase):
         self._scripts = {
             name: self.client.register_script(load_script(name)) for name in SCRIPT_NAMES
         }
+        self._rows = RowsHint()  # how many records a window read takes first
 
     def _io(self, what: str, fn: Callable[[], T], idempotent: bool, keys: Sequence[str] = ()) -> T:
         delays = self.retry_policy.delays() if idempotent else iter(())
@@ -235,8 +240,35 @@ class RedisStore(RedisStoreBase):
         new: Sequence[NewMessage] = (),
         min_messages: int = 0,
     ) -> WindowFetch:
+        # plain reads in one MULTI/EXEC; the script only when they cannot answer alike
+        flow = fetch_flow(self.protocol, self._rows, session_id, budget, options, new, min_messages)
+        keys = self.protocol.keys(session_id)
+        fetch = run_flow(
+            flow, lambda c: self._io("fetch_window", partial(self._multi, c), True, keys)
+        )
+        if fetch is not None:
+            return fetch
         reply = self._run(self.protocol.window_call(session_id, budget, options, new, min_messages))
         return as_fetch(self.protocol.parse_window(session_id, new, reply, options))
+
+    def _multi(self, commands: Commands) -> list[Any]:
+        """Reads of one session in one MULTI/EXEC (an error, e.g. WRONGTYPE, in its place)."""
+        if not self._direct:  # the cluster client routes the transaction by its one slot
+            pipe = self.client.pipeline(transaction=True)
+            for command in commands:
+                pipe.execute_command(*command)
+            return list(pipe.execute(raise_on_error=False))
+        conn = self._shelf.take()
+        try:
+            conn.send_packed_command(pack_reads(commands))
+            for _ in range(len(commands) + 1):
+                conn.read_response()  # OK, then QUEUED for each command
+            return list(conn.read_response())
+        except BaseException:
+            conn.disconnect()  # replies may be left unread: never reuse the connection
+            raise
+        finally:
+            self._shelf.give(conn)
 
     def commit_if_unchanged(
         self,

@@ -8,8 +8,10 @@ in step. Imported as ``from ctxguard.stores.redis import AsyncRedisStore``.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeVar
 
 import redis.asyncio as aredis
@@ -20,6 +22,7 @@ from redis.exceptions import (
     RedisError,
     ResponseError,
 )
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ctxguard._validate import check_count, check_prefix, check_store_args
 from ctxguard.stores.base import (
@@ -57,6 +60,7 @@ from ctxguard.stores.redis_errors import (
 )
 from ctxguard.stores.redis_protocol import SCRIPT_NAMES, Call, load_script
 from ctxguard.stores.urls import StoreURL
+from ctxguard.stores.window_reads import Commands, RowsHint, fetch_flow, pack_reads
 
 T = TypeVar("T")
 _DEFAULT_OPTIONS = WriteOptions()
@@ -74,6 +78,7 @@ class AsyncRedisStore(RedisStoreBase):
         self._scripts = {
             name: self.client.register_script(load_script(name)) for name in SCRIPT_NAMES
         }
+        self._rows = RowsHint()  # how many records a window read takes first
 
     async def _io(
         self,
@@ -215,10 +220,45 @@ class AsyncRedisStore(RedisStoreBase):
         new: Sequence[NewMessage] = (),
         min_messages: int = 0,
     ) -> WindowFetch:
+        # plain reads in one MULTI/EXEC; the script only when they cannot answer alike
+        flow = fetch_flow(self.protocol, self._rows, session_id, budget, options, new, min_messages)
+        keys = self.protocol.keys(session_id)
+        try:
+            commands = next(flow)
+            while True:
+                replies = await self._io("fetch_window", partial(self._multi, commands), True, keys)
+                commands = flow.send(replies)
+        except StopIteration as done:
+            if done.value is not None:
+                return done.value  # type: ignore[no-any-return]
         reply = await self._run(
             self.protocol.window_call(session_id, budget, options, new, min_messages)
         )
         return as_fetch(self.protocol.parse_window(session_id, new, reply, options))
+
+    async def _multi(self, commands: Commands) -> list[Any]:
+        """Read commands in one MULTI/EXEC (see :meth:`RedisStore._multi`)."""
+        if not self._direct:
+            pipe = self.client.pipeline(transaction=True)
+            for command in commands:
+                pipe.execute_command(*command)
+            return list(await pipe.execute(raise_on_error=False))
+        conn = await self._shelf.take()
+        try:
+            await asend(conn, pack_reads(commands))
+            # one deadline for every reply (the socket timeout), not a timer per reply
+            async with asyncio.timeout(conn.socket_timeout):
+                for _ in range(len(commands) + 1):
+                    await conn.read_response(timeout=math.inf)  # OK, then QUEUED for each
+                return list(await conn.read_response(timeout=math.inf))
+        except TimeoutError as exc:
+            await conn.disconnect()
+            raise RedisTimeoutError(f"Timeout reading from {self.where}") from exc
+        except BaseException:
+            await conn.disconnect()  # replies may be left unread: never reuse the connection
+            raise
+        finally:
+            await self._shelf.give(conn)
 
     async def commit_if_unchanged(
         self,

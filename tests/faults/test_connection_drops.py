@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 
 from ctxguard.errors import StoreConnectionError
 from ctxguard.stores import Summary, WriteOptions, open_async_store, open_store
@@ -32,7 +33,7 @@ def _open(server: RedisServer, policy: RecordingPolicy) -> Any:
 RETRYABLE: dict[str, Callable[[Any], Any]] = {
     "append": lambda s: s.append(SID, [new("retried", id="m-retried")], OPTS),
     "read": lambda s: s.read(SID),
-    "fetch_window": lambda s: s.fetch_window(SID, 10_000, OPTS),
+    # fetch_window: plain reads, which CLIENT PAUSE WRITE does not hold (its own test below)
     "set_token_counts": lambda s: s.set_token_counts(SID, "c1", {0: 7}),
     # audit records carry an id (rid): written once however often they are sent
     "add_audit": lambda s: s.add_audit(SID, {"kind": "note"}, retention=10),
@@ -72,6 +73,37 @@ def test_idempotent_operations_retry_with_backoff(private_redis: RedisServer, op
         assert outcome is True and store.get_summary(SID) is not None
     store.close()
     admin.close()
+
+
+def test_a_window_read_is_retried_when_its_connection_drops(private_redis: RedisServer) -> None:
+    """fetch_window is plain reads in one MULTI/EXEC (no script), which CLIENT PAUSE
+    WRITE lets through: the connection fails right after the reads are sent instead."""
+    policy = RecordingPolicy()
+    store = _open(private_redis, policy)
+    store.append(SID, [new("first", id="m-first")], OPTS)
+    take = store._shelf.take  # where the store's calls get their connection
+    dropped: list[bool] = []
+
+    def take_once_dropped() -> Any:
+        conn = take()
+        send = conn.send_packed_command
+        if dropped:
+            return conn
+
+        def send_then_drop(command: Any, *a: Any, **kw: Any) -> None:
+            send(command, *a, **kw)  # the reads run on the server; their reply is lost
+            conn.send_packed_command = send
+            dropped.append(True)
+            raise redis.ConnectionError("Connection closed by server.")
+
+        conn.send_packed_command = send_then_drop
+        return conn
+
+    store._shelf.take = take_once_dropped
+    fetch = store.fetch_window(SID, 10_000, OPTS)
+    assert dropped and policy.used and policy.used[0] == policy.first_delay
+    assert [m.message.id for m in fetch.recent] == ["m-first"]
+    store.close()
 
 
 def test_retract_is_not_retried(private_redis: RedisServer) -> None:
