@@ -11,10 +11,20 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client import start_http_server as _start_http_server
+from ctxguard.errors import (
+    BudgetError,
+    ConfigError,
+    InvalidMessageError,
+    MissingDependencyError,
+    TemplateRefusedError,
+)
 
-from ctxguard.errors import BudgetError, ConfigError, InvalidMessageError, TemplateRefusedError
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+    from prometheus_client import start_http_server as _start_http_server
+except ImportError:  # the extra is not installed: say which one
+    raise MissingDependencyError("Prometheus metrics (observe.metrics)", "metrics") from None
+
 from ctxguard.guard.events import OperationEvent
 
 if TYPE_CHECKING:

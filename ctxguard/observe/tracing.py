@@ -22,10 +22,14 @@ import json
 import os
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
-
+from ctxguard.errors import MissingDependencyError
 from ctxguard.guard.events import OperationEvent, StoreCallEvent, SummaryEvent
+
+try:
+    from opentelemetry import trace
+    from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
+except ImportError:  # the extra is not installed: say which one
+    raise MissingDependencyError("OpenTelemetry spans (ctxguard.observe.tracing)", "otel") from None
 
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 SCOPE = "ctxguard"
