@@ -22,6 +22,7 @@ from ctxguard.errors import (
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
     from prometheus_client import start_http_server as _start_http_server
+    from prometheus_client.metrics import MetricWrapperBase
 except ImportError:  # the extra is not installed: say which one
     raise MissingDependencyError("Prometheus metrics (observe.metrics)", "metrics") from None
 
@@ -57,11 +58,12 @@ class PrometheusObserver:
                 f"got {type(registry).__name__}"
             )
         self.registry = REGISTRY if registry is None else registry
-        r, p = self.registry, prefix
-        # first on the registry: a collect flushes the background deliverers feeding
-        # these metrics before any of them is read (the registry collects in order)
+        # the metrics are registered below as one collector, whose collect flushes the
+        # background deliverers feeding them first: a full scrape, a scrape restricted to
+        # some names (``?name[]=``, ``restricted_registry``) and ``get_sample_value`` all
+        # see every event enqueued before them
+        r, p = None, prefix
         self._flushes: list[Callable[[], Callable[..., bool] | None]] = []
-        r.register(_FlushFirst(self._flushes))
         self.events_dropped = Counter(
             f"{p}_observer_events_dropped",
             "Events a background observer dropped, its queue full, instead of blocking a request",
@@ -165,6 +167,14 @@ class PrometheusObserver:
             ["reason"],
             registry=r,
         )
+        metrics = [m for m in vars(self).values() if isinstance(m, MetricWrapperBase)]
+        try:
+            self.registry.register(_Flushing(self._flushes, metrics))
+        except ValueError:  # prometheus_client: "Duplicated timeseries in CollectorRegistry"
+            raise ConfigError(
+                f"metrics named {prefix}_* are already registered on this registry: share one "
+                "PrometheusObserver between guards, or give this one another registry or prefix"
+            ) from None
 
     def attach_background(self, deliverer: BackgroundObserver) -> None:
         """Called by ``background(...)``: flush ``deliverer`` before each collect of the
@@ -238,23 +248,33 @@ class PrometheusObserver:
             self.prefix_cached.inc(cached)
 
 
-class _FlushFirst:
-    """A collector of no metrics whose collect flushes the background deliverers first."""
+class _Flushing:
+    """The observer's metrics as one collector: its collect flushes the background
+    deliverers feeding them, then reads them. Registered as one, the flush runs whenever
+    any of them is collected, whatever the registry's order or a restriction to names."""
 
     FLUSH_TIMEOUT = 2.0  # a stuck observer delays a scrape this long at most
 
-    def __init__(self, flushes: list[Callable[[], Callable[..., bool] | None]]) -> None:
+    def __init__(
+        self,
+        flushes: list[Callable[[], Callable[..., bool] | None]],
+        metrics: list[MetricWrapperBase],
+    ) -> None:
         self.flushes = flushes
+        self.metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
         for ref in list(self.flushes):
             flush = ref()
             if flush is not None:
                 flush(self.FLUSH_TIMEOUT)
-        return iter(())
+        for metric in self.metrics:
+            yield from metric.collect()
 
-    def describe(self) -> list[Metric]:
-        return []  # no names: the registry never calls collect() to learn them
+    def describe(self) -> Iterator[Metric]:
+        # the names, so that the registry finds duplicates and restricted scrapes find us
+        for metric in self.metrics:
+            yield from metric.describe()
 
 
 def _is_refusal(error: BaseException | None) -> bool:

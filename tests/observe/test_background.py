@@ -328,3 +328,31 @@ async def test_concurrent_async_operations_note_their_own_event(
     assert sorted(e.session_id for e in seen) == sessions
     assert [e.cache for e in seen] == ["hit"] * 4
     assert all(len(e.store_calls) == 1 for e in seen)
+
+
+def test_a_scrape_restricted_to_some_names_flushes_first() -> None:
+    """``?name[]=`` scrapes collect only the collectors naming those metrics: the flush
+    must run in them, not in a collector of its own that the restriction leaves out."""
+    from prometheus_client import generate_latest
+
+    registry = CollectorRegistry()
+    slow = Slow(0.01)
+    deliverer = background(slow, PrometheusObserver(registry))
+    try:
+        for i in range(5):
+            deliverer(event(i))
+        restricted = registry.restricted_registry(["ctxguard_operation_duration_seconds_count"])
+        text = generate_latest(restricted).decode()
+        assert 'ctxguard_operation_duration_seconds_count{operation="prepare"} 5.0' in text
+        assert "ctxguard_requests_total" not in text  # the restriction still holds
+        assert len(slow.seen) == 5
+    finally:
+        deliverer.close()
+
+
+def test_a_second_observer_on_one_registry_is_a_config_error() -> None:
+    registry = CollectorRegistry()
+    PrometheusObserver(registry)
+    with pytest.raises(ConfigError, match="already registered on this registry"):
+        PrometheusObserver(registry)
+    PrometheusObserver(registry, prefix="other")  # another prefix is fine
