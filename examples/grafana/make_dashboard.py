@@ -182,15 +182,19 @@ PANELS: list[tuple[str, list[tuple[str, str]], str, str, float | None]] = [
         None,
     ),
     (
-        "Store errors by operation",
+        "Store errors by operation, observer events dropped",
         [
             (
                 f"sum by (operation, error) (rate(ctxguard_store_errors_total[{RATE}]))",
                 "{{operation}} {{error}}",
-            )
+            ),
+            (
+                f"sum(rate(ctxguard_observer_events_dropped_total[{RATE}]))",
+                "observer events dropped",
+            ),
         ],
         "short",
-        "",
+        "per second; dropped: a background observer's queue was full (metrics undercount)",
         None,
     ),
 ]

@@ -320,7 +320,9 @@ not a Grafana screenshot.</div>
 
 
 def screenshot(page_html: str, out: Path, rows: int) -> None:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    # what scripts/install-chromium.sh installs first, then the full browsers
+    names = ("chromium-headless-shell", "chromium", "chromium-browser")
+    chromium = next((found for name in names if (found := shutil.which(name))), None)
     if chromium is None:
         raise SystemExit("chromium not found: run scripts/install-chromium.sh or use --html-only")
     with tempfile.TemporaryDirectory() as tmp:
