@@ -79,13 +79,7 @@ class BackgroundObserver:
             attach = getattr(observer, "attach_background", None)
             if callable(attach):
                 attach(self)  # PrometheusObserver: flush before collect, count drops
-        ref = weakref.ref(self)
-        os.register_at_fork(
-            before=lambda: _call(ref, "_before_fork"),
-            after_in_parent=lambda: _call(ref, "_after_fork_parent"),
-            after_in_child=lambda: _call(ref, "_after_fork_child"),
-        )
-        atexit.register(_call, ref, "close")
+        _register(self)  # fork and exit hooks: one set per process, whatever the count
 
     def __repr__(self) -> str:
         names = ", ".join(type(o).__name__ for o in self.observers)
@@ -243,10 +237,54 @@ def _stop(pending: collections.deque[Any], wake: threading.Event) -> None:
     wake.set()
 
 
-def _call(ref: weakref.ref[BackgroundObserver], method: str) -> None:
-    owner = ref()
-    if owner is not None:
-        getattr(owner, method)()
+# Every live deliverer of the process (weakly: a deliverer collected leaves it), and the
+# fork / exit hooks that visit them, registered once: ``os.register_at_fork`` callbacks
+# cannot be unregistered, so one per deliverer would pile up with each one made.
+_LIVE: weakref.WeakSet[BackgroundObserver] = weakref.WeakSet()
+_hooked = threading.Lock()  # adding to _LIVE, registering the hooks; held across a fork
+_hooks_registered = False
+_forking: list[BackgroundObserver] = []  # the deliverers a fork in progress holds
+
+
+def _register(deliverer: BackgroundObserver) -> None:
+    global _hooks_registered
+    with _hooked:
+        _LIVE.add(deliverer)
+        if not _hooks_registered:
+            os.register_at_fork(
+                before=_before_fork,
+                after_in_parent=_after_fork_parent,
+                after_in_child=_after_fork_child,
+            )
+            atexit.register(_close_all)
+            _hooks_registered = True
+
+
+def _before_fork() -> None:
+    _hooked.acquire()
+    _forking[:] = list(_LIVE)
+    for deliverer in _forking:
+        deliverer._before_fork()
+
+
+def _after_fork_parent() -> None:
+    for deliverer in reversed(_forking):
+        deliverer._after_fork_parent()
+    _forking.clear()
+    _hooked.release()
+
+
+def _after_fork_child() -> None:
+    global _hooked
+    for deliverer in _forking:
+        deliverer._after_fork_child()
+    _forking.clear()
+    _hooked = threading.Lock()  # the parent's is held by the forking thread
+
+
+def _close_all() -> None:
+    for deliverer in list(_LIVE):
+        deliverer.close()
 
 
 def _flatten(observers: tuple[Observer, ...]) -> Iterator[Observer]:

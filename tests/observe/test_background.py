@@ -295,6 +295,40 @@ def test_a_forked_child_delivers_on_its_own_thread() -> None:
     assert [s for _, s, _ in seen] == ["s1", "s2"]  # the parent delivered its own
 
 
+def test_fork_and_exit_hooks_are_registered_once_per_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``os.register_at_fork`` callbacks cannot be removed: one set per deliverer would
+    pile up in a process that makes many. One set visits every live deliverer."""
+    import gc
+    import importlib
+    import weakref
+
+    module = importlib.import_module("ctxguard.observe.background")
+    forks: list[object] = []
+    exits: list[object] = []
+    monkeypatch.setattr(module, "_hooks_registered", False)
+    monkeypatch.setattr(module.os, "register_at_fork", lambda **hooks: forks.append(hooks))
+    monkeypatch.setattr(module.atexit, "register", lambda fn, *a: exits.append(fn))
+    made = [background(Slow(0)) for _ in range(50)]
+    try:
+        assert len(forks) == 1 and len(exits) == 1
+        assert all(d in module._LIVE for d in made)
+        module._before_fork()  # what a fork runs: every live deliverer's step is held
+        try:
+            assert all(d._step._is_owned() for d in made)  # type: ignore[attr-defined]
+        finally:
+            module._after_fork_parent()
+        assert not any(d._step._is_owned() for d in made)  # type: ignore[attr-defined]
+    finally:
+        for d in made:
+            d.close()
+    refs = [weakref.ref(d) for d in made]
+    del made, d
+    gc.collect()
+    assert all(ref() is None for ref in refs)  # the set holds them weakly
+
+
 def test_bad_arguments_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="at least one observer"):
         background()
