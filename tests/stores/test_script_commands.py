@@ -3,8 +3,8 @@
 Counted with INFO commandstats deltas on a server this run started (nothing else
 sends it commands): a cached turn is two script calls that run no ``TIME`` and no
 ``HINCRBY`` (the caller sends its clock; the request record's number goes in the one
-``HSET`` of meta), read meta once each, and ``TYPE`` only the keys they neither read
-nor write first. The stamp of the state token and ``updated`` come from the caller's
+``HSET`` of meta), read meta once each, ``TYPE`` only the keys they write but do not
+read first, and leave alone (no ``TYPE``) the keys they neither read nor write. The stamp of the state token and ``updated`` come from the caller's
 clock, and a session whose epoch and stamp the server's clock wrote (every session
 written before) keeps working.
 """
@@ -80,10 +80,15 @@ def test_a_cached_turn_runs_no_time_and_types_only_keys_it_does_not_read(
     assert moved["evalsha"] == 2, moved  # a hit and the reply: two script calls
     assert moved["time"] == 0 and moved["hincrby"] == 0, moved
     assert moved["hmget"] == 2, moved  # meta read once per script
-    # window: sum, audit (rids is read for the record's rid, ids for the new id);
-    # append: sum, audit, rids (ids is checked by its first HSETNX)
-    assert moved["type"] == 5, moved
-    assert moved["hexists"] == 1 and moved["hsetnx"] == 2, moved
+    # window: audit only (it writes the request record; rids is read for the record's
+    # rid, ids is checked by the new id's HSETNX); append (no record): none (sum, audit
+    # and rids it neither reads nor writes; ids is checked by its first HSETNX)
+    assert moved["type"] == 0 + 1, moved
+    # the hit's one new id is not looked up: its HSETNX says whether it is new
+    assert moved["hexists"] == 0 and moved["hsetnx"] == 2, moved
+    # no pinned message appended: pins is not read; nor is rids' length
+    assert moved["lrange"] == 0 and moved["hlen"] == 0, moved
+    assert sum(moved.values()) - moved["evalsha"] == 18, moved  # was 26
     turns = [r["turn"] for r in guard.store.read_audit("s") if r.get("kind") == "request"]
     assert turns == [1, 2, 3]
 
