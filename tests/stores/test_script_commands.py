@@ -156,8 +156,9 @@ def test_a_session_stamped_by_the_servers_clock_keeps_working(
 def test_an_audit_index_made_by_a_call_without_a_ttl_gets_the_sessions(
     url: str, namespace: str, client: Any, write: str
 ) -> None:
-    """A call with a TTL gives every key it (touch); one without gives the index it
-    creates the session's remaining TTL, so the index never outlives the session."""
+    """A call with a TTL gives every key it (touch); one without gives the trail and
+    the index it creates the session's remaining TTL, so neither outlives the session
+    (known from the RPUSH's reply: no HLEN)."""
     store = open_store(url, namespace=namespace)
     keys = keys_of(namespace)
     try:
@@ -173,6 +174,10 @@ def test_an_audit_index_made_by_a_call_without_a_ttl_gets_the_sessions(
                 RecordWrite(audit={"kind": "note"}),
             )
         assert 0 < client.ttl(keys["rids"]) <= 100
+        assert 0 < client.ttl(keys["audit"]) <= 100
+        before = calls(client)
+        store.add_audit("s", {"kind": "again"}, retention=0, ttl=0)  # the trail exists
+        assert delta(client, before)["hlen"] == delta(client, before)["pttl"] == 0
         store.add_audit("s", {"kind": "later"}, retention=0, ttl=50)
         assert 0 < client.ttl(keys["rids"]) <= 50  # the call's own TTL, on every key
         assert 0 < client.ttl(keys["meta"]) <= 50
