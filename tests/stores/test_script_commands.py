@@ -4,9 +4,10 @@ Counted with INFO commandstats deltas on a server this run started (nothing else
 sends it commands): a cached turn is two script calls that run no ``TIME`` and no
 ``HINCRBY`` (the caller sends its clock; the request record's number goes in the one
 ``HSET`` of meta), read meta once each, ``TYPE`` only the keys they write but do not
-read first, and leave alone (no ``TYPE``) the keys they neither read nor write. The stamp of the state token and ``updated`` come from the caller's
-clock, and a session whose epoch and stamp the server's clock wrote (every session
-written before) keeps working.
+read first, and leave alone (no ``TYPE``) the keys they neither read nor write. The
+stamp of the state token and ``updated`` come from the caller's clock, and a session
+whose epoch and stamp the server's clock wrote (every session written before) keeps
+working.
 """
 
 from __future__ import annotations
