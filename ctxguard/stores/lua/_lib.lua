@@ -385,7 +385,9 @@ local function add_audit(record, keep, ttl, plan)
   -- the trail just created (len 1; its index with it, as rids holds the rids of the
   -- records in the list) by a call without a TTL of its own (with one, its touch()
   -- gives every key the TTL): both get the session's, so neither outlives it. Known
-  -- from RPUSH's reply: no command on the common path.
+  -- from RPUSH's reply: no command on the common path. (A trail whose older records
+  -- carry no rid, written before rids existed, makes its index later, without it: the
+  -- next call with a TTL gives it one.)
   if len == 1 and (tonumber(ttl) or 0) <= 0 then
     local pttl = redis.call('PTTL', KEYS[K_META])
     if pttl > 0 then
