@@ -1,9 +1,12 @@
 """A damaged key of a session (written by something other than ctxguard) makes every
-script refuse before its first write, with CorruptRecordError naming the key.
+script that reads or writes it refuse before its first write, with CorruptRecordError
+naming the key.
 
 Run on real Redis and Redis Cluster (no fakeredis): each derived key is corrupted
 in turn, and prepare (fetching, and on a cached window), append and complete
-must raise CorruptRecordError while the message list stays as it was.
+must raise CorruptRecordError while the message list stays as it was, or, when the
+call neither reads nor writes that key (LEFT_TO_THE_NEXT_READ), store its message;
+the next fetching prepare names the key either way.
 """
 
 from __future__ import annotations
@@ -66,6 +69,20 @@ def said(text: str, role: str = "user") -> Message:
     return Message(role=role, content=text)
 
 
+# The writes that neither read nor write the damaged key: they go through (a script
+# validates what it reads and writes; sum, and pins without a pinned message, are
+# neither; audit and rids neither without an audit record), and the damage is found
+# by the next read that touches it: a fetch, the next write that does (the ones not
+# listed), `ctxguard audit`.
+_NO_PIN = {"prepare on a cached window", "append", "complete", "complete with usage"}
+LEFT_TO_THE_NEXT_READ: dict[str, set[str]] = {
+    "sum": _NO_PIN | {"append a pinned message"},
+    "pins": _NO_PIN,
+    "audit": {"append", "append a pinned message", "complete"},
+    "rids": {"append", "append a pinned message", "complete"},
+}
+
+
 @pytest.mark.parametrize(("corrupt", "suffix"), CORRUPTIONS)
 def test_every_write_refuses_a_corrupt_key_and_writes_nothing(
     server: str,
@@ -89,18 +106,33 @@ def test_every_write_refuses_a_corrupt_key_and_writes_nothing(
             "prepare on a cached window": lambda: guard.prepare("s", [said("next")]),
             "prepare with a fetch": lambda: fresh.prepare("s", [said("next")]),
             "append": lambda: guard.append("s", [said("more")]),
+            "append a pinned message": lambda: guard.append("s", [said("rule", "system")]),
             "complete": lambda: guard.complete("s", said("reply", "assistant")),
             "complete with usage": lambda: guard.complete(
                 "s", said("reply", "assistant"), usage={"prompt_tokens": 3}
             ),
         }
+        left = LEFT_TO_THE_NEXT_READ.get(suffix, set())
         for name, call in calls.items():
+            if name in left:  # the damage is not this write's: it is stored
+                call()
+                stored = client.lrange(keys["msgs"], 0, -1)
+                assert len(stored) == len(msgs) + 1 and stored[: len(msgs)] == msgs, name
+                msgs = stored
+                continue
             with pytest.raises(CorruptRecordError) as caught:
                 call()
             assert caught.value.key == keys[suffix], name
             assert caught.value.session_id == "s"
             assert keys[suffix] in str(caught.value) and "\n" not in str(caught.value)
             assert client.lrange(keys["msgs"], 0, -1) == msgs, f"{name} wrote a message"
+        # whatever went through, the next prepare that reads or writes the key names it
+        with pytest.raises(CorruptRecordError) as caught:
+            Guard(open_store(server, namespace=namespace), counter="approx", limit=4000).prepare(
+                "s", [said("last")]
+            )
+        assert caught.value.key == keys[suffix]
+        assert client.lrange(keys["msgs"], 0, -1) == msgs
     finally:
         client.close()
         guard.close()

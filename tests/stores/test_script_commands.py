@@ -3,10 +3,11 @@
 Counted with INFO commandstats deltas on a server this run started (nothing else
 sends it commands): a cached turn is two script calls that run no ``TIME`` and no
 ``HINCRBY`` (the caller sends its clock; the request record's number goes in the one
-``HSET`` of meta), read meta once each, and ``TYPE`` only the keys they neither read
-nor write first. The stamp of the state token and ``updated`` come from the caller's
-clock, and a session whose epoch and stamp the server's clock wrote (every session
-written before) keeps working.
+``HSET`` of meta), read meta once each, ``TYPE`` only the keys they write but do not
+read first, and leave alone (no ``TYPE``) the keys they neither read nor write. The
+stamp of the state token and ``updated`` come from the caller's clock, and a session
+whose epoch and stamp the server's clock wrote (every session written before) keeps
+working.
 """
 
 from __future__ import annotations
@@ -80,10 +81,15 @@ def test_a_cached_turn_runs_no_time_and_types_only_keys_it_does_not_read(
     assert moved["evalsha"] == 2, moved  # a hit and the reply: two script calls
     assert moved["time"] == 0 and moved["hincrby"] == 0, moved
     assert moved["hmget"] == 2, moved  # meta read once per script
-    # window: sum, audit (rids is read for the record's rid, ids for the new id);
-    # append: sum, audit, rids (ids is checked by its first HSETNX)
-    assert moved["type"] == 5, moved
-    assert moved["hexists"] == 1 and moved["hsetnx"] == 2, moved
+    # window: audit only (it writes the request record; rids is read for the record's
+    # rid, ids is checked by the new id's HSETNX); append (no record): none (sum, audit
+    # and rids it neither reads nor writes; ids is checked by its first HSETNX)
+    assert moved["type"] == 0 + 1, moved
+    # the hit's one new id is not looked up: its HSETNX says whether it is new
+    assert moved["hexists"] == 0 and moved["hsetnx"] == 2, moved
+    # no pinned message appended: pins is not read; nor is rids' length
+    assert moved["lrange"] == 0 and moved["hlen"] == 0, moved
+    assert sum(moved.values()) - moved["evalsha"] == 18, moved  # was 26
     turns = [r["turn"] for r in guard.store.read_audit("s") if r.get("kind") == "request"]
     assert turns == [1, 2, 3]
 
@@ -151,8 +157,9 @@ def test_a_session_stamped_by_the_servers_clock_keeps_working(
 def test_an_audit_index_made_by_a_call_without_a_ttl_gets_the_sessions(
     url: str, namespace: str, client: Any, write: str
 ) -> None:
-    """A call with a TTL gives every key it (touch); one without gives the index it
-    creates the session's remaining TTL, so the index never outlives the session."""
+    """A call with a TTL gives every key it (touch); one without gives the trail and
+    the index it creates the session's remaining TTL, so neither outlives the session
+    (known from the RPUSH's reply: no HLEN)."""
     store = open_store(url, namespace=namespace)
     keys = keys_of(namespace)
     try:
@@ -168,6 +175,10 @@ def test_an_audit_index_made_by_a_call_without_a_ttl_gets_the_sessions(
                 RecordWrite(audit={"kind": "note"}),
             )
         assert 0 < client.ttl(keys["rids"]) <= 100
+        assert 0 < client.ttl(keys["audit"]) <= 100
+        before = calls(client)
+        store.add_audit("s", {"kind": "again"}, retention=0, ttl=0)  # the trail exists
+        assert delta(client, before)["hlen"] == delta(client, before)["pttl"] == 0
         store.add_audit("s", {"kind": "later"}, retention=0, ttl=50)
         assert 0 < client.ttl(keys["rids"]) <= 50  # the call's own TTL, on every key
         assert 0 < client.ttl(keys["meta"]) <= 50

@@ -288,6 +288,54 @@ async def test_append_reports_the_tokens_before_and_after(store: StoreFacade) ->
     assert [r["turn"] for r in await store.read_audit("s")] == [1]
 
 
+# -- commit_if_unchanged on the current token with an id already stored -----------------
+
+
+async def test_a_current_commit_with_a_stored_or_repeated_id_is_the_fetch_and_writes_nothing(
+    store: StoreFacade,
+) -> None:
+    """On Redis the hit's first new id is not looked up: its HSETNX (the commit's first
+    write) says whether it is new. Stored already, it wrote nothing: the answer is the
+    fetch a lookup would have given (the same as fetch_window's), nothing is stored."""
+    await store.append("s", [new("a", id="m0", tokens=1), new("b", id="m1", tokens=1)], COUNTED)
+    token = await token_of(store)
+    history = await store.read("s")
+    batches = {
+        "the first id stored": [new("again", id="m0", tokens=1)],
+        "the first stored, the second new": [
+            new("again", id="m1", tokens=1),
+            new("c", id="m2", tokens=1),
+        ],
+        "the first new, the second stored": [
+            new("c", id="m2", tokens=1),
+            new("again", id="m0", tokens=1),
+        ],
+        "the first new, repeated": [new("c", id="m2", tokens=1), new("c", id="m2", tokens=1)],
+        "the first stored, repeated": [new("a", id="m0", tokens=1), new("a", id="m0", tokens=1)],
+        "both stored": [new("a", id="m0", tokens=1), new("b", id="m1", tokens=1)],
+    }
+    for name, batch in batches.items():
+        miss = await store.commit_if_unchanged("s", token, BIG, COUNTED, batch, 0, request(1))
+        assert isinstance(miss, WindowFetch), name
+        assert miss == await store.fetch_window("s", BIG, COUNTED, batch), name
+        assert miss.appended is not None and miss.appended.duplicates, name
+        assert await token_of(store) == token, name
+        assert await store.read("s") == history, f"{name}: a message was stored"
+        assert await store.read_audit("s") == [], f"{name}: a record was written"
+    # by another counter: the switch would write before the HSETNX, so the id is looked up
+    other = WriteOptions(counter="d")
+    for name, batch in batches.items():
+        miss = await store.commit_if_unchanged("s", token, BIG, other, batch, 0, request(1))
+        assert isinstance(miss, WindowFetch), f"{name}, another counter"
+        assert await token_of(store) == token, f"{name}, another counter: the switch was written"
+        assert await store.read("s") == history, f"{name}, another counter"
+    hit = await store.commit_if_unchanged(
+        "s", token, BIG, COUNTED, [new("c", id="m2", tokens=1)], 0, request(1)
+    )
+    assert isinstance(hit, WindowHit)
+    assert seqs(await store.read("s")) == [0, 1, 2]
+
+
 # -- commit_if_unchanged: a hit --------------------------------------------------------
 
 

@@ -199,24 +199,40 @@ local function audit_plan(record, meta)
   return plan
 end
 
--- Everything an append of `n` messages by `counter` with the audit record `record`
--- ('' = none) relies on. meta, msgs, toks and pins are read here (each read checks
--- its key's type), and so is rids when the record has a rid (audit_plan); ids is
--- checked by the append's first HSETNX (its first write, see append_many) unless
--- nothing is appended or a counter switch writes first; the other keys get a TYPE.
--- Returns the error, or nil and what was read: {meta = the fields by name, len = the
--- message count, audit = audit_plan's answer}.
-local function check_for_append(counter, n, record)
+-- Whether one of the `n` messages at ARGV[first ..] (4 args each) is pinned.
+local function pins_one(first, n)
+  for i = 0, n - 1 do
+    if ARGV[first + 4 * i + 3] == '1' then return true end
+  end
+  return false
+end
+
+-- Everything an append of the `n` messages at ARGV[first ..] by `counter` with the
+-- audit record `record` ('' = none) relies on, checked for the keys it reads or
+-- writes (the others, which touch() only EXPIREs, are left to the next read that
+-- touches them: a fetch, `ctxguard audit`). meta, msgs and toks are read here (each
+-- read checks its key's type); pins only when a new message is pinned (RPUSH pins:
+-- its positions are checked as a fetch checks them); rids when the record has a rid
+-- (audit_plan). ids is checked by the append's first HSETNX (its first write, see
+-- append_many) unless a counter switch writes first; audit gets a TYPE when a record
+-- is written, and so does rids when the record has no rid (a trim HDELs from it). sum
+-- is neither read nor written. Returns the error, or nil and what was read: {meta =
+-- the fields by name, len = the message count, audit = audit_plan's answer}.
+local function check_for_append(counter, first, n, record)
   local bad, st = check_meta_and_lengths()
   if bad then return bad end
-  local _, bad_pins = check_pins(st.len)
-  if bad_pins then return bad_pins end
+  if pins_one(first, n) then
+    local _, bad_pins = check_pins(st.len)
+    if bad_pins then return bad_pins end
+  end
   st.audit = audit_plan(record, st.meta)
-  bad = check_type(K_SUM) or check_type(K_AUDIT)
-  if not bad and (n == 0 or (counter ~= '' and st.meta.counter ~= counter)) then
+  if record ~= '' then
+    bad = check_type(K_AUDIT)
+    if not bad and not st.audit.rid then bad = check_type(K_RIDS) end
+  end
+  if not bad and n > 0 and counter ~= '' and st.meta.counter ~= counter then
     bad = check_type(K_IDS)
   end
-  if not bad and not st.audit.rid then bad = check_type(K_RIDS) end
   if bad then return bad end
   return nil, st
 end
@@ -232,8 +248,10 @@ end
 -- there with exactly this record: stored by the earlier attempt. `st` is what
 -- check_for_append read (the meta fields, the message count, the audit plan): this
 -- runs on every turn, so the meta hash is read once and written once (the request
--- record's turn number with it), and the list lengths once.
-local function append_many(first, n, counter, retry, st, now)
+-- record's turn number with it), and the list lengths once. With `probe` (a commit
+-- that did not look the first id up: no counter switch may write before it), a first
+-- id already stored returns nil instead: its HSETNX answered 0, nothing was written.
+local function append_many(first, n, counter, retry, st, now, probe)
   local meta = st.meta
   local updated = string.sub(now, 1, -4)  -- ms, as digits (a number would be printf'd)
   local epoch, ver, total = meta.epoch, tonumber(meta.ver or '0'), tonumber(meta.tokens or '0')
@@ -259,6 +277,7 @@ local function append_many(first, n, counter, retry, st, now)
     local added
     if i == 0 then  -- maybe the script's first write: it checks the type of ids
       added = must(K_IDS, redis.pcall('HSETNX', KEYS[K_IDS], id, count))
+      if probe and added == 0 then return nil end
     else
       added = redis.call('HSETNX', KEYS[K_IDS], id, count)
     end
@@ -362,13 +381,18 @@ local function add_audit(record, keep, ttl, plan)
     record = '{"turn":' .. turn .. ',' .. string.sub(record, 11)
   end
   local len = redis.call('RPUSH', KEYS[K_AUDIT], record)
-  if plan.rid then
-    redis.call('HSET', KEYS[K_RIDS], plan.rid, turn)
-    -- just created by a call without a TTL of its own (with one, its touch() gives
-    -- every key the TTL): give it the session's
-    if (tonumber(ttl) or 0) <= 0 and redis.call('HLEN', KEYS[K_RIDS]) == 1 then
-      local pttl = redis.call('PTTL', KEYS[K_META])
-      if pttl > 0 then redis.call('PEXPIRE', KEYS[K_RIDS], pttl) end
+  if plan.rid then redis.call('HSET', KEYS[K_RIDS], plan.rid, turn) end
+  -- the trail just created (len 1; its index with it, as rids holds the rids of the
+  -- records in the list) by a call without a TTL of its own (with one, its touch()
+  -- gives every key the TTL): both get the session's, so neither outlives it. Known
+  -- from RPUSH's reply: no command on the common path. (A trail whose older records
+  -- carry no rid, written before rids existed, makes its index later, without it: the
+  -- next call with a TTL gives it one.)
+  if len == 1 and (tonumber(ttl) or 0) <= 0 then
+    local pttl = redis.call('PTTL', KEYS[K_META])
+    if pttl > 0 then
+      redis.call('PEXPIRE', KEYS[K_AUDIT], pttl)
+      if plan.rid then redis.call('PEXPIRE', KEYS[K_RIDS], pttl) end
     end
   end
   keep = tonumber(keep)
@@ -391,11 +415,13 @@ end
 -- With a cap: would the messages at ARGV[first ..] (4 args each) pass it? Ids already
 -- stored, and ids repeated inside the batch, count once (`len`: the message count when
 -- the script read it already). Returns the current count when the batch must be
--- refused, else false.
+-- refused, else false. When every message fits even if new, no id is looked up (ids
+-- is then checked by the append's first HSETNX, or by the fetch's lookups).
 local function over_cap(first, n, cap, len)
   cap = tonumber(cap)
   if cap <= 0 or n == 0 then return false end
   local count = len or must(K_MSGS, redis.pcall('LLEN', KEYS[K_MSGS]))
+  if count + n <= cap then return false end
   local fresh, seen = 0, {}
   for i = 0, n - 1 do
     local id = ARGV[first + 4 * i]

@@ -11,7 +11,7 @@
 --          or {-1, count_now} when the cap would be exceeded (nothing stored),
 --          or an error reply CORRUPT <key> <what> (nothing stored).
 local n = tonumber(ARGV[7])
-local bad, st = check_for_append(ARGV[1], n, ARGV[4])
+local bad, st = check_for_append(ARGV[1], 8, n, ARGV[4])
 if bad then return redis.error_reply(bad) end
 local full = over_cap(8, n, ARGV[3], st.len)
 if full then return {-1, full} end

@@ -33,8 +33,9 @@ local counter = ARGV[1]
 -- validate what is read (and, to commit, written) before anything else; a fetch
 -- writes nothing, so there each read checks its own key's type (must) where it reads
 local bad, st
-if ARGV[6] ~= '' then
-  bad, st = check_for_append(counter, n, ARGV[7])
+local commit = ARGV[6] ~= ''
+if commit then
+  bad, st = check_for_append(counter, 11, n, ARGV[7])
   if not bad and k > 0 then bad = check_counts(k_at + 1, k) end
 else
   local meta
@@ -46,12 +47,19 @@ if n > 0 then
   local full = over_cap(11, n, ARGV[3], st.len)
   if full then return {{-1, full}} end
 end
+-- the caller planned on this very state
+local current = commit and string.sub(ARGV[6], 2) == token_of(st.meta)
+-- Then the first new id is not looked up: its HSETNX, the commit's first write (and
+-- ids' type check), says whether it is new, and a 0 writes nothing, so the call still
+-- turns into a fetch with nothing written. Not when a counter switch writes first.
+local probe = current and n > 0 and (counter == '' or st.meta.counter == counter)
 
 -- which new messages would be stored: ids neither stored nor repeated in the batch
 local flags, fresh, seen = {}, {}, {}
 for i = 0, n - 1 do
   local id = ARGV[11 + 4 * i]
-  if not seen[id] and must(K_IDS, redis.pcall('HEXISTS', KEYS[K_IDS], id)) == 0 then
+  if (i == 0 and probe)
+      or (not seen[id] and must(K_IDS, redis.pcall('HEXISTS', KEYS[K_IDS], id)) == 0) then
     flags[#flags + 1] = 1
     fresh[#fresh + 1] = 11 + 4 * i
   else
@@ -61,28 +69,39 @@ for i = 0, n - 1 do
 end
 
 -- A hit: the caller planned on this very state, and every new message is new.
-if ARGV[6] ~= '' and string.sub(ARGV[6], 2) == token_of(st.meta) and #fresh == n then
+if current and #fresh == n then
   local appended
   if n > 0 then
-    appended = append_many(11, n, counter, ARGV[k_at + 1 + 2 * k] == '1', st, ARGV[9])
+    appended = append_many(11, n, counter, ARGV[k_at + 1 + 2 * k] == '1', st, ARGV[9], probe)
   else
     local token = token_of(st.meta)
     appended = {st.len, {}, token, token}
   end
-  local exists = n > 0 or st.meta.created  -- the session exists after the append
-  if exists and k > 0 then
-    set_counts_many(k_at + 1, k, counter)
-    appended[4] = state_token()  -- recounts (or a counter switch) moved the version on
+  if appended then
+    local exists = n > 0 or st.meta.created  -- the session exists after the append
+    if exists and k > 0 then
+      set_counts_many(k_at + 1, k, counter)
+      appended[4] = state_token()  -- recounts (or a counter switch) moved the version on
+    end
+    local turn = 0
+    if exists and ARGV[7] ~= '' then turn = add_audit(ARGV[7], ARGV[8], ARGV[2], st.audit) end
+    if exists then touch(ARGV[2]) end
+    return {'hit', appended, turn, appended[4]}
   end
-  local turn = 0
-  if exists and ARGV[7] ~= '' then turn = add_audit(ARGV[7], ARGV[8], ARGV[2], st.audit) end
-  if exists then touch(ARGV[2]) end
-  return {'hit', appended, turn, appended[4]}
+  -- the first id is stored already (its HSETNX wrote nothing): a fetch, as a lookup says
+  probe = false
+  flags[1] = 0
+  table.remove(fresh, 1)
+end
+-- not a hit for another reason: the first id is looked up after all
+if probe and must(K_IDS, redis.pcall('HEXISTS', KEYS[K_IDS], ARGV[11])) == 1 then
+  flags[1] = 0
+  table.remove(fresh, 1)
 end
 -- A retried commit whose first attempt was a hit (its reply was lost): the audit
 -- record is already there. A hit again, with its turn; '' as the token (unknown now).
 -- Every new message was stored by that attempt (a hit stores them all): flag 2.
-if ARGV[6] ~= '' and ARGV[7] ~= '' then
+if commit and ARGV[7] ~= '' then
   local turn = st.audit.seen  -- read before any write (audit_plan)
   if turn then
     local again = {}
@@ -92,7 +111,7 @@ if ARGV[6] ~= '' and ARGV[7] ~= '' then
 end
 
 -- A fetch (nothing is written, but a bad position must be named, not fail in the walk).
-if ARGV[6] ~= '' then  -- a commit read the fields a write uses: the rest of them too
+if commit then  -- a commit read the fields a write uses: the rest of them too
   bad = check_meta({'updated', 'sumver'}, st.meta)
   if bad then return redis.error_reply(bad) end
 end
