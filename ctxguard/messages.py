@@ -5,6 +5,10 @@ dicts (:meth:`Message.from_openai` / :meth:`Message.to_openai`); ctxguard's own
 fields (``id``, ``created_at``, ``metadata``) travel beside the OpenAI keys, and
 OpenAI keys ctxguard does not model (``refusal``, ``audio``, ``reasoning_content``
 ...) are kept verbatim in ``extra``. Stored records are JSON, never pickle.
+
+Past ~400 lines on purpose: ``_plain_message`` (the commonest dict built without
+pydantic's pass) must sit beside the model whose fields, defaults and record it
+reproduces, so a change to one is seen next to the other.
 """
 
 from __future__ import annotations
