@@ -5,6 +5,10 @@ dicts (:meth:`Message.from_openai` / :meth:`Message.to_openai`); ctxguard's own
 fields (``id``, ``created_at``, ``metadata``) travel beside the OpenAI keys, and
 OpenAI keys ctxguard does not model (``refusal``, ``audio``, ``reasoning_content``
 ...) are kept verbatim in ``extra``. Stored records are JSON, never pickle.
+
+Past ~400 lines on purpose: ``_plain_message`` (the commonest dict built without
+pydantic's pass) must sit beside the model whose fields, defaults and record it
+reproduces, so a change to one is seen next to the other.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 import pydantic
+import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 from pydantic_core import PydanticSerializationError, SchemaValidator
 
@@ -201,6 +206,10 @@ class Message(BaseModel):
         :meth:`to_openai`. ``id``, ``created_at`` and ``metadata`` keys in the dict
         are taken as ctxguard's own fields.
         """
+        if type(data) is dict and len(data) == 2 and cls is Message and metadata is None:
+            made = _plain_message(data, id)
+            if made is not None:
+                return made
         if not isinstance(data, Mapping):
             raise InvalidMessageError(
                 f"a message must be a dict like {{'role': 'user', 'content': 'hi'}}, "
@@ -262,6 +271,66 @@ class Message(BaseModel):
 
 
 MessageLike = Message | Mapping[str, Any]
+
+# the roles a plain ``{"role", "content": str}`` dict may take without the full validation
+_PLAIN_ROLES = frozenset({"system", "developer", "user", "assistant"})
+_PLAIN_FIELDS_SET = frozenset({"role", "content", "extra"})  # what from_openai's call sets
+_setattr = object.__setattr__
+
+
+def _plain_message(data: dict[str, Any], id: str | None) -> Message | None:  # noqa: A002
+    """``Message(role=..., content=..., extra={}, [id=...])`` for the commonest dict, a
+    ``{"role": <not tool>, "content": <str>}`` (most turns' user message and reply),
+    without running pydantic's validation on it: for exactly this shape every check
+    is one of the few below and passes (role a plain str among the four that need no
+    tool fields, content a plain str, no metadata or extra, a printable ASCII id), so
+    the instance is the one validation would build, field for field. Anything else,
+    and a message whose JSON cannot be made (a lone surrogate), is None: the full
+    path then builds it or raises its usual error (tests/test_messages.py pins both).
+    """
+    role = data.get("role")
+    content = data.get("content")
+    if type(role) is not str or role not in _PLAIN_ROLES or type(content) is not str:
+        return None  # (a missing key is None here: two keys, not these two, go the full way)
+    given = id is not None
+    if id is None:
+        id = new_message_id()  # noqa: A001 - default factories in field order: id, then time
+    elif type(id) is not str or not (id.isascii() and id.isprintable()):
+        return None  # (validate_id's full check, with its errors)
+    elif not 0 < len(id) <= MAX_ID_BYTES:
+        return None
+    created_at = datetime.now(UTC)
+    try:  # what _serialise makes of this shape (None fields and empty dicts left out)
+        record = pydantic_core.to_json(
+            {"role": role, "content": content, "id": id, "created_at": created_at}
+        ).decode()
+    except (PydanticSerializationError, UnicodeError, ValueError):
+        return None  # the full path raises its InvalidMessageError
+    message = Message.__new__(Message)
+    _setattr(
+        message,
+        "__dict__",
+        {
+            "role": role,
+            "content": content,
+            "name": None,
+            "tool_calls": None,
+            "tool_call_id": None,
+            "id": id,
+            "created_at": created_at,
+            "metadata": {},
+            "extra": {},
+        },
+    )
+    fields_set = set(_PLAIN_FIELDS_SET)
+    if given:
+        fields_set.add("id")
+    _setattr(message, "__pydantic_fields_set__", fields_set)
+    _setattr(message, "__pydantic_extra__", None)
+    _setattr(message, "__pydantic_private__", None)
+    _made.last = (message, record)
+    return message
+
 
 # The record the last message validated in this thread serialised to (its check that it
 # can be stored), so that a message made to be appended now is not serialised twice.

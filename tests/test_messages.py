@@ -352,3 +352,95 @@ def test_any_metadata_is_refused_or_comes_back_unchanged(metadata: Any, extra: A
     assert back == message
     assert back.metadata == metadata and back.to_openai()["vendor"] == extra
     assert repr(back.metadata) == repr(metadata)  # no silent bytes->str, tuple->list, nan->None
+
+
+# -- the plain {"role", "content"} dict built without pydantic's pass (messages._plain_message)
+
+
+class _Str(str):
+    pass
+
+
+_PLAIN_VALUES: list[Any] = [
+    "",
+    "hi",
+    'tab\tquote"back\\slash\nctl\x01\x7f',
+    "ü 𝄞 \u2028 \u00e9",
+    "\ud800",  # a lone surrogate: cannot be stored
+    _Str("sub"),
+    None,
+    3,
+    b"bytes",
+    [{"type": "text", "text": "part"}],
+    {"k": "v"},
+]
+_PLAIN_ROLES: list[Any] = ["system", "developer", "user", "assistant", "tool", "User", "", 1]
+_PLAIN_IDS: list[Any] = [None, "m1", 'q"\\', "sp ace", "", "x" * 300, "\x00", "é", 5]
+
+
+def _full(data: dict[str, Any], id: Any) -> Message:  # noqa: A002
+    """What from_openai built before the plain path: pydantic's validation, always."""
+    fields = {**data, "extra": {}}
+    if id is not None:
+        fields["id"] = id
+    return Message(**fields)
+
+
+def _outcome(make: Any) -> tuple[str, Any]:
+    try:
+        return "ok", make()
+    except Exception as exc:  # the very error is the comparison
+        return type(exc).__name__, str(exc)
+
+
+@pytest.mark.parametrize("role", _PLAIN_ROLES)
+@pytest.mark.parametrize("content", _PLAIN_VALUES)
+@pytest.mark.parametrize("mid", _PLAIN_IDS)
+def test_plain_dict_is_the_validated_message(role: Any, content: Any, mid: Any) -> None:
+    """from_openai's plain path gives, for every role/content/id, the message (or the
+    error) pydantic's validation gives: same fields, fields set, record and error text."""
+    from ctxguard.messages import record_of
+
+    data = {"role": role, "content": content}
+    fast = _outcome(lambda: Message.from_openai(data, id=mid))
+    full = _outcome(lambda: _full(data, mid))
+    assert fast[0] == full[0]
+    if fast[0] != "ok":
+        assert fast[1] == full[1]
+        return
+    made, slow = fast[1], full[1]
+    record = record_of(made)  # the JSON the plain path made, as the guard stores it
+    assert record == made.to_record()
+    assert type(made) is Message and made.model_fields_set == slow.model_fields_set
+    same = slow.model_copy(update={"id": made.id, "created_at": made.created_at})
+    assert made == same and made.__dict__ == same.__dict__
+    assert made.to_record() == same.to_record()
+    assert type(made.content) is type(slow.content) and type(made.role) is type(slow.role)
+    assert json.loads(record)["created_at"].endswith("Z")
+    if mid is None:
+        assert made.id != slow.id and len(made.id) == 26  # a fresh id, as the default makes
+
+
+def test_plain_dict_fields_are_its_own() -> None:
+    """A plain dict's message holds new dicts of its own (not shared between messages)."""
+    a = Message.from_openai({"role": "user", "content": "a"})
+    b = Message.from_openai({"role": "user", "content": "a"})
+    assert a.metadata == {} and a.extra == {} and a.metadata is not b.metadata
+    assert a.extra is not b.extra and a.id < b.id
+    with pytest.raises(Exception, match="frozen"):
+        a.content = "x"  # type: ignore[misc]
+
+
+def test_plain_dict_skips_the_validation_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commonest turn messages take the plain path (else the test above tests nothing)."""
+
+    def no_pass(self: Message, **data: Any) -> None:
+        raise AssertionError("validated")
+
+    monkeypatch.setattr(Message, "__init__", no_pass)
+    for role in ("system", "developer", "user", "assistant"):
+        assert Message.from_openai({"role": role, "content": "hi"}).role == role
+    assert Message.from_openai({"role": "user", "content": "hi"}, id="m-1").id == "m-1"
+    for other in ({"role": "tool", "content": "x"}, {"role": "user", "content": "x", "name": "a"}):
+        with pytest.raises(AssertionError, match="validated"):
+            Message.from_openai(other)

@@ -44,6 +44,7 @@ class AuditRecords:
     def __init__(self) -> None:
         self._pending: dict[str, list[dict[str, Any]]] = {}
         self._pending_lock = threading.Lock()
+        self._policy_made: tuple[GuardConfig, WindowPolicy, dict[str, Any]] | None = None
 
     @staticmethod
     def refusal_record(exc: CtxGuardError, new: Sequence[NewMessage]) -> dict[str, Any]:
@@ -97,13 +98,9 @@ class AuditRecords:
         }
         if tools:
             record["tools"] = len(tools)
-        policy = {
-            k: v
-            for k, v in self.policy_settings().items()
-            if v is not None and v != _POLICY_DEFAULTS.get(k)
-        }
+        policy = self._record_policy()
         if policy:
-            record["policy"] = policy
+            record["policy"] = dict(policy)  # (each record its own dict)
         record.update(
             at=datetime.now(UTC).isoformat(),
             **sent_fields(
@@ -132,6 +129,19 @@ class AuditRecords:
             if estimate is not None:
                 record["reused"], record["prefilled"] = estimate
         return record
+
+    def _record_policy(self) -> dict[str, Any]:
+        """:meth:`policy_settings` a request record keeps (not None, not replay's default),
+        made once per config and policy (both frozen: the same objects, the same settings)."""
+        made = self._policy_made
+        if made is None or made[0] is not self.config or made[1] is not self.policy:
+            policy = {
+                k: v
+                for k, v in self.policy_settings().items()
+                if v is not None and v != _POLICY_DEFAULTS.get(k)
+            }
+            made = self._policy_made = (self.config, self.policy, policy)
+        return made[2]
 
     def policy_settings(self) -> dict[str, Any]:
         """The settings replay needs to re-run this request's policies."""

@@ -66,6 +66,7 @@ class Speculation:
     total: int
     record: dict[str, Any]
     write: RecordWrite | None
+    items: list[Item]  # the window's items, kept with the cached window for the next plan
 
 
 class GuardCore(AuditRecords, SummaryChecks, NewMessages):
@@ -164,6 +165,20 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
     ) -> tuple[Plan, dict[int, int]]:
         """Plan on ``fetch``; ``recounts`` (counts made on an earlier fetch of the same
         state) grows with the counts made now and is returned."""
+        plan, recounts, _ = self._plan(fetch, budget, recounts, None)
+        return plan, recounts
+
+    def _plan(
+        self,
+        fetch: WindowFetch,
+        budget: Budget,
+        recounts: dict[int, int] | None,
+        reuse: Mapping[int, Item] | None,
+    ) -> tuple[Plan, dict[int, int], list[Item]]:
+        """:meth:`plan`, also giving the window's items; ``reuse`` (the items of the last
+        plan on this session's cached window, by seq) saves making an Item per message per
+        turn: one is taken only if it is the one this fetch's message would make (the same
+        seq, Message object and count: Items are frozen values)."""
         if recounts is None:
             recounts = {}
         # one pass over the window: pinned roles go with the older pinned messages, the
@@ -172,11 +187,22 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
         made: list[Item] = []
         known: list[Item] | None = made
         add = made.append
+        take = reuse.get if reuse else None
         for s in fetch.recent:
-            if s.message.role in PINNED_ROLES:
+            message = s.message
+            if message.role in PINNED_ROLES:
                 pinned_stored.append(s)
             elif s.tokens is not None:
-                add(Item(s.seq, s.message, s.tokens))
+                seq, tokens = s.seq, s.tokens
+                item = take(seq) if take is not None else None
+                if (
+                    item is None
+                    or item.message is not message
+                    or item.tokens != tokens
+                    or item.seq != seq
+                ):
+                    item = Item(seq, message, tokens)
+                add(item)
             else:
                 known = None  # a count to make: two passes, the pinned ones counted first
                 break
@@ -206,7 +232,7 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
                 policy=self.stable,
                 shrink=self._shrink_item,
             )
-            return plan, recounts
+            return plan, recounts, items
         plan = plan_request(
             pinned,
             items,
@@ -219,7 +245,7 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
             policy=self.policy,
             shrink=self._shrink_item,
         )
-        return plan, recounts
+        return plan, recounts, items
 
     def speculate(
         self, session_id: str, new: Sequence[NewMessage], budget: Budget, tools: Tools | None
@@ -230,14 +256,15 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
         a refetch, a summary, a refusal) is left to the fetch path, which then
         does it exactly as without a cache.
         """
-        entry = self.cache.get(session_id)
-        if entry is None:
+        found = self.cache.get_with_items(session_id)
+        if found is None:
             return None
+        entry, reuse = found
         fetch = speculate(entry, new, budget.prompt, len(new))
         if fetch is None:
             return None
         try:
-            plan, recounts = self.plan(fetch, budget)
+            plan, recounts, items = self._plan(fetch, budget, None, reuse)
             if recounts or plan.summarize is not None or self.refetch(fetch, plan, budget):
                 return None
             total, sent = self.finalize(plan, budget, tools, newest_sent(new))
@@ -245,10 +272,13 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
             return None  # the fetch path raises the same error (and audits the refusal)
         record = self.audit_record(plan, sent, total, budget, fetch, tools)
         write = None if self.config.audit_mode == "with_reply" else self.write({}, record)
-        return Speculation(fetch, plan, sent, total, record, write)
+        return Speculation(fetch, plan, sent, total, record, write, items)
 
-    def committed(self, session_id: str, spec: WindowFetch, hit: WindowHit) -> None:
-        """The store took the request planned on ``spec``: the cache moves to the new state."""
+    def committed(
+        self, session_id: str, spec: WindowFetch, hit: WindowHit, items: Sequence[Item] = ()
+    ) -> None:
+        """The store took the request planned on ``spec`` (its ``items``, from a plan on
+        the cached window): the cache moves to the new state."""
         fetch = WindowFetch(
             spec.info,
             spec.pinned,
@@ -266,7 +296,7 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
         ):
             self.cache.evict(session_id)  # cannot happen when the token held; never trust it
         else:
-            self.cache.put(session_id, fetch)
+            self.cache.put(session_id, fetch, {i.seq: i for i in items} if items else None)
 
     def replied(self, session_id: str, reply: Message, result: AppendResult) -> None:
         """A reply stored now (not a retry's) extends the session's prefix-cache chain."""

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
+from ctxguard.guard.plan import Item
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
@@ -29,6 +31,7 @@ from ctxguard.stores.base import (
 
 # A copy that grows past this many messages without a prepare (bulk appends) is dropped.
 MAX_CACHED_MESSAGES = 4096
+_NO_ITEMS: Mapping[int, Item] = MappingProxyType({})
 
 
 class WindowCache:
@@ -43,19 +46,28 @@ class WindowCache:
         self.capacity = capacity
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._entries: OrderedDict[str, tuple[WindowFetch, int]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[WindowFetch, int, Mapping[int, Item]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, session_id: str) -> WindowFetch | None:
+        found = self.get_with_items(session_id)
+        return None if found is None else found[0]
+
+    def get_with_items(self, session_id: str) -> tuple[WindowFetch, Mapping[int, Item]] | None:
+        """The session's copy and the items last planned on it, by seq (see
+        ``GuardCore._plan``: an item is reused only if it is the one its message makes)."""
         with self._lock:
             found = self._entries.get(session_id)
             if found is None:
                 return None
             self._entries.move_to_end(session_id)
-            return found[0]
+            return found[0], found[2]
 
-    def put(self, session_id: str, fetch: WindowFetch) -> None:
-        """Keep ``fetch`` as the session's copy (only a fetch with a state token is usable)."""
+    def put(
+        self, session_id: str, fetch: WindowFetch, items: Mapping[int, Item] | None = None
+    ) -> None:
+        """Keep ``fetch`` as the session's copy (only a fetch with a state token is usable),
+        with ``items``, the plan's items on it (by seq), if there was one."""
         weight = estimated_bytes(fetch)
         if (
             self.capacity <= 0
@@ -69,7 +81,7 @@ class WindowCache:
             old = self._entries.pop(session_id, None)
             if old is not None:
                 self.bytes -= old[1]
-            self._entries[session_id] = (fetch, weight)
+            self._entries[session_id] = (fetch, weight, _NO_ITEMS if items is None else items)
             self.bytes += weight
             while len(self._entries) > self.capacity or self.bytes > self.max_bytes:
                 self.bytes -= self._entries.popitem(last=False)[1][1]
@@ -86,14 +98,15 @@ class WindowCache:
 
     def appended(self, session_id: str, new: Sequence[NewMessage], result: AppendResult) -> None:
         """Extend the copy with messages this guard appended, if nothing else changed."""
-        entry = self.get(session_id)
-        if entry is None:
+        found = self.get_with_items(session_id)
+        if found is None:
             return
+        entry, items = found
         extended = extend(entry, new, result)
         if extended is None:
             self.evict(session_id)
         else:
-            self.put(session_id, extended)
+            self.put(session_id, extended, items)
 
     def __len__(self) -> int:
         return len(self._entries)

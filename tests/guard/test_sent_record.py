@@ -109,3 +109,37 @@ def test_complete_audits_only_what_the_server_reported() -> None:
     )
     usage = [r for r in store.read_audit("s") if r["kind"] == "usage"]
     assert [(r["of_turn"], r["prompt_tokens"]) for r in usage] == [(second.turn, 9)]
+
+
+def test_request_records_policy_is_made_once_per_config_and_held_by_each_record() -> None:
+    """The record's ``policy`` (made once per config and policy: ``_record_policy``) is
+    what the settings say, each record holding its own dict; a core given another
+    config records that one's."""
+    import dataclasses
+
+    guard = Guard("memory://", counter="approx", limit=2000, max_tokens=50)
+    guard.prepare("s", [{"role": "user", "content": "one"}])
+    guard.prepare("s", [{"role": "user", "content": "two"}])
+    records = [r for r in guard.store.read_audit("s") if r.get("kind") == "request"]
+    assert len(records) == 2
+    want = {
+        k: v
+        for k, v in guard.core.policy_settings().items()
+        if v is not None and v != {"degrade_tool_results": True, "summary_role": "system"}.get(k)
+    }
+    assert records[0]["policy"] == records[1]["policy"] == want
+    records[0]["policy"]["start_on_user"] = "changed"  # a reader's dict: not the guard's
+    guard.prepare("t", [{"role": "user", "content": "x"}])
+    (other,) = [r for r in guard.store.read_audit("t") if r.get("kind") == "request"]
+    assert other["policy"] == want
+    guard.core.config = dataclasses.replace(guard.core.config, start_on_user=False)
+    guard.prepare("s", [{"role": "user", "content": "three"}])
+    last = [r for r in guard.store.read_audit("s") if r.get("kind") == "request"][-1]
+    assert last["policy"] == {**want, "start_on_user": False}
+    held = Guard("memory://", counter="approx", limit=2000, max_tokens=50, audit_mode="with_reply")
+    one = held.prepare("h", [{"role": "user", "content": "one"}]).pending_audit
+    two = held.prepare("h", [{"role": "user", "content": "two"}]).pending_audit
+    assert one is not None and two is not None and one["policy"] == two["policy"]
+    one["policy"]["low_water"] = "changed"  # a held record's dict is its own
+    three = held.prepare("h", [{"role": "user", "content": "three"}]).pending_audit
+    assert three is not None and three["policy"] == two["policy"] != one["policy"]

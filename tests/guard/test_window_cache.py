@@ -455,3 +455,43 @@ def test_threads_sharing_a_guard_and_a_session_each_send_the_newest_window(
         end = history.index(body[-1])
         assert body == history[end - len(body) + 1 : end + 1]
         assert req.tokens + req.reserved_output <= req.limit
+
+
+def test_a_cached_plan_reuses_only_the_items_its_messages_would_make() -> None:
+    """The items kept with a cached window (``GuardCore._plan``'s ``reuse``) are taken
+    only when they are the ones the fetch's messages make: the same Message object and
+    count. A forged table (another message, another count, another seq's item) changes
+    nothing in the plan; the genuine one is reused as the very objects."""
+    from ctxguard.guard.plan import Item
+
+    guard = make_guard(MemoryStore())
+    guard.prepare("s", [SYSTEM, {"role": "user", "content": "one two three"}])
+    for n in range(6):
+        guard.complete("s", {"role": "assistant", "content": f"reply {n} " * 3})
+        guard.prepare("s", [{"role": "user", "content": f"question {n} " * 3}])
+    core = guard.core
+    found = core.cache.get_with_items("s")
+    assert found is not None
+    fetch, kept = found
+    assert kept, "the last cached plan's items are kept with the window"
+    budget = core.budget(guard.limit_source.resolve(), 60, None)
+    want, _, items = core._plan(fetch, budget, None, None)
+    again, _, reused = core._plan(fetch, budget, None, kept)
+    assert reused == items and again.window == want.window and again.pinned == want.pinned
+    assert any(a is kept.get(a.seq) for a in reused)  # (the same objects: made once)
+    other = said("forged")
+    forged: dict[int, Item] = {}
+    for index, item in enumerate(items):
+        kind = index % 3
+        if kind == 0:
+            forged[item.seq] = Item(item.seq, other, item.tokens)  # another message
+        elif kind == 1:
+            forged[item.seq] = Item(item.seq, item.message, item.tokens + 7)  # another count
+        else:
+            forged[item.seq] = Item(item.seq + 1, item.message, item.tokens)  # another seq
+    plan, _, made = core._plan(fetch, budget, None, forged)
+    assert made == items
+    assert [(i.seq, i.message.id, i.tokens) for i in plan.window] == [
+        (i.seq, i.message.id, i.tokens) for i in want.window
+    ]
+    assert all(m is not forged[m.seq] for m in made)
