@@ -7,15 +7,19 @@ request context out, :func:`compact` stores the rest smaller, losslessly:
 * key names from a fixed table (``ALIASES``: ``"message_count"`` as ``"n"``...),
   never ``turn``, ``rid`` or ``ctx`` (the Lua scripts match ``{"turn":0,``,
   ``{"turn":N,"rid":"`` and ``"ctx":"<digest>"`` in the text);
-* ``at`` (``datetime.isoformat()`` in UTC) as an integer of microseconds;
-* a request record's ``dropped`` and ``decisions`` left out when they are what a
-  window that starts at the last ``sent`` range says (the window policy's
-  ``[[h, start]]``, ``first_seq``, the unpinned messages it left out, and the
-  ``user_start`` skip before it): the marker ``"~": h`` (or ``[h, skipped]``) stands
-  in their place.
+* ``at`` (``datetime.isoformat()`` in UTC) as an integer of microseconds: as
+  ``"a"``, counted from the time in the record's ``rid`` when that is a ULID (the
+  guard makes the rid just before ``at``: a few digits), else as ``"A"``, from the epoch;
+* a request record's ``message_count`` when it is the end of the last ``sent``
+  range, and ``dropped`` + ``decisions`` when they are what a window that starts
+  at that range says (the window policy's ``[[h, start]]``, ``first_seq``, the
+  unpinned messages it left out, and a ``user_start`` skip before it): the marker
+  ``"~"`` stands in the place of the first one left out, its value saying which
+  (``-2``: the count; ``h``: the count and a window from ``h``; ``[h, skipped]``:
+  the same with a skip; ``[h, skipped, 0]``: the window only).
 
-A compacted record always holds the marker key ``"~"`` (``-1`` when nothing was
-derived), so a record without it (written whole, by an earlier release or by a
+A compacted record always holds the marker key ``"~"`` (``-1``, last, when nothing
+was derived), so a record without it (written whole, by an earlier release or by a
 script: ``retract``, ``repair``) reads as stored. In a compacted record a key of the
 record's own that is an alias, or starts with ``~``, is stored with a ``~`` before it.
 
@@ -38,7 +42,6 @@ from ctxguard.stores.records import encode_audit
 MARKER = "~"
 ALIASES: dict[str, str] = {
     "kind": "k",
-    "at": "a",
     "sent": "s",
     "sent_digest": "d",
     "summary_at": "sa",
@@ -55,7 +58,8 @@ ALIASES: dict[str, str] = {
     "ids": "i",
     "usage": "u",
 }
-NAMES: dict[str, str] = {alias: name for name, alias in ALIASES.items()}
+NAMES: dict[str, str] = {alias: name for name, alias in ALIASES.items()} | {"a": "at", "A": "at"}
+_CROCKFORD = {c: i for i, c in enumerate("0123456789ABCDEFGHJKMNPQRSTVWXYZ")}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
 
@@ -86,11 +90,12 @@ def expand(record: dict[str, Any]) -> dict[str, Any]:
             if derived is None:  # damaged: shown as stored, not guessed at
                 out[key] = value
             else:
-                out["dropped"], out["decisions"] = derived
+                out.update(derived)
         elif key.startswith(MARKER):
             out[key[1:]] = value
-        elif key == "a":
-            out["at"] = _iso(value) if type(value) is int else value
+        elif key in ("a", "A") and type(value) is int:
+            base = _rid_micros(record.get("rid")) if key == "a" else 0
+            out["at"] = value if base is None else _iso(base + value)
         else:
             out[NAMES.get(key, key)] = value
     return out
@@ -105,18 +110,22 @@ def _compact(record: Mapping[str, Any], plain: bool = False) -> dict[str, Any]:
             out[MARKER + key if key in NAMES or key.startswith(MARKER) else key] = value
         out[MARKER] = -1
         return out
-    marker = _derivable(record)
+    marker, left_out = _derivable(record)
     for key, value in record.items():
-        if marker != -1 and key in ("dropped", "decisions"):
-            if key == "dropped":
+        if key in left_out:
+            if key == left_out[0]:
                 out[MARKER] = marker
             continue
         if key == "at":
-            if isinstance(value, str):
-                micros = _micros(value)
-                out["a"] = value if micros is None else micros
+            micros = _micros(value) if isinstance(value, str) else None
+            if micros is None:
+                out["at"] = value  # as it is: "at" is no alias
             else:
-                out["at"] = value  # "a" holding an int is a time
+                base = _rid_micros(record.get("rid"))
+                if base is None:
+                    out["A"] = micros
+                else:
+                    out["a"] = micros - base
             continue
         alias = ALIASES.get(key)
         if alias is not None:
@@ -154,40 +163,85 @@ def _iso(micros: int) -> str:
     return (_EPOCH + timedelta(microseconds=micros)).isoformat()
 
 
-def _derivable(record: Mapping[str, Any]) -> Any:
-    """The marker for ``dropped`` + ``decisions`` rebuilt from the record (-1: not)."""
+def _rid_micros(rid: Any) -> int | None:
+    """The time in a ULID rid (its first 10 digits: milliseconds), in microseconds."""
+    if not isinstance(rid, str) or len(rid) != 26:
+        return None
+    ms = 0
+    for char in rid[:10]:
+        digit = _CROCKFORD.get(char)
+        if digit is None:
+            return None
+        ms = ms * 32 + digit
+    return ms * 1000
+
+
+_WINDOW = ("dropped", "decisions")
+
+
+def _derivable(record: Mapping[str, Any]) -> tuple[Any, tuple[str, ...]]:
+    """The marker and the fields it stands for, in order (``(-1, ())``: none)."""
     keys = list(record)
-    if "dropped" not in record or "decisions" not in record:
-        return -1
-    at = keys.index("dropped")
-    if at + 1 >= len(keys) or keys[at + 1] != "decisions":
-        return -1
+    window: Any = None  # (h, skipped) when dropped + decisions, together, can be rebuilt
+    if "dropped" in record:
+        at = keys.index("dropped")
+        if keys[at + 1 : at + 2] == ["decisions"]:
+            window = _window_of(record)
+    count = False
+    if "message_count" in record:
+        at = keys.index("message_count")
+        follows = keys[at + 1 : at + 3]
+        count = window is None or follows == list(_WINDOW)
+    for marker, fields in _candidates(window, count):
+        derived = _derived(record.get("sent"), marker)
+        if derived is not None and all(record[k] == v for k, v in derived.items()):
+            if list(derived) == list(fields):
+                return marker, fields
+    return -1, ()
+
+
+def _window_of(record: Mapping[str, Any]) -> tuple[int, int] | None:
     dropped, decisions = record["dropped"], record["decisions"]
     if not (isinstance(dropped, list) and len(dropped) == 1 and isinstance(dropped[0], list)):
-        return -1
-    if len(dropped[0]) != 2 or type(dropped[0][0]) is not int:
-        return -1
-    h = dropped[0][0]
-    if not isinstance(decisions, list) or not decisions or h < 0:
-        return -1
+        return None
+    if len(dropped[0]) != 2 or type(dropped[0][0]) is not int or dropped[0][0] < 0:
+        return None
+    if not isinstance(decisions, list) or not decisions:
+        return None
     first = decisions[0]
     skipped = 0
     if isinstance(first, dict) and first.get("policy") == "user_start":
         value = first.get("skipped")
         skipped = len(value) if isinstance(value, list) else 0
-    marker: Any = [h, skipped] if skipped else h
-    return marker if _derived(record.get("sent"), marker) == (dropped, decisions) else -1
+    return dropped[0][0], skipped
 
 
-def _derived(sent: Any, marker: Any) -> tuple[list[Any], list[Any]] | None:
-    """``dropped`` and ``decisions`` as a window from ``h`` to the last sent range says."""
+def _candidates(window: Any, count: bool) -> list[tuple[Any, tuple[str, ...]]]:
+    out: list[tuple[Any, tuple[str, ...]]] = []
+    if window is not None:
+        h, skipped = window
+        if count:
+            out.append(([h, skipped] if skipped else h, ("message_count", *_WINDOW)))
+        out.append(([h, skipped, 0], _WINDOW))
+    if count:
+        out.append((-2, ("message_count",)))
+    return out
+
+
+def _derived(sent: Any, marker: Any) -> dict[str, Any] | None:
+    """The fields ``marker`` stands for, as the last sent range says (None: damaged)."""
+    count, h, skipped = True, -1, 0
     if isinstance(marker, list):
-        if len(marker) != 2 or not all(type(v) is int and v >= 0 for v in marker):
+        if not 2 <= len(marker) <= 3 or not all(type(v) is int and v >= 0 for v in marker):
             return None
-        h, skipped = marker
-    else:
-        h, skipped = marker, 0
-    if type(h) is not int or h < 0:
+        h, skipped = marker[0], marker[1]
+        if len(marker) == 3:
+            if marker[2] != 0:
+                return None
+            count = False
+    elif type(marker) is int and marker >= 0:
+        h = marker
+    elif type(marker) is not int or marker != -2:
         return None
     if not isinstance(sent, list) or not sent:
         return None
@@ -199,8 +253,13 @@ def _derived(sent: Any, marker: Any) -> tuple[list[Any], list[Any]] | None:
         if type(a) is not int or type(b) is not int or a > b:
             return None
         ranges.append((a, b))
+    out: dict[str, Any] = {}
+    if count:
+        out["message_count"] = ranges[-1][1]
+    if h < 0:
+        return out
     start = ranges[-1][0]
-    if start < h:
+    if start < h or skipped > start:
         return None
     kept = sum(max(0, min(b, start) - max(a, h)) for a, b in ranges)
     decisions: list[Any] = []
@@ -209,4 +268,5 @@ def _derived(sent: Any, marker: Any) -> tuple[list[Any], list[Any]] | None:
     decisions.append(
         {"policy": "window", "first_seq": start, "dropped_messages": start - h - kept}
     )
-    return [[h, start]], decisions
+    out["dropped"], out["decisions"] = [[h, start]], decisions
+    return out
