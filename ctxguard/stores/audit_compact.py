@@ -23,7 +23,7 @@ was derived), so a record without it (written whole, by an earlier release or by
 script: ``retract``, ``repair``) reads as stored. In a compacted record a key of the
 record's own that is an alias, or starts with ``~``, is stored with a ``~`` before it.
 
-:func:`compact` checks its own work: the compacted record, encoded, decoded and
+:func:`compact_json` checks its own work: the compacted record, encoded, decoded and
 expanded, must encode to exactly the original's JSON (key for key, in order, types
 included), else the record is stored whole. :func:`expand` is the one decoder every
 reader of Redis audit records goes through (``RedisProtocol.parse_audit``). The
@@ -66,14 +66,21 @@ _US = timedelta(microseconds=1)
 
 def compact(record: Mapping[str, Any]) -> Mapping[str, Any]:
     """``record`` as stored: compacted if that reads back exactly, else as it is."""
-    out = _compact(record)
-    if _reads_back(out, record):
-        return out
+    return json.loads(compact_json(record))  # type: ignore[no-any-return]
+
+
+def compact_json(record: Mapping[str, Any]) -> str:
+    """The JSON stored for ``record``: compacted if that reads back exactly, else whole
+    (the check: the compacted JSON decoded and expanded encodes to ``record``'s JSON)."""
+    whole = encode_audit(record)
+    text = _reads_back(_compact(record), whole)
+    if text is not None:
+        return text
     if MARKER not in record:
-        return record
-    out = _compact(record, plain=True)  # a record of its own with a "~" key
-    if _reads_back(out, record):
-        return out
+        return whole
+    text = _reads_back(_compact(record, plain=True), whole)  # a "~" key of its own
+    if text is not None:
+        return text
     raise ValueError("audit record cannot be stored so that it reads back")  # not reached
 
 
@@ -139,12 +146,13 @@ def _compact(record: Mapping[str, Any], plain: bool = False) -> dict[str, Any]:
     return out
 
 
-def _reads_back(stored: Mapping[str, Any], record: Mapping[str, Any]) -> bool:
+def _reads_back(stored: Mapping[str, Any], whole: str) -> str | None:
+    """``stored``'s JSON if a reader of it sees exactly ``whole`` (the record's JSON)."""
     try:
         text = encode_audit(stored)
-        return encode_audit(expand(json.loads(text))) == encode_audit(record)
+        return text if encode_audit(expand(json.loads(text))) == whole else None
     except (ValueError, TypeError, KeyError):
-        return False
+        return None
 
 
 def _micros(at: str) -> int | None:
@@ -194,9 +202,12 @@ def _derivable(record: Mapping[str, Any]) -> tuple[Any, tuple[str, ...]]:
         count = window is None or follows == list(_WINDOW)
     for marker, fields in _candidates(window, count):
         derived = _derived(record.get("sent"), marker)
-        if derived is not None and all(record[k] == v for k, v in derived.items()):
-            if list(derived) == list(fields):
-                return marker, fields
+        if (
+            derived is not None
+            and list(derived) == list(fields)
+            and all(record[k] == v for k, v in derived.items())
+        ):
+            return marker, fields
     return -1, ()
 
 
@@ -265,8 +276,6 @@ def _derived(sent: Any, marker: Any) -> dict[str, Any] | None:
     decisions: list[Any] = []
     if skipped:
         decisions.append({"policy": "user_start", "skipped": list(range(start - skipped, start))})
-    decisions.append(
-        {"policy": "window", "first_seq": start, "dropped_messages": start - h - kept}
-    )
+    decisions.append({"policy": "window", "first_seq": start, "dropped_messages": start - h - kept})
     out["dropped"], out["decisions"] = [[h, start]], decisions
     return out

@@ -29,7 +29,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ctxguard.stores.audit_compact import compact
+from ctxguard.stores.audit_compact import compact_json
 from ctxguard.stores.records import encode_audit, with_rid
 
 CONTEXT_FIELDS = frozenset(
@@ -85,9 +85,9 @@ def audit_arg(record: Mapping[str, Any]) -> str:
     record = with_rid(record)
     parts = split(record)
     if parts is None:
-        return encode_audit(compact(record))
+        return compact_json(record)
     rest, digest, context = parts
-    return f"{encode_audit(compact(rest))}\n{digest}{context}"
+    return f"{compact_json(rest)}\n{digest}{context}"
 
 
 def resolve(records: Sequence[dict[str, Any]], contexts: Mapping[str, str]) -> list[dict[str, Any]]:

@@ -159,7 +159,9 @@ scalar = st.one_of(
 )
 value = st.recursive(
     scalar,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 names = st.sampled_from([*ALIASES, *NAMES, "~", "~~", "~a", "turn", "ctx", "kind", "é", "x"])
