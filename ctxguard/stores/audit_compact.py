@@ -33,6 +33,7 @@ in-process store keeps records whole: it never calls these.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -59,7 +60,8 @@ ALIASES: dict[str, str] = {
     "usage": "u",
 }
 NAMES: dict[str, str] = {alias: name for name, alias in ALIASES.items()} | {"a": "at", "A": "at"}
-_CROCKFORD = {c: i for i, c in enumerate("0123456789ABCDEFGHJKMNPQRSTVWXYZ")}
+_ULID_TIME = re.compile("[0-9A-HJKMNP-TV-Z]{10}")
+_TO_BASE32 = str.maketrans("ABCDEFGHJKMNPQRSTVWXYZ", "abcdefghijklmnopqrstuv")  # Crockford -> int
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
 
@@ -173,15 +175,9 @@ def _iso(micros: int) -> str:
 
 def _rid_micros(rid: Any) -> int | None:
     """The time in a ULID rid (its first 10 digits: milliseconds), in microseconds."""
-    if not isinstance(rid, str) or len(rid) != 26:
+    if not isinstance(rid, str) or len(rid) != 26 or not _ULID_TIME.match(rid):
         return None
-    ms = 0
-    for char in rid[:10]:
-        digit = _CROCKFORD.get(char)
-        if digit is None:
-            return None
-        ms = ms * 32 + digit
-    return ms * 1000
+    return int(rid[:10].translate(_TO_BASE32), 32) * 1000
 
 
 _WINDOW = ("dropped", "decisions")
