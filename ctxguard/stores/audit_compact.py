@@ -41,6 +41,7 @@ from typing import Any
 from ctxguard.stores.records import encode_audit
 
 MARKER = "~"
+MAX_SKIPPED = 4096  # a user_start skip rebuilt from the marker at most (longer: kept)
 ALIASES: dict[str, str] = {
     "kind": "k",
     "sent": "s",
@@ -104,7 +105,12 @@ def expand(record: dict[str, Any]) -> dict[str, Any]:
             out[key[1:]] = value
         elif key in ("a", "A") and type(value) is int:
             base = _rid_micros(record.get("rid")) if key == "a" else 0
-            out["at"] = value if base is None else _iso(base + value)
+            try:
+                if base is None:
+                    raise OverflowError  # "a" beside a rid that is no ULID: damaged
+                out["at"] = _iso(base + value)
+            except OverflowError:  # damaged (or past any date): shown as stored
+                out[key] = value
         else:
             out[NAMES.get(key, key)] = value
     return out
@@ -266,8 +272,8 @@ def _derived(sent: Any, marker: Any) -> dict[str, Any] | None:
     if h < 0:
         return out
     start = ranges[-1][0]
-    if start < h or skipped > start:
-        return None
+    if start < h or skipped > min(start, MAX_SKIPPED):
+        return None  # (a damaged marker must not make a reader allocate without bound)
     kept = sum(max(0, min(b, start) - max(a, h)) for a, b in ranges)
     decisions: list[Any] = []
     if skipped:

@@ -140,6 +140,10 @@ def test_a_damaged_marker_is_shown_not_guessed() -> None:
     for bad in ["x", [0], [0, 1, 2], -3, True, None]:
         assert expand({**stored, MARKER: bad})[MARKER] == bad
     assert MARKER in expand({**stored, "s": "damaged"})
+    # no reader allocates without bound or fails untyped on a damaged record
+    assert expand({**stored, MARKER: [0, 10**12], "s": [[0, 10**13]]})[MARKER] == [0, 10**12]
+    assert expand({**stored, "a": 10**30})["a"] == 10**30
+    assert expand({**stored, "a": 5, "rid": "x"})["a"] == 5  # beside a rid that is no ULID
 
 
 def test_no_context_field_or_reserved_key_is_an_alias() -> None:
