@@ -76,6 +76,9 @@ def compact_json(record: Mapping[str, Any]) -> str:
     """The JSON stored for ``record``: compacted if that reads back exactly, else whole
     (the check: the compacted JSON decoded and expanded encodes to ``record``'s JSON)."""
     whole = encode_audit(record)
+    if not all(type(key) is str for key in record):
+        record = json.loads(whole)  # keys as JSON makes them: what a reader would see
+        whole = encode_audit(record)
     text = _reads_back(_compact(record), whole)
     if text is not None:
         return text

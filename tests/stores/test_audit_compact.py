@@ -125,6 +125,7 @@ def test_keys_that_look_like_aliases_or_the_marker_are_kept_apart() -> None:
     assert stored["~a"] == 1 and stored["~~"] == 2 and stored["~~s"] == 3
     assert_reads_back(record)
     assert_reads_back({"~": -1, "dropped": [[0, 4]]})  # marker-like values of its own
+    assert_reads_back({"rid": "u", 1: 2, None: 3, "~": 4})  # keys JSON makes text
 
 
 def test_records_without_the_marker_read_as_stored() -> None:
