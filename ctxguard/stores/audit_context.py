@@ -12,7 +12,9 @@ newline the digest and the context JSON: JSON holds no raw newline);
 names the last one stored, so a record whose context is that one costs no
 command) or, when it cannot (the hash is full or damaged, or the digest is taken),
 writes the record whole. :func:`resolve` puts the fields back when reading, in
-their place, so every reader sees the record as it was written.
+their place, so every reader sees the record as it was written. The rest of the
+record is stored smaller by :mod:`~ctxguard.stores.audit_compact` (short key names,
+``at`` as an integer, derivable fields left out), undone before :func:`resolve`.
 
 Only records whose context fields stand together (as the guard writes them)
 are split, so a resolved record is the written one key for key, in order. The
@@ -27,6 +29,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ctxguard.stores.audit_compact import compact_json
 from ctxguard.stores.records import encode_audit, with_rid
 
 CONTEXT_FIELDS = frozenset(
@@ -76,14 +79,15 @@ def split(record: Mapping[str, Any]) -> tuple[dict[str, Any], str, str] | None:
 
 
 def audit_arg(record: Mapping[str, Any]) -> str:
-    """The audit record argument of a script: the record's JSON, and for a request
-    record ``"\\n" + digest + context JSON`` after it (see ``with_context`` in _lib.lua)."""
+    """The audit record argument of a script: the record's JSON (compacted:
+    ``stores.audit_compact``), and for a request record ``"\\n" + digest + context
+    JSON`` after it (see ``with_context`` in _lib.lua)."""
     record = with_rid(record)
     parts = split(record)
     if parts is None:
-        return encode_audit(record)
-    compact, digest, context = parts
-    return f"{encode_audit(compact)}\n{digest}{context}"
+        return compact_json(record)
+    rest, digest, context = parts
+    return f"{compact_json(rest)}\n{digest}{context}"
 
 
 def resolve(records: Sequence[dict[str, Any]], contexts: Mapping[str, str]) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from ctxguard.errors import (
     InvalidInputError,
     SessionFullError,
 )
+from ctxguard.stores.audit_compact import expand
 from ctxguard.stores.audit_context import audit_arg, resolve
 from ctxguard.stores.base import (
     AppendResult,
@@ -496,11 +497,13 @@ class RedisProtocol:
     def parse_audit(
         self, session_id: str, raw: Sequence[Any], contexts: Any = None
     ) -> list[dict[str, Any]]:
-        """The trail's records, each request record's context put back from the ``ctx``
-        hash (``contexts``: its HGETALL, or the error reading it)."""
+        """The trail's records as written: each one expanded (``stores.audit_compact``)
+        and each request record's context put back from the ``ctx`` hash
+        (``contexts``: its HGETALL, or the error reading it)."""
         if isinstance(contexts, Exception):
             key = self.keys(session_id)[8]
             detail = str(contexts).splitlines()[0][:200]
             raise CorruptRecordError(session_id, "ctx", detail, key=key) from None
         found = {_text(k): _text(v) for k, v in (contexts or {}).items()}
-        return resolve([decode_audit(session_id, i, r) for i, r in enumerate(raw)], found)
+        records = [expand(decode_audit(session_id, i, r)) for i, r in enumerate(raw)]
+        return resolve(records, found)
