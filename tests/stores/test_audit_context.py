@@ -203,7 +203,8 @@ async def test_the_ctx_key_is_deleted_expired_and_in_the_sessions_slot(
     await store.add_audit("s", request("r-0"), 0, 300)
     k = keys(store)
     assert 0 < await raw(store, "ttl", k["ctx"]) <= 300
-    await raw(store, "expire", k["ctx"], 10)  # as if time went by: every write slides it on
+    for name in k.values():  # as if time went by (past the TTL's slack): a write slides it on
+        await raw(store, "expire", name, 10)
     await store.add_audit("s", request("r-1"), 0, 300)  # (the same context: not written)
     assert 10 < await raw(store, "ttl", k["ctx"]) <= 300
     assert k["ctx"].split("}")[0] == k["meta"].split("}")[0]  # one hash tag: one slot

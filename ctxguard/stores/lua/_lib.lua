@@ -28,12 +28,51 @@ local function changed()
   redis.call('HINCRBY', KEYS[K_META], 'ver', 1)
 end
 
--- Re-apply the sliding TTL to every key of the session that exists.
+-- The keys this call made (index -> true): created, or made anew (a DEL then a write; a
+-- SET, which drops a key's TTL). [10]: a new rid went into rids, which may have made
+-- that hash without a sign of it (a trail holding only records without a rid).
+local MADE = {false, false, false, false, false, false, false, false, false, false}
+
+-- The sliding TTL, refreshed with slack: when meta's TTL is still within `slack` of the
+-- full `ttl` (refreshed less than `slack` ago, and not longer: a call with a shorter TTL
+-- than the session's sets its own), nothing is refreshed and the session
+-- expires at most `slack` before `ttl` after its last write; else every key gets the
+-- full TTL (EXPIRE each). slack = ttl / 20, at most 60 s; under 1 s (a TTL under 20 s)
+-- there is none: every call refreshes. Keys the call made get the session's TTL in
+-- either case (PEXPIRE to the TTL read: keys made since the last refresh expire with
+-- the ones it refreshed), so no key outlives the session; a new session (meta made)
+-- is refreshed whole. After a new rid, rids' TTL is read instead of meta's (the same
+-- on a refreshed session; -1 if the call made rids: a full refresh). A call without a
+-- TTL gives what it made the session's TTL, if the session has one.
 local function touch(ttl)
-  ttl = tonumber(ttl)
-  if ttl and ttl > 0 then
-    for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
+  ttl = tonumber(ttl) or 0
+  local made = MADE
+  if ttl <= 0 then
+    if made[1] then return end  -- a session made without a TTL
+    local pttl = nil
+    for i = 2, 9 do
+      if made[i] then
+        pttl = pttl or redis.call('PTTL', KEYS[1])
+        if pttl <= 0 then return end
+        redis.call('PEXPIRE', KEYS[i], pttl)
+      end
+    end
+    return
   end
+  local full = ttl * 1000
+  local slack = math.min(full / 20, 60000)
+  if slack >= 1000 and not made[1] then
+    local probe = 1
+    if made[10] then probe = 8 end
+    local pttl = redis.call('PTTL', KEYS[probe])
+    if pttl > full - slack and pttl <= full then
+      for i = 2, 9 do
+        if made[i] then redis.call('PEXPIRE', KEYS[i], pttl) end
+      end
+      return
+    end
+  end
+  for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
 end
 
 -- Make `counter` the session's counter; counts made by another counter become unknown.
@@ -43,6 +82,7 @@ local function switch_counter(counter)
   if current == counter then return end
   local n = redis.call('LLEN', KEYS[K_TOKS])
   redis.call('DEL', KEYS[K_TOKS])
+  MADE[K_TOKS] = true
   local chunk = {}
   for i = 1, n do
     chunk[#chunk + 1] = -1
@@ -261,6 +301,7 @@ local function append_many(first, n, counter, retry, st, now, probe)
   if not created then
     -- the epoch (creation time in microseconds) tells a re-created session from the old one
     epoch = now
+    MADE[K_META] = true
     before = ''
   end
   if counter ~= '' and meta.counter ~= counter then
@@ -283,11 +324,17 @@ local function append_many(first, n, counter, retry, st, now, probe)
     end
     if added == 1 then
       if counter == '' then tokens = '-1' end
-      redis.call('RPUSH', KEYS[K_MSGS], record)
-      redis.call('RPUSH', KEYS[K_TOKS], tokens)  -- the argument as sent: no number to format
+      -- the first message makes msgs, toks and ids (ids maps the ids of msgs' records)
+      if redis.call('RPUSH', KEYS[K_MSGS], record) == 1 then
+        MADE[K_MSGS], MADE[K_IDS] = true, true
+      end
+      -- the argument as sent: no number to format
+      if redis.call('RPUSH', KEYS[K_TOKS], tokens) == 1 then MADE[K_TOKS] = true end
       local value = tonumber(tokens)
       if value >= 0 then total = total + value end
-      if pinned == '1' then redis.call('RPUSH', KEYS[K_PINS], count) end
+      if pinned == '1' and redis.call('RPUSH', KEYS[K_PINS], count) == 1 then
+        MADE[K_PINS] = true
+      end
       count = count + 1
       flags[#flags + 1] = 1
     elseif retry and redis.call('LINDEX', KEYS[K_MSGS], redis.call('HGET', KEYS[K_IDS], id))
@@ -350,8 +397,7 @@ local function with_context(arg, meta)
       redis.call('HDEL', KEYS[K_CTX], digest)
     else
       stored = true
-      local ttl = redis.call('PTTL', KEYS[K_META])
-      if n == 1 and ttl > 0 then redis.call('PEXPIRE', KEYS[K_CTX], ttl) end
+      if n == 1 then MADE[K_CTX] = true end  -- touch() gives it the session's TTL
     end
   end
   if stored then
@@ -369,7 +415,8 @@ end
 -- script appended, else here), so numbers stay unique after trimming. A record whose
 -- rid is already in the trail is not written again (a retry after a lost reply): its
 -- turn is returned as the first time. The rids hash holds the rids of the records in
--- the list; trimming removes theirs. `ttl` is the call's TTL (its touch() follows).
+-- the list; trimming removes theirs. `ttl` is the call's TTL (its touch() follows:
+-- every script that writes a record calls it).
 -- Returns the turn given to a request record, else 0.
 local function add_audit(record, keep, ttl, plan)
   if plan.seen then return plan.seen end
@@ -381,20 +428,16 @@ local function add_audit(record, keep, ttl, plan)
     record = '{"turn":' .. turn .. ',' .. string.sub(record, 11)
   end
   local len = redis.call('RPUSH', KEYS[K_AUDIT], record)
-  if plan.rid then redis.call('HSET', KEYS[K_RIDS], plan.rid, turn) end
-  -- the trail just created (len 1; its index with it, as rids holds the rids of the
-  -- records in the list) by a call without a TTL of its own (with one, its touch()
-  -- gives every key the TTL): both get the session's, so neither outlives it. Known
-  -- from RPUSH's reply: no command on the common path. (A trail whose older records
-  -- carry no rid, written before rids existed, makes its index later, without it: the
-  -- next call with a TTL gives it one.)
-  if len == 1 and (tonumber(ttl) or 0) <= 0 then
-    local pttl = redis.call('PTTL', KEYS[K_META])
-    if pttl > 0 then
-      redis.call('PEXPIRE', KEYS[K_AUDIT], pttl)
-      if plan.rid then redis.call('PEXPIRE', KEYS[K_RIDS], pttl) end
-    end
+  if len == 1 then MADE[K_AUDIT] = true end
+  if plan.rid then
+    redis.call('HSET', KEYS[K_RIDS], plan.rid, turn)
+    -- made with the trail (len 1: rids holds the rids of the records in the list), or
+    -- maybe now (a trail whose records carry no rid: touch() reads rids' TTL)
+    if len == 1 then MADE[K_RIDS] = true end
+    MADE[10] = true
   end
+  -- (the keys made get the session's TTL in the call's touch(): known from the
+  -- replies, no command on the common path)
   keep = tonumber(keep)
   if keep > 0 and len > keep then
     local dropped = redis.call('LPOP', KEYS[K_AUDIT], len - keep)

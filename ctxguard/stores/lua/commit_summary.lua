@@ -15,6 +15,7 @@ if current ~= tonumber(ARGV[1]) or tonumber(ARGV[3]) ~= current + 1 then
 end
 if tonumber(ARGV[4]) > redis.call('LLEN', KEYS[K_MSGS]) then return 0 end
 redis.call('SET', KEYS[K_SUM], ARGV[2])
+MADE[K_SUM] = true  -- a SET drops the key's TTL: touch() gives it the session's
 redis.call('HSET', KEYS[K_META], 'sumver', ARGV[3])
 changed()
 touch(ARGV[5])

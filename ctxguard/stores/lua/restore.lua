@@ -18,6 +18,7 @@ end
 local version = tonumber(redis.call('HGET', KEYS[K_META], 'sumver') or '0')
 if ARGV[2] ~= '' and version == 0 then
   redis.call('SET', KEYS[K_SUM], ARGV[2])
+  MADE[K_SUM] = true  -- a SET drops the key's TTL: touch() gives it the session's
   version = tonumber(ARGV[3])
   redis.call('HSET', KEYS[K_META], 'sumver', version)
   changed()

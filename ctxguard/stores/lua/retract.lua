@@ -52,7 +52,10 @@ end
 local pins = redis.call('LRANGE', KEYS[K_PINS], 0, -1)
 redis.call('DEL', KEYS[K_PINS])
 for _, seq in ipairs(pins) do
-  if tonumber(seq) < keep then redis.call('RPUSH', KEYS[K_PINS], seq) end
+  if tonumber(seq) < keep then
+    redis.call('RPUSH', KEYS[K_PINS], seq)
+    MADE[K_PINS] = true  -- made anew: touch() gives it the session's TTL
+  end
 end
 redis.call('HSET', KEYS[K_META], 'count', keep, 'updated', now_ms())
 changed()
@@ -64,6 +67,9 @@ if summary then
     redis.call('DEL', KEYS[K_SUM])
   end
 end
-redis.call('RPUSH', KEYS[K_AUDIT], cjson.encode({kind = 'retract', at = ARGV[4], ids = ids, count = count}))
+if redis.call('RPUSH', KEYS[K_AUDIT],
+    cjson.encode({kind = 'retract', at = ARGV[4], ids = ids, count = count})) == 1 then
+  MADE[K_AUDIT] = true
+end
 touch(ARGV[3])
 return {1, records, counts, keep}
