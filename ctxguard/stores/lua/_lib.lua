@@ -41,8 +41,9 @@ local MADE = {false, false, false, false, false, false, false, false, false, fal
 -- there is none: every call refreshes. Keys the call made get the session's TTL in
 -- either case (PEXPIRE to the TTL read: keys made since the last refresh expire with
 -- the ones it refreshed), so no key outlives the session; a new session (meta made)
--- is refreshed whole. After a new rid, rids' TTL is read instead of meta's (the same
--- on a refreshed session; -1 if the call made rids: a full refresh). A call without a
+-- is refreshed whole. After a new rid (rids not known to be made), rids' TTL is read
+-- instead of meta's (the same on a refreshed session; -1 if the call made rids after
+-- all: a full refresh). A call without a
 -- TTL gives what it made the session's TTL, if the session has one.
 local function touch(ttl)
   ttl = tonumber(ttl) or 0
@@ -63,7 +64,7 @@ local function touch(ttl)
   local slack = math.min(full / 20, 60000)
   if slack >= 1000 and not made[1] then
     local probe = 1
-    if made[10] then probe = 8 end
+    if made[10] and not made[8] then probe = 8 end  -- rids maybe made unseen
     local pttl = redis.call('PTTL', KEYS[probe])
     if pttl > full - slack and pttl <= full then
       for i = 2, 9 do
