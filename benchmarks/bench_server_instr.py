@@ -11,10 +11,13 @@ Rows (sync, H stored messages, bench_turn's data and 4,096-token budget):
 ``floor-min`` (issue 16's minimal client), ``ctxguard`` (window cache warm: two
 script calls a turn), ``ctxguard-cold`` (three), and what a script call costs
 before it does anything: ``EVALSHA 'return 1'`` with a warm turn's keys and
-arguments, and the same with the helpers a window script carries.
+arguments, and the same with the helpers a window script carries. With ``--ttl S``:
+``ctxguard-ttl`` and ``ctxguard-ttl-cold``, the same turns with ``ttl_seconds=S`` (every
+script call ends with the sliding TTL's touch). ``cmds`` is the commands Redis ran per
+turn (INFO commandstats: the script calls and every ``redis.call`` inside them).
 
-Run: ``python benchmarks/bench_server_instr.py [--size 1000] [--turns 60] [--rounds 3]``
-(about 2-4 minutes; needs valgrind and redis-server on PATH).
+Run: ``python benchmarks/bench_server_instr.py [--size 1000] [--turns 60] [--rounds 3]
+[--ttl 3600] [--port P]`` (about 2-4 minutes; needs valgrind and redis-server on PATH).
 """
 
 from __future__ import annotations
@@ -73,6 +76,12 @@ class Callgrind:
         raise SystemExit("callgrind wrote no dump")
 
 
+def command_calls(client: redis.Redis) -> int:
+    """Commands the server has run (INFO commandstats), INFO itself left out."""
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+
 def turner(system: System, pool: list[tuple[str, str]]) -> Callable[[int], None]:
     at = [0]
 
@@ -121,6 +130,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=1000)
     ap.add_argument("--turns", type=int, default=60, help="turns per system per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ttl", type=int, default=0, help="add rows with ttl_seconds=TTL")
+    ap.add_argument("--port", type=int, default=None, help="the private server's port")
     args = ap.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("valgrind (with callgrind_control) is not on PATH")
@@ -129,13 +140,20 @@ def main() -> None:
     tok = Cl100k()
     data = build_size(args.size, 20261, tok)
     pool = [(t[0]["content"], t[1]["content"]) for t in HistoryGenerator(7).turns(256)]
-    with private_redis("--hz", "1", wrapper=wrapper) as server:
+    with private_redis("--hz", "1", wrapper=wrapper, port=args.port) as server:
         prefix = f"ctxguard-instr-{uuid.uuid4().hex[:8]}"
         systems: dict[str, System] = {
             "floor-min": FloorMin(server.url, prefix, tok),
             "ctxguard": CtxGuardSync(server.url, f"{prefix}-warm"),
             "ctxguard-cold": CtxGuardCold(server.url, f"{prefix}-cold"),
         }
+        if args.ttl:
+            systems["ctxguard-ttl"] = CtxGuardSync(
+                server.url, f"{prefix}-ttl", ttl_seconds=args.ttl
+            )
+            systems["ctxguard-ttl-cold"] = CtxGuardSync(
+                server.url, f"{prefix}-ttl-cold", window_cache_size=0, ttl_seconds=args.ttl
+            )
         runs: dict[str, Callable[[int], Any]] = {}
         for name, system in systems.items():
             system.load(data, "s")
@@ -145,12 +163,16 @@ def main() -> None:
         assert isinstance(warm, CtxGuardSync)
         runs.update(script_calls(server.url, warm, pool))
         meter = Callgrind(server.pid, out_dir)
+        stats = redis.Redis.from_url(server.url)
         counts: dict[str, list[float]] = {name: [] for name in runs}
+        commands: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(args.rounds):
             for name, run in runs.items():
+                before = command_calls(stats)
                 meter.zero()
                 run(args.turns)
                 counts[name].append(meter.dump() / args.turns)
+                commands[name].append((command_calls(stats) - before) / args.turns)
         for system in systems.values():
             system.cleanup()
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -161,6 +183,7 @@ def main() -> None:
             "instructions_per_call": round(statistics.median(v)),
             "spread": round(max(v) - min(v)),
             "x_floor_min_turn": round(statistics.median(v) / base, 2),
+            "commands_per_call": round(statistics.median(commands[name]), 1),
         }
         for name, v in counts.items()
     ]
@@ -169,11 +192,11 @@ def main() -> None:
     print(
         f"Redis instructions per turn (callgrind), H={args.size:,}, median of {args.rounds} rounds"
     )
-    print(f"{'row':28s} {'k instr':>9s} {'spread':>8s} {'x floor-min turn':>17s}")
+    print(f"{'row':28s} {'k instr':>9s} {'spread':>8s} {'x floor-min turn':>17s} {'cmds':>6s}")
     for r in rows:
         print(
             f"{r['row']:28s} {r['instructions_per_call'] / 1000:9.1f} {r['spread'] / 1000:8.1f} "
-            f"{r['x_floor_min_turn']:17.2f}"
+            f"{r['x_floor_min_turn']:17.2f} {r['commands_per_call']:6.1f}"
         )
 
 

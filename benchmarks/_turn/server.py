@@ -34,12 +34,15 @@ class Server:
 
 
 @contextlib.contextmanager
-def private_redis(*extra: str, wrapper: tuple[str, ...] = ()) -> Iterator[Server]:
-    """A fresh ``redis-server`` (``wrapper`` runs it, e.g. under valgrind): its URL and pid."""
+def private_redis(
+    *extra: str, wrapper: tuple[str, ...] = (), port: int | None = None
+) -> Iterator[Server]:
+    """A fresh ``redis-server`` (``wrapper`` runs it, e.g. under valgrind) on ``port`` (a
+    free one when None): its URL and pid."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server is not on PATH: install Redis or pass --redis-url")
-    port = _free_port()
+    port = port or _free_port()
     workdir = tempfile.mkdtemp(prefix="ctxguard-bench-redis-")
     command = [*wrapper, binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
     command += ["--appendonly", "no", "--dir", workdir, *extra]

@@ -11,7 +11,6 @@ commandstats on a server this run started.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -201,7 +200,7 @@ def test_every_key_a_call_makes_gets_the_sessions_ttl_on_the_slack_path(
     for name in now:
         ttl = client.pttl(keys[name])
         # the session's TTL: no key outlives it (nor is it cut short)
-        assert 0 < ttl and abs(ttl - meta) < 2000, (name, ttl, meta)
+        assert ttl > 0 and abs(ttl - meta) < 2000, (name, ttl, meta)
 
 
 def test_an_index_made_next_to_a_trail_without_rids_refreshes_the_session(
