@@ -45,11 +45,12 @@ class GuardConfig:
 
     ``ttl_seconds`` (off by default) is a sliding TTL on every key of a session,
     refreshed with slack on Redis (the in-process store refreshes on every write):
-    a write whose session was refreshed less than the slack ago (``ttl_seconds / 20``, at most 60 s; none under 20 s, where every write
-    refreshes) refreshes nothing, so a session expires between ``ttl_seconds -
-    slack`` and ``ttl_seconds`` after its last write. A key a write creates always
-    gets the session's TTL (on Redis: one ``PTTL`` a write, where a refresh is an
-    ``EXPIRE`` per key).
+    a write whose session was refreshed less than the slack ago (``ttl_seconds /
+    20``, at most 60 s; none under 20 s, where every write refreshes) refreshes
+    nothing, so a session expires between ``ttl_seconds - slack`` and
+    ``ttl_seconds`` after its last write. A key a write creates always gets the
+    session's TTL (on Redis: one ``PTTL`` a write, where a refresh is an ``EXPIRE``
+    per key).
 
     ``window_policy`` chooses how the window drops old messages: ``"sliding"``
     (newest messages that fit, every turn) or ``"stable"`` (grow at the end,
