@@ -73,8 +73,21 @@ def compact(record: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def compact_json(record: Mapping[str, Any]) -> str:
-    """The JSON stored for ``record``: compacted if that reads back exactly, else whole
-    (the check: the compacted JSON decoded and expanded encodes to ``record``'s JSON)."""
+    """The JSON stored for ``record``: compacted if that reads back exactly, else whole.
+
+    A record of plain JSON values (the guard's own) is compacted in one pass that proves
+    it reads back (:func:`_proven`); anything else takes the byte check
+    (:func:`_checked_json`). Both store the same bytes for every record they both take.
+    """
+    stored = _proven(record)
+    if stored is not None:
+        return encode_audit(stored)
+    return _checked_json(record)
+
+
+def _checked_json(record: Mapping[str, Any]) -> str:
+    """The general path: the compacted JSON decoded and expanded must encode to
+    ``record``'s JSON byte for byte, else the record is stored whole."""
     whole = encode_audit(record)
     if not all(type(key) is str for key in record):
         record = json.loads(whole)  # keys as JSON makes them: what a reader would see
@@ -128,7 +141,7 @@ def _compact(record: Mapping[str, Any], plain: bool = False) -> dict[str, Any]:
             out[MARKER + key if key in NAMES or key.startswith(MARKER) else key] = value
         out[MARKER] = -1
         return out
-    marker, left_out = _derivable(record)
+    marker, left_out, _ = _derivation(record)
     for key, value in record.items():
         if key in left_out:
             if key == left_out[0]:
@@ -157,6 +170,100 @@ def _compact(record: Mapping[str, Any], plain: bool = False) -> dict[str, Any]:
     return out
 
 
+def _proven(record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What :func:`_compact` makes of ``record``, if it provably reads back; else None.
+
+    The proof, for a record whose keys are ``str`` and whose values are plain JSON
+    (``dict`` with ``str`` keys, ``list``, ``str``, ``int``, ``float``, ``bool``,
+    ``None``, types exact, nested too): JSON decoding gives each value back exactly
+    (type, order, every float), so :func:`expand` of the decoded text maps every key back
+    (the alias table, the ``~`` escape and ``a``/``A`` are one-to-one, and never collide),
+    gives ``at`` back (:func:`_micros` is only an integer when :func:`_iso` of it is
+    ``at``), and rebuilds the fields the marker stands for from the same ``sent`` in their
+    place (they stand together in the record). Those are required to equal the record's
+    type for type (:func:`_same`, not ``==``: 42.0 == 42 and True == 1 in Python). The
+    expanded record is then ``record`` exactly, and encodes to its bytes. Anything else
+    (a derived field only ``==``, other types, keys JSON would make text) goes to the byte
+    check, which then decides as it always did.
+    """
+    quick = _guard_derivation(record)
+    if quick is not None:
+        marker, left_out = quick
+    else:
+        marker, left_out, derived = _derivation(record)
+        for name in left_out:
+            if not _same(record[name], derived[name]):
+                return None
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        if type(key) is not str:
+            return None
+        if key in left_out:
+            if key == left_out[0]:
+                out[MARKER] = marker
+            continue
+        kind = type(value)
+        if kind is not str and kind is not int and not _plain(value):
+            return None
+        if key == "at":
+            micros = _micros(value) if kind is str else None
+            if micros is None:
+                out["at"] = value
+            else:
+                base = _rid_micros(record.get("rid"))
+                if base is None:
+                    out["A"] = micros
+                else:
+                    out["a"] = micros - base
+            continue
+        alias = ALIASES.get(key)
+        if alias is not None:
+            out[alias] = value
+        elif key in NAMES or key[:1] == MARKER:
+            out[MARKER + key] = value
+        else:
+            out[key] = value
+    if not left_out:
+        out[MARKER] = -1
+    return out
+
+
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+def _plain(value: Any) -> bool:
+    """``value`` is plain JSON (see :func:`_proven`): decoding its JSON gives it back."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return True
+    if kind is list:
+        for item in value:  # noqa: SIM110 (a loop: all() of a generator is slower here)
+            if type(item) not in _PLAIN and not _plain(item):
+                return False
+        return True
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str or (type(item) not in _PLAIN and not _plain(item)):
+                return False
+        return True
+    return False
+
+
+def _same(value: Any, plain: Any) -> bool:
+    """``value`` is ``plain`` (plain JSON) exactly: types, key order, nested too."""
+    if type(value) is not type(plain):
+        return False
+    if type(plain) is list:
+        return len(value) == len(plain) and all(map(_same, value, plain))
+    if type(plain) is dict:
+        return (
+            len(value) == len(plain)
+            and all(type(k) is str and k == p for k, p in zip(value, plain, strict=True))
+            and all(_same(value[k], v) for k, v in plain.items())
+        )
+    return bool(value == plain)
+
+
 def _reads_back(stored: Mapping[str, Any], whole: str) -> str | None:
     """``stored``'s JSON if a reader of it sees exactly ``whole`` (the record's JSON)."""
     try:
@@ -167,7 +274,24 @@ def _reads_back(stored: Mapping[str, Any], whole: str) -> str | None:
 
 
 def _micros(at: str) -> int | None:
-    """``at`` as microseconds since the epoch, if that gives ``at`` back exactly."""
+    """``at`` as microseconds since the epoch, if that gives ``at`` back exactly.
+
+    ``isoformat()`` of a UTC time is ``YYYY-MM-DDTHH:MM:SS[.ffffff]+00:00`` (the fraction
+    only when not 0): that text is read with integer arithmetic on its fields, the minute
+    it starts with looked up (:func:`_minute`); any other text goes to ``fromisoformat``
+    and must come back from :func:`_iso` unchanged."""
+    found = _CANONICAL.fullmatch(at)
+    if found is not None:
+        minute = _MINUTES.get(found[1])
+        if minute is None:
+            minute = _minute(found[1])
+        seconds, fraction = int(found[2]), found[3]
+        if minute != _NO_MINUTE and seconds < 60:
+            if fraction is None:
+                return minute + seconds * 1_000_000
+            if fraction != "000000":
+                return minute + seconds * 1_000_000 + int(fraction)
+        return None  # no time isoformat() writes
     try:
         when = datetime.fromisoformat(at)
     except ValueError:
@@ -176,6 +300,27 @@ def _micros(at: str) -> int | None:
         return None
     micros = (when - _EPOCH) // _US
     return micros if _iso(micros) == at else None
+
+
+_CANONICAL = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d):(\d\d)(?:\.(\d{6}))?\+00:00", re.ASCII)
+_MINUTES: dict[str, int] = {}  # "YYYY-MM-DDTHH:MM" -> its microseconds, or _NO_MINUTE
+_NO_MINUTE = -(1 << 62)  # before year 1: no time's microseconds
+
+
+def _minute(text: str) -> int:
+    """The microseconds of the minute ``text`` (``YYYY-MM-DDTHH:MM``) names, if
+    ``isoformat()`` writes it so; else ``_NO_MINUTE``."""
+    try:
+        when = datetime.fromisoformat(text + ":00+00:00")
+        micros = (when - _EPOCH) // _US
+        if _iso(micros) != text + ":00+00:00":
+            micros = _NO_MINUTE
+    except (ValueError, OverflowError):
+        micros = _NO_MINUTE
+    if len(_MINUTES) >= 256:
+        _MINUTES.clear()  # a minute per turn in use; the rest is the odd record
+    _MINUTES[text] = micros
+    return micros
 
 
 def _iso(micros: int) -> str:
@@ -190,30 +335,140 @@ def _rid_micros(rid: Any) -> int | None:
 
 
 _WINDOW = ("dropped", "decisions")
+_NOTHING: tuple[Any, tuple[str, ...], dict[str, Any]] = (-1, (), {})
 
 
-def _derivable(record: Mapping[str, Any]) -> tuple[Any, tuple[str, ...]]:
-    """The marker and the fields it stands for, in order (``(-1, ())``: none)."""
-    keys = list(record)
-    window: Any = None  # (h, skipped) when dropped + decisions, together, can be rebuilt
+def _derivation(record: Mapping[str, Any]) -> tuple[Any, tuple[str, ...], dict[str, Any]]:
+    """The marker, the fields it stands for (in order) and their values as the ``sent``
+    ranges rebuild them (:func:`_derived`); ``(-1, (), {})``: none. The candidates, in
+    order: the count and the window, the window only, the count only; the first whose
+    values are ``==`` the record's is the one (:func:`_proven` asks for more)."""
+    has_count = "message_count" in record
+    if not has_count and "dropped" not in record:
+        return _NOTHING
+    ranges = _ranges(record.get("sent"))
+    if ranges is None:
+        return _NOTHING
+    window: tuple[int, int] | None = None  # (h, skipped): dropped + decisions, together
+    count = has_count
     if "dropped" in record:
+        keys = list(record)
         at = keys.index("dropped")
         if keys[at + 1 : at + 2] == ["decisions"]:
             window = _window_of(record)
-    count = False
+        if has_count and window is not None:
+            at = keys.index("message_count")
+            count = keys[at + 1 : at + 3] == list(_WINDOW)
+    end = ranges[-1][1]
+    count_equal = count and record["message_count"] == end
+    if window is not None and (rebuilt := _window(ranges, *window)) is not None:
+        dropped, decisions = rebuilt
+        if record["dropped"] == dropped and record["decisions"] == decisions:
+            h, skipped = window
+            if count_equal:
+                both = {"message_count": end, "dropped": dropped, "decisions": decisions}
+                return ([h, skipped] if skipped else h), ("message_count", *_WINDOW), both
+            return [h, skipped, 0], _WINDOW, {"dropped": dropped, "decisions": decisions}
+    if count_equal:
+        return -2, ("message_count",), {"message_count": end}
+    return _NOTHING
+
+
+def _guard_derivation(record: Mapping[str, Any]) -> tuple[Any, tuple[str, ...]] | None:
+    """:func:`_derivation`'s marker and fields for the request records the guard writes,
+    told apart in straight-line code, each field left out type for type what the ranges
+    rebuild (as :func:`_proven` asks); None: another shape (the general derivation)."""
+    if "dropped" not in record:
+        if "message_count" not in record:
+            return -1, ()
+        ranges = _int_ranges(record.get("sent"))
+        count = record["message_count"]
+        if ranges is None or type(count) is not int:
+            return None
+        return (-2, ("message_count",)) if count == ranges[-1][1] else (-1, ())
+    ranges = _int_ranges(record.get("sent"))
+    dropped, decisions = record["dropped"], record.get("decisions")
+    if ranges is None or type(dropped) is not list or len(dropped) != 1:
+        return None
+    pair = dropped[0]
+    if type(pair) is not list or len(pair) != 2 or type(decisions) is not list:
+        return None
+    h, start = pair
+    if (
+        type(h) is not int
+        or type(start) is not int
+        or start != ranges[-1][0]
+        or not 0 <= h <= start
+    ):
+        return None
+    skipped = 0
+    if len(decisions) == 2:  # user_start's skip, then the window
+        first = decisions[0]
+        if type(first) is not dict or len(first) != 2:
+            return None
+        name, other = first  # the keys, in order
+        if type(name) is not str or name != "policy" or type(other) is not str:
+            return None
+        if other != "skipped" or (policy := first["policy"]) != "user_start":
+            return None
+        seqs = first["skipped"]
+        if type(policy) is not str or type(seqs) is not list:
+            return None
+        skipped = len(seqs)
+        if not 0 < skipped <= min(start, MAX_SKIPPED) or seqs != list(
+            range(start - skipped, start)
+        ):
+            return None
+        for seq in seqs:
+            if type(seq) is not int:
+                return None
+    elif len(decisions) != 1:
+        return None
+    window = decisions[-1]
+    if type(window) is not dict or len(window) != 3:
+        return None
+    name, other, third = window
+    if type(name) is not str or type(other) is not str or type(third) is not str:
+        return None
+    if name != "policy" or other != "first_seq" or third != "dropped_messages":
+        return None
+    policy, first_seq, left = window["policy"], window["first_seq"], window["dropped_messages"]
+    if type(policy) is not str or policy != "window" or type(first_seq) is not int:
+        return None
+    if first_seq != start or type(left) is not int:
+        return None
+    kept = 0
+    for a, b in ranges:
+        if b > h and a < start:
+            kept += min(b, start) - max(a, h)
+    if left != start - h - kept:
+        return None
+    keys = list(record)
+    at = keys.index("dropped")
+    if keys[at + 1 : at + 2] != ["decisions"]:
+        return None
     if "message_count" in record:
         at = keys.index("message_count")
-        follows = keys[at + 1 : at + 3]
-        count = window is None or follows == list(_WINDOW)
-    for marker, fields in _candidates(window, count):
-        derived = _derived(record.get("sent"), marker)
-        if (
-            derived is not None
-            and list(derived) == list(fields)
-            and all(record[k] == v for k, v in derived.items())
-        ):
-            return marker, fields
-    return -1, ()
+        if keys[at + 1 : at + 3] == list(_WINDOW):
+            count = record["message_count"]
+            if type(count) is not int:
+                return None
+            if count == ranges[-1][1]:
+                return ([h, skipped] if skipped else h), ("message_count", *_WINDOW)
+    return [h, skipped, 0], _WINDOW
+
+
+def _int_ranges(sent: Any) -> list[list[int]] | None:
+    """``sent`` if :func:`_ranges` takes it and it is plain JSON (lists, ints), else None."""
+    if type(sent) is not list or not sent:
+        return None
+    for pair in sent:
+        if type(pair) is not list or len(pair) != 2:
+            return None
+        a, b = pair
+        if type(a) is not int or type(b) is not int or a > b:
+            return None
+    return sent
 
 
 def _window_of(record: Mapping[str, Any]) -> tuple[int, int] | None:
@@ -232,18 +487,6 @@ def _window_of(record: Mapping[str, Any]) -> tuple[int, int] | None:
     return dropped[0][0], skipped
 
 
-def _candidates(window: Any, count: bool) -> list[tuple[Any, tuple[str, ...]]]:
-    out: list[tuple[Any, tuple[str, ...]]] = []
-    if window is not None:
-        h, skipped = window
-        if count:
-            out.append(([h, skipped] if skipped else h, ("message_count", *_WINDOW)))
-        out.append(([h, skipped, 0], _WINDOW))
-    if count:
-        out.append((-2, ("message_count",)))
-    return out
-
-
 def _derived(sent: Any, marker: Any) -> dict[str, Any] | None:
     """The fields ``marker`` stands for, as the last sent range says (None: damaged)."""
     count, h, skipped = True, -1, 0
@@ -259,6 +502,23 @@ def _derived(sent: Any, marker: Any) -> dict[str, Any] | None:
         h = marker
     elif type(marker) is not int or marker != -2:
         return None
+    ranges = _ranges(sent)
+    if ranges is None:
+        return None
+    out: dict[str, Any] = {}
+    if count:
+        out["message_count"] = ranges[-1][1]
+    if h < 0:
+        return out
+    rebuilt = _window(ranges, h, skipped)
+    if rebuilt is None:
+        return None
+    out["dropped"], out["decisions"] = rebuilt
+    return out
+
+
+def _ranges(sent: Any) -> list[tuple[int, int]] | None:
+    """The ``sent`` ranges, if they are ``[[a, b], ...]`` of ints, ``a <= b``, not empty."""
     if not isinstance(sent, list) or not sent:
         return None
     ranges: list[tuple[int, int]] = []
@@ -269,11 +529,12 @@ def _derived(sent: Any, marker: Any) -> dict[str, Any] | None:
         if type(a) is not int or type(b) is not int or a > b:
             return None
         ranges.append((a, b))
-    out: dict[str, Any] = {}
-    if count:
-        out["message_count"] = ranges[-1][1]
-    if h < 0:
-        return out
+    return ranges
+
+
+def _window(ranges: list[tuple[int, int]], h: int, skipped: int) -> tuple[Any, Any] | None:
+    """``dropped`` and ``decisions`` of a window from ``h`` that starts at the last range
+    (``skipped``: a user_start skip before it); None when no window says that."""
     start = ranges[-1][0]
     if start < h or skipped > min(start, MAX_SKIPPED):
         return None  # (a damaged marker must not make a reader allocate without bound)
@@ -282,5 +543,4 @@ def _derived(sent: Any, marker: Any) -> dict[str, Any] | None:
     if skipped:
         decisions.append({"policy": "user_start", "skipped": list(range(start - skipped, start))})
     decisions.append({"policy": "window", "first_seq": start, "dropped_messages": start - h - kept})
-    out["dropped"], out["decisions"] = [[h, start]], decisions
-    return out
+    return [[h, start]], decisions
