@@ -61,8 +61,6 @@ ALIASES: dict[str, str] = {
     "usage": "u",
 }
 NAMES: dict[str, str] = {alias: name for name, alias in ALIASES.items()} | {"a": "at", "A": "at"}
-_ULID_TIME = re.compile("[0-9A-HJKMNP-TV-Z]{10}")
-_TO_BASE32 = str.maketrans("ABCDEFGHJKMNPQRSTVWXYZ", "abcdefghijklmnopqrstuv")  # Crockford -> int
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
 
@@ -216,16 +214,24 @@ def _proven(record: Mapping[str, Any]) -> dict[str, Any] | None:
                 else:
                     out["a"] = micros - base
             continue
-        alias = ALIASES.get(key)
-        if alias is not None:
-            out[alias] = value
-        elif key in NAMES or key[:1] == MARKER:
-            out[MARKER + key] = value
-        else:
-            out[key] = value
+        name = _STORED.get(key)
+        out[_stored_name(key) if name is None else name] = value
     if not left_out:
         out[MARKER] = -1
     return out
+
+
+_STORED: dict[str, str] = {}  # a key of a record -> its name in the compacted record
+
+
+def _stored_name(key: str) -> str:
+    """As :func:`_compact` names ``key`` (not ``at``): its alias, or escaped, or as is."""
+    name = ALIASES.get(key)
+    if name is None:
+        name = MARKER + key if key in NAMES or key.startswith(MARKER) else key
+    if len(_STORED) < 1024:  # the guard's few keys; any others are named each time
+        _STORED[key] = name
+    return name
 
 
 _PLAIN = frozenset({str, int, float, bool, type(None)})
@@ -282,15 +288,15 @@ def _micros(at: str) -> int | None:
     and must come back from :func:`_iso` unchanged."""
     found = _CANONICAL.fullmatch(at)
     if found is not None:
-        minute = _MINUTES.get(found[1])
+        text, seconds, fraction = found.groups()
+        minute = _MINUTES.get(text)
         if minute is None:
-            minute = _minute(found[1])
-        seconds, fraction = int(found[2]), found[3]
-        if minute != _NO_MINUTE and seconds < 60:
+            minute = _minute(text)
+        if minute != _NO_MINUTE and seconds < "60":
             if fraction is None:
-                return minute + seconds * 1_000_000
+                return minute + int(seconds) * 1_000_000
             if fraction != "000000":
-                return minute + seconds * 1_000_000 + int(fraction)
+                return minute + int(seconds) * 1_000_000 + int(fraction)
         return None  # no time isoformat() writes
     try:
         when = datetime.fromisoformat(at)
@@ -328,13 +334,24 @@ def _iso(micros: int) -> str:
 
 
 def _rid_micros(rid: Any) -> int | None:
-    """The time in a ULID rid (its first 10 digits: milliseconds), in microseconds."""
-    if not isinstance(rid, str) or len(rid) != 26 or not _ULID_TIME.match(rid):
+    """The time in a ULID rid (its first 10 digits: milliseconds), in microseconds
+    (read two digits at a time: a pair that is not two Crockford digits is no ULID)."""
+    if not isinstance(rid, str) or len(rid) != 26:
         return None
-    return int(rid[:10].translate(_TO_BASE32), 32) * 1000
+    pairs = _PAIRS
+    a, b, c = pairs.get(rid[0:2]), pairs.get(rid[2:4]), pairs.get(rid[4:6])
+    d, e = pairs.get(rid[6:8]), pairs.get(rid[8:10])
+    if a is None or b is None or c is None or d is None or e is None:
+        return None
+    return ((((a << 10 | b) << 10 | c) << 10 | d) << 10 | e) * 1000
+
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_PAIRS = {x + y: i << 5 | j for i, x in enumerate(_CROCKFORD) for j, y in enumerate(_CROCKFORD)}
 
 
 _WINDOW = ("dropped", "decisions")
+_WINDOW_KEYS = list(_WINDOW)
 _NOTHING: tuple[Any, tuple[str, ...], dict[str, Any]] = (-1, (), {})
 
 
@@ -449,7 +466,7 @@ def _guard_derivation(record: Mapping[str, Any]) -> tuple[Any, tuple[str, ...]] 
         return None
     if "message_count" in record:
         at = keys.index("message_count")
-        if keys[at + 1 : at + 3] == list(_WINDOW):
+        if keys[at + 1 : at + 3] == _WINDOW_KEYS:
             count = record["message_count"]
             if type(count) is not int:
                 return None

@@ -223,3 +223,26 @@ def test_a_record_the_proof_does_not_cover_takes_the_byte_check() -> None:
     assert audit_compact._proven(record) is None
     assert compact_json(record) == reference.compact_json(record)
     assert '"message_count":60.0' in compact_json(record)  # stored whole
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rid=st.one_of(
+        st.builds(new_message_id),
+        st.text(alphabet="0123456789ABCDEFGHJKMNPQRSTVWXYZabcILOU_ -+", min_size=24, max_size=27),
+    )
+)
+def test_the_rid_time_is_read_as_before(rid: str) -> None:
+    assert audit_compact._rid_micros(rid) == reference._rid_micros(rid)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    at=st.one_of(
+        st.datetimes(timezones=st.just(UTC)).map(lambda d: d.isoformat()),
+        st.from_regex(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?\+00:00", fullmatch=True),
+        st.text(max_size=34),
+    )
+)
+def test_the_time_is_read_as_before(at: str) -> None:
+    assert audit_compact._micros(at) == reference._micros(at)
