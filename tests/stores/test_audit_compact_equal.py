@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ctxguard.ids import new_message_id
@@ -244,5 +244,10 @@ def test_the_rid_time_is_read_as_before(rid: str) -> None:
         st.text(max_size=34),
     )
 )
+@example("2026-12-01T23:59:60+00:00")
+@example("2026-12-01T24:00:00.000001+00:00")
+@example("2026-12-01T23:59:59.000000+00:00")
+@example("1969-12-31T23:59:59.999999+00:00")
+@example("2026-02-29T00:00:00+00:00")
 def test_the_time_is_read_as_before(at: str) -> None:
     assert audit_compact._micros(at) == reference._micros(at)
