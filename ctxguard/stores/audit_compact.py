@@ -181,8 +181,9 @@ def _proven(record: Mapping[str, Any]) -> dict[str, Any] | None:
     """What :func:`_compact` makes of ``record``, if it provably reads back; else None.
 
     The proof, for a record whose keys are ``str`` and whose values are plain JSON
-    (``dict`` with ``str`` keys, ``list``, ``str``, ``int``, ``float``, ``bool``,
-    ``None``, types exact, nested too): JSON decoding gives each value back exactly
+    (``dict`` with ``str`` keys, ``list``, ``str``, ``int`` below 2**64 (JSON decoding
+    reads no int past 4,300 digits), ``float``, ``bool``, ``None``, types exact, nested
+    too): JSON decoding gives each value back exactly
     (type, order, every float), so :func:`expand` of the decoded text maps every key back
     (the alias table, the ``~`` escape and ``a``/``A`` are one-to-one, and never collide),
     gives ``at`` back (:func:`_micros` is only an integer when :func:`_iso` of it is
@@ -210,7 +211,10 @@ def _proven(record: Mapping[str, Any]) -> dict[str, Any] | None:
                 out[MARKER] = marker
             continue
         kind = type(value)
-        if kind is not str and kind is not int and not _plain(value):
+        if kind is int:
+            if not -_BIG < value < _BIG:
+                return None
+        elif kind is not str and not _plain(value):
             return None
         if key == "at":
             micros = _micros(value) if kind is str else None
@@ -243,22 +247,25 @@ def _stored_name(key: str) -> str:
     return name
 
 
-_PLAIN = frozenset({str, int, float, bool, type(None)})
+_SCALARS = frozenset({str, float, bool, type(None)})  # and int, below _BIG
+_BIG = 1 << 64  # an int past this takes the byte check (JSON reads 4,300 digits at most)
 
 
 def _plain(value: Any) -> bool:
     """``value`` is plain JSON (see :func:`_proven`): decoding its JSON gives it back."""
     kind = type(value)
-    if kind in _PLAIN:
+    if kind in _SCALARS:
         return True
+    if kind is int:
+        return bool(-_BIG < value < _BIG)
     if kind is list:
         for item in value:  # noqa: SIM110 (a loop: all() of a generator is slower here)
-            if type(item) not in _PLAIN and not _plain(item):
+            if type(item) not in _SCALARS and not _plain(item):
                 return False
         return True
     if kind is dict:
         for key, item in value.items():
-            if type(key) is not str or (type(item) not in _PLAIN and not _plain(item)):
+            if type(key) is not str or (type(item) not in _SCALARS and not _plain(item)):
                 return False
         return True
     return False
