@@ -28,6 +28,15 @@ expanded, must encode to exactly the original's JSON (key for key, in order, typ
 included), else the record is stored whole. :func:`expand` is the one decoder every
 reader of Redis audit records goes through (``RedisProtocol.parse_audit``). The
 in-process store keeps records whole: it never calls these.
+
+The check costs a second encode, a decode and an expand per record (5-6x a plain
+encode), so a record of plain JSON values (every record the guard writes) is instead
+compacted in one pass that proves it reads back (:func:`_proven`: keys and values of
+exact JSON types, the left-out fields equal type for type to what the ranges rebuild,
+``at`` read from isoformat()'s own shapes); anything else takes the byte check. Both
+store the same bytes (``tests/stores/test_audit_compact_equal.py`` holds the byte-checked
+implementation as it was, the reference). Which fields the ranges rebuild:
+:mod:`~ctxguard.stores.audit_derive`.
 """
 
 from __future__ import annotations
@@ -38,10 +47,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ctxguard.stores.audit_derive import derivation, derived, guard_derivation
 from ctxguard.stores.records import encode_audit
 
 MARKER = "~"
-MAX_SKIPPED = 4096  # a user_start skip rebuilt from the marker at most (longer: kept)
 ALIASES: dict[str, str] = {
     "kind": "k",
     "sent": "s",
@@ -61,8 +70,6 @@ ALIASES: dict[str, str] = {
     "usage": "u",
 }
 NAMES: dict[str, str] = {alias: name for name, alias in ALIASES.items()} | {"a": "at", "A": "at"}
-_ULID_TIME = re.compile("[0-9A-HJKMNP-TV-Z]{10}")
-_TO_BASE32 = str.maketrans("ABCDEFGHJKMNPQRSTVWXYZ", "abcdefghijklmnopqrstuv")  # Crockford -> int
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
 
@@ -73,8 +80,21 @@ def compact(record: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def compact_json(record: Mapping[str, Any]) -> str:
-    """The JSON stored for ``record``: compacted if that reads back exactly, else whole
-    (the check: the compacted JSON decoded and expanded encodes to ``record``'s JSON)."""
+    """The JSON stored for ``record``: compacted if that reads back exactly, else whole.
+
+    A record of plain JSON values (the guard's own) is compacted in one pass that proves
+    it reads back (:func:`_proven`); anything else takes the byte check
+    (:func:`_checked_json`). Both store the same bytes for every record they both take.
+    """
+    stored = _proven(record)
+    if stored is not None:
+        return encode_audit(stored)
+    return _checked_json(record)
+
+
+def _checked_json(record: Mapping[str, Any]) -> str:
+    """The general path: the compacted JSON decoded and expanded must encode to
+    ``record``'s JSON byte for byte, else the record is stored whole."""
     whole = encode_audit(record)
     if not all(type(key) is str for key in record):
         record = json.loads(whole)  # keys as JSON makes them: what a reader would see
@@ -99,11 +119,11 @@ def expand(record: dict[str, Any]) -> dict[str, Any]:
         if key == MARKER:
             if type(value) is int and value == -1:
                 continue  # nothing derived
-            derived = _derived(record.get("s"), value)
-            if derived is None:  # damaged: shown as stored, not guessed at
+            fields = derived(record.get("s"), value)
+            if fields is None:  # damaged: shown as stored, not guessed at
                 out[key] = value
             else:
-                out.update(derived)
+                out.update(fields)
         elif key.startswith(MARKER):
             out[key[1:]] = value
         elif key in ("a", "A") and type(value) is int:
@@ -128,7 +148,7 @@ def _compact(record: Mapping[str, Any], plain: bool = False) -> dict[str, Any]:
             out[MARKER + key if key in NAMES or key.startswith(MARKER) else key] = value
         out[MARKER] = -1
         return out
-    marker, left_out = _derivable(record)
+    marker, left_out, _ = derivation(record)
     for key, value in record.items():
         if key in left_out:
             if key == left_out[0]:
@@ -157,6 +177,115 @@ def _compact(record: Mapping[str, Any], plain: bool = False) -> dict[str, Any]:
     return out
 
 
+def _proven(record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What :func:`_compact` makes of ``record``, if it provably reads back; else None.
+
+    The proof, for a record whose keys are ``str`` and whose values are plain JSON
+    (``dict`` with ``str`` keys, ``list``, ``str``, ``int`` below 2**64 (JSON decoding
+    reads no int past 4,300 digits), ``float``, ``bool``, ``None``, types exact, nested
+    too): JSON decoding gives each value back exactly
+    (type, order, every float), so :func:`expand` of the decoded text maps every key back
+    (the alias table, the ``~`` escape and ``a``/``A`` are one-to-one, and never collide),
+    gives ``at`` back (:func:`_micros` is only an integer when :func:`_iso` of it is
+    ``at``), and rebuilds the fields the marker stands for from the same ``sent`` in their
+    place (they stand together in the record). Those are required to equal the record's
+    type for type (:func:`_same`, not ``==``: 42.0 == 42 and True == 1 in Python). The
+    expanded record is then ``record`` exactly, and encodes to its bytes. Anything else
+    (a derived field only ``==``, other types, keys JSON would make text) goes to the byte
+    check, which then decides as it always did.
+    """
+    quick = guard_derivation(record)
+    if quick is not None:
+        marker, left_out = quick
+    else:
+        marker, left_out, rebuilt = derivation(record)
+        for name in left_out:
+            if not _same(record[name], rebuilt[name]):
+                return None
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        if type(key) is not str:
+            return None
+        if key in left_out:
+            if key == left_out[0]:
+                out[MARKER] = marker
+            continue
+        kind = type(value)
+        if kind is int:
+            if not -_BIG < value < _BIG:
+                return None
+        elif kind is not str and not _plain(value):
+            return None
+        if key == "at":
+            micros = _micros(value) if kind is str else None
+            if micros is None:
+                out["at"] = value
+            else:
+                base = _rid_micros(record.get("rid"))
+                if base is None:
+                    out["A"] = micros
+                else:
+                    out["a"] = micros - base
+            continue
+        stored = _STORED.get(key)
+        out[_stored_name(key) if stored is None else stored] = value
+    if not left_out:
+        out[MARKER] = -1
+    return out
+
+
+_STORED: dict[str, str] = {}  # a key of a record -> its name in the compacted record
+
+
+def _stored_name(key: str) -> str:
+    """As :func:`_compact` names ``key`` (not ``at``): its alias, or escaped, or as is."""
+    name = ALIASES.get(key)
+    if name is None:
+        name = MARKER + key if key in NAMES or key.startswith(MARKER) else key
+    if len(_STORED) < 1024:  # the guard's few keys; any others are named each time
+        _STORED[key] = name
+    return name
+
+
+_SCALARS = frozenset({str, float, bool, type(None)})  # and int, below _BIG
+_BIG = 1 << 64  # an int past this takes the byte check (JSON reads 4,300 digits at most)
+
+
+def _plain(value: Any) -> bool:
+    """``value`` is plain JSON (see :func:`_proven`): decoding its JSON gives it back."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if kind is int:
+        return bool(-_BIG < value < _BIG)
+    if kind is list:
+        for item in value:  # noqa: SIM110 (a loop: all() of a generator is slower here)
+            if type(item) not in _SCALARS and not _plain(item):
+                return False
+        return True
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str or (type(item) not in _SCALARS and not _plain(item)):
+                return False
+        return True
+    return False
+
+
+def _same(value: Any, plain: Any) -> bool:
+    """``value`` is ``plain`` (plain JSON) exactly: types, key order, nested too."""
+    if type(value) is not type(plain):
+        return False
+    if type(plain) is list:
+        return len(value) == len(plain) and all(map(_same, value, plain))
+    if type(plain) is dict:
+        return (
+            len(value) == len(plain)
+            and all(type(k) is str and k == p for k, p in zip(value, plain, strict=True))
+            and all(_same(value[k], v) for k, v in plain.items())
+        )
+    return bool(value == plain)
+
+
 def _reads_back(stored: Mapping[str, Any], whole: str) -> str | None:
     """``stored``'s JSON if a reader of it sees exactly ``whole`` (the record's JSON)."""
     try:
@@ -167,7 +296,24 @@ def _reads_back(stored: Mapping[str, Any], whole: str) -> str | None:
 
 
 def _micros(at: str) -> int | None:
-    """``at`` as microseconds since the epoch, if that gives ``at`` back exactly."""
+    """``at`` as microseconds since the epoch, if that gives ``at`` back exactly.
+
+    ``isoformat()`` of a UTC time is ``YYYY-MM-DDTHH:MM:SS[.ffffff]+00:00`` (the fraction
+    only when not 0): that text is read with integer arithmetic on its fields, the minute
+    it starts with looked up (:func:`_minute`); any other text goes to ``fromisoformat``
+    and must come back from :func:`_iso` unchanged."""
+    found = _CANONICAL.fullmatch(at)
+    if found is not None:
+        text, seconds, fraction = found.groups()
+        minute = _MINUTES.get(text)
+        if minute is None:
+            minute = _minute(text)
+        if minute != _NO_MINUTE and seconds < "60":
+            if fraction is None:
+                return minute + int(seconds) * 1_000_000
+            if fraction != "000000":
+                return minute + int(seconds) * 1_000_000 + int(fraction)
+        return None  # no time isoformat() writes
     try:
         when = datetime.fromisoformat(at)
     except ValueError:
@@ -178,109 +324,43 @@ def _micros(at: str) -> int | None:
     return micros if _iso(micros) == at else None
 
 
+_CANONICAL = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d):(\d\d)(?:\.(\d{6}))?\+00:00", re.ASCII)
+_MINUTES: dict[str, int] = {}  # "YYYY-MM-DDTHH:MM" -> its microseconds, or _NO_MINUTE
+_NO_MINUTE = -(1 << 62)  # before year 1: no time's microseconds
+
+
+def _minute(text: str) -> int:
+    """The microseconds of the minute ``text`` (``YYYY-MM-DDTHH:MM``) names, if
+    ``isoformat()`` writes it so; else ``_NO_MINUTE``."""
+    try:
+        when = datetime.fromisoformat(text + ":00+00:00")
+        micros = (when - _EPOCH) // _US
+        if _iso(micros) != text + ":00+00:00":
+            micros = _NO_MINUTE
+    except (ValueError, OverflowError):
+        micros = _NO_MINUTE
+    if len(_MINUTES) >= 256:
+        _MINUTES.clear()  # a minute per turn in use; the rest is the odd record
+    _MINUTES[text] = micros
+    return micros
+
+
 def _iso(micros: int) -> str:
     return (_EPOCH + timedelta(microseconds=micros)).isoformat()
 
 
 def _rid_micros(rid: Any) -> int | None:
-    """The time in a ULID rid (its first 10 digits: milliseconds), in microseconds."""
-    if not isinstance(rid, str) or len(rid) != 26 or not _ULID_TIME.match(rid):
+    """The time in a ULID rid (its first 10 digits: milliseconds), in microseconds
+    (read two digits at a time: a pair that is not two Crockford digits is no ULID)."""
+    if not isinstance(rid, str) or len(rid) != 26:
         return None
-    return int(rid[:10].translate(_TO_BASE32), 32) * 1000
-
-
-_WINDOW = ("dropped", "decisions")
-
-
-def _derivable(record: Mapping[str, Any]) -> tuple[Any, tuple[str, ...]]:
-    """The marker and the fields it stands for, in order (``(-1, ())``: none)."""
-    keys = list(record)
-    window: Any = None  # (h, skipped) when dropped + decisions, together, can be rebuilt
-    if "dropped" in record:
-        at = keys.index("dropped")
-        if keys[at + 1 : at + 2] == ["decisions"]:
-            window = _window_of(record)
-    count = False
-    if "message_count" in record:
-        at = keys.index("message_count")
-        follows = keys[at + 1 : at + 3]
-        count = window is None or follows == list(_WINDOW)
-    for marker, fields in _candidates(window, count):
-        derived = _derived(record.get("sent"), marker)
-        if (
-            derived is not None
-            and list(derived) == list(fields)
-            and all(record[k] == v for k, v in derived.items())
-        ):
-            return marker, fields
-    return -1, ()
-
-
-def _window_of(record: Mapping[str, Any]) -> tuple[int, int] | None:
-    dropped, decisions = record["dropped"], record["decisions"]
-    if not (isinstance(dropped, list) and len(dropped) == 1 and isinstance(dropped[0], list)):
+    pairs = _PAIRS
+    a, b, c = pairs.get(rid[0:2]), pairs.get(rid[2:4]), pairs.get(rid[4:6])
+    d, e = pairs.get(rid[6:8]), pairs.get(rid[8:10])
+    if a is None or b is None or c is None or d is None or e is None:
         return None
-    if len(dropped[0]) != 2 or type(dropped[0][0]) is not int or dropped[0][0] < 0:
-        return None
-    if not isinstance(decisions, list) or not decisions:
-        return None
-    first = decisions[0]
-    skipped = 0
-    if isinstance(first, dict) and first.get("policy") == "user_start":
-        value = first.get("skipped")
-        skipped = len(value) if isinstance(value, list) else 0
-    return dropped[0][0], skipped
+    return ((((a << 10 | b) << 10 | c) << 10 | d) << 10 | e) * 1000
 
 
-def _candidates(window: Any, count: bool) -> list[tuple[Any, tuple[str, ...]]]:
-    out: list[tuple[Any, tuple[str, ...]]] = []
-    if window is not None:
-        h, skipped = window
-        if count:
-            out.append(([h, skipped] if skipped else h, ("message_count", *_WINDOW)))
-        out.append(([h, skipped, 0], _WINDOW))
-    if count:
-        out.append((-2, ("message_count",)))
-    return out
-
-
-def _derived(sent: Any, marker: Any) -> dict[str, Any] | None:
-    """The fields ``marker`` stands for, as the last sent range says (None: damaged)."""
-    count, h, skipped = True, -1, 0
-    if isinstance(marker, list):
-        if not 2 <= len(marker) <= 3 or not all(type(v) is int and v >= 0 for v in marker):
-            return None
-        h, skipped = marker[0], marker[1]
-        if len(marker) == 3:
-            if marker[2] != 0:
-                return None
-            count = False
-    elif type(marker) is int and marker >= 0:
-        h = marker
-    elif type(marker) is not int or marker != -2:
-        return None
-    if not isinstance(sent, list) or not sent:
-        return None
-    ranges: list[tuple[int, int]] = []
-    for pair in sent:
-        if not (isinstance(pair, list) and len(pair) == 2):
-            return None
-        a, b = pair
-        if type(a) is not int or type(b) is not int or a > b:
-            return None
-        ranges.append((a, b))
-    out: dict[str, Any] = {}
-    if count:
-        out["message_count"] = ranges[-1][1]
-    if h < 0:
-        return out
-    start = ranges[-1][0]
-    if start < h or skipped > min(start, MAX_SKIPPED):
-        return None  # (a damaged marker must not make a reader allocate without bound)
-    kept = sum(max(0, min(b, start) - max(a, h)) for a, b in ranges)
-    decisions: list[Any] = []
-    if skipped:
-        decisions.append({"policy": "user_start", "skipped": list(range(start - skipped, start))})
-    decisions.append({"policy": "window", "first_seq": start, "dropped_messages": start - h - kept})
-    out["dropped"], out["decisions"] = [[h, start]], decisions
-    return out
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_PAIRS = {x + y: i << 5 | j for i, x in enumerate(_CROCKFORD) for j, y in enumerate(_CROCKFORD)}
