@@ -21,7 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 from click.testing import CliRunner
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from ctxguard.cli import cli
 from ctxguard.errors import ConfigError, StoreConnectionError
@@ -96,11 +99,29 @@ async def test_async_store_reconnects_after_shutdown(private_redis: RedisServer)
     await store.close()
 
 
-def _sleep_server(server: RedisServer, seconds: float) -> threading.Thread:
+def _sleep_server(
+    server: RedisServer, seconds: float, probe_timeout: float = 0.1
+) -> threading.Thread:
+    """``DEBUG SLEEP seconds`` on its own thread, returned once the server is asleep: a
+    probe's PING then gets no answer. (A fixed pause was not enough on a loaded machine:
+    the thread's command could reach the server after the test's own.)"""
     admin = server.client()
+    # no retries: redis-py's default Retry would wait out the sleep and answer
+    probe = server.client(socket_timeout=probe_timeout, retry=Retry(NoBackoff(), 0))
+    admin.ping()
+    probe.ping()  # both connected now, while the server answers
     thread = threading.Thread(target=admin.execute_command, args=("DEBUG", "SLEEP", seconds))
     thread.start()
-    time.sleep(0.1)  # the server is asleep from here on
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            probe.ping()
+        except redis.TimeoutError:
+            break  # asleep
+        time.sleep(0.005)
+    else:
+        raise AssertionError("the server never went to sleep")
+    probe.close()
     return thread
 
 
