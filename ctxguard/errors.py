@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-ConnectionPhase = Literal["connect", "tls", "read", "lost"]
+ConnectionPhase = Literal["connect", "tls", "write", "read", "lost"]
 
 
 class CtxGuardError(Exception):
@@ -63,8 +63,10 @@ class StoreConnectionError(StoreError):
     ``phase`` says where: ``"connect"`` (no connection, or the server did not
     complete the connection handshake) and ``"tls"`` (the TLS handshake
     failed) mean the operation was never sent, so anything is safe to retry
-    (``never_reached``); ``"read"`` (no reply within the read timeout) and
-    ``"lost"`` (the connection dropped mid-operation) mean it may have run.
+    (``never_reached``); ``"write"`` (the server stopped reading before the whole
+    command was sent: what was buffered can still reach it once it reads again),
+    ``"read"`` (no reply within the read timeout) and ``"lost"`` (the connection
+    dropped mid-operation) mean it may have run.
     ``None`` when not known.
     """
 

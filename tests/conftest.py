@@ -49,11 +49,17 @@ HYPOTHESIS_SCALE = float(os.environ.get("CTXGUARD_HYPOTHESIS_SCALE") or 0)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if HYPOTHESIS_SCALE <= 0:
         return
+    scaled: set[int] = set()
     for item in items:
         test = getattr(item, "obj", None)
         current = getattr(test, "_hypothesis_internal_use_settings", None)
         if test is None or current is None or not hasattr(test, "hypothesis"):
             continue
+        # Once per test function: the items of a parametrized test share it, and
+        # scaling it per item multiplied its budget by the scale once per parameter.
+        if id(test) in scaled:
+            continue
+        scaled.add(id(test))
         examples = max(1, int(current.max_examples * HYPOTHESIS_SCALE))
         test._hypothesis_internal_use_settings = settings(  # type: ignore[attr-defined]
             current, max_examples=examples, deadline=None

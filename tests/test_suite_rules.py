@@ -20,6 +20,7 @@ import subprocess
 import sys
 from collections.abc import Collection, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import DESTRUCTIVE, shared_servers_refused
@@ -258,3 +259,31 @@ def test_services_start_private_servers_and_never_probe_6379(
         assert client.ping()
     finally:
         client.close()
+
+
+def test_the_hypothesis_scale_scales_a_parametrized_test_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``CTXGUARD_HYPOTHESIS_SCALE=3`` gives a property test 3x its examples, also
+    when it is parametrized: its items share one function, which must be scaled once,
+    not once per item (that multiplied a 40-example test with 50 parameters past any
+    budget, and ran the larger-budget run out of time)."""
+    import conftest
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=40)
+    @given(st.integers())
+    def prop(x: int) -> None:
+        pass
+
+    class Item:  # what the hook reads of a pytest item: the test function
+        def __init__(self) -> None:
+            self.obj = prop
+
+    monkeypatch.setattr(conftest, "HYPOTHESIS_SCALE", 3.0)
+    items: list[Any] = [Item() for _ in range(5)]  # five parameters of one test
+    conftest.pytest_collection_modifyitems(None, items)  # type: ignore[arg-type]
+    got = prop._hypothesis_internal_use_settings  # type: ignore[attr-defined]
+    assert got.max_examples == 120
+    assert got.deadline is None

@@ -126,7 +126,7 @@ class RedisStore(RedisStoreBase):
             except AuthenticationError as exc:
                 raise wrap_error(exc, what, self.where, self.url) from exc
             except RETRYABLE as exc:
-                sent = exc if connection_phase(exc) in ("read", "lost") else sent
+                sent = exc if connection_phase(exc) in ("write", "read", "lost") else sent
                 delay = next(delays, None)
                 if delay is None:  # report an attempt that may have run over a later refusal
                     raise wrap_error(sent or exc, what, self.where, self.url, attempts) from exc

@@ -88,6 +88,9 @@ def connection_phase(exc: RedisError | RedisClusterException) -> ConnectionPhase
     if isinstance(exc, RedisClusterException) and not isinstance(exc, RETRYABLE):
         return "connect"  # the cluster client could reach no startup node
     if isinstance(exc, redis.TimeoutError):
+        # redis-py's words for a send the socket timeout cut short (sync and asyncio)
+        if any(str(e).startswith("Timeout writing") for e in chain):
+            return "write"
         return "read"
     return "lost"
 
@@ -140,6 +143,12 @@ def _connection_problem(
         return (
             f"{where} closed the connection during {handshake} ({type(exc).__name__}): "
             f"is it a Redis server{_tls_question(url)}? {nothing}"
+        )
+    if phase == "write":
+        return (
+            f"could not finish sending to {where} within {read_s}: the server stopped reading "
+            "(busy or stalled; raise the timeout with ?socket_timeout=...); what was sent may "
+            "still reach it, so the operation may or may not have run"
         )
     if phase == "read":
         return (
