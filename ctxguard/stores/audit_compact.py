@@ -155,15 +155,7 @@ def _compact(record: Mapping[str, Any], plain: bool = False) -> dict[str, Any]:
                 out[MARKER] = marker
             continue
         if key == "at":
-            micros = _micros(value) if isinstance(value, str) else None
-            if micros is None:
-                out["at"] = value  # as it is: "at" is no alias
-            else:
-                base = _rid_micros(record.get("rid"))
-                if base is None:
-                    out["A"] = micros
-                else:
-                    out["a"] = micros - base
+            _put_at(out, value, record)
             continue
         alias = ALIASES.get(key)
         if alias is not None:
@@ -217,21 +209,28 @@ def _proven(record: Mapping[str, Any]) -> dict[str, Any] | None:
         elif kind is not str and not _plain(value):
             return None
         if key == "at":
-            micros = _micros(value) if kind is str else None
-            if micros is None:
-                out["at"] = value
-            else:
-                base = _rid_micros(record.get("rid"))
-                if base is None:
-                    out["A"] = micros
-                else:
-                    out["a"] = micros - base
+            _put_at(out, value, record)
             continue
         stored = _STORED.get(key)
         out[_stored_name(key) if stored is None else stored] = value
     if not left_out:
         out[MARKER] = -1
     return out
+
+
+def _put_at(out: dict[str, Any], at: Any, record: Mapping[str, Any]) -> None:
+    """``at`` as microseconds after the rid's own time (``a``), or since the epoch
+    (``A``) for a record without a rid that tells one; as it is when it is not an
+    ISO time :func:`_micros` reads back exactly ("at" is no alias)."""
+    micros = _micros(at) if isinstance(at, str) else None
+    if micros is None:
+        out["at"] = at
+        return
+    base = _rid_micros(record.get("rid"))
+    if base is None:
+        out["A"] = micros
+    else:
+        out["a"] = micros - base
 
 
 _STORED: dict[str, str] = {}  # a key of a record -> its name in the compacted record
