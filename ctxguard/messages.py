@@ -361,29 +361,29 @@ def _time_suffix(created_at: datetime) -> str | None:
 
 
 def expand_record(raw: str | bytes) -> str | bytes:
-    """A stored record with a compact ``"t"`` made the record it stands for, byte for
-    byte (``"created_at"`` in pydantic's ISO form); any other record as it is (earlier
-    releases' records, and damaged ones for the validation to name)."""
+    """A stored record with a compact ``"t"`` made the record it stands for (``"created_at"``
+    in pydantic's ISO form); any other record as it is (earlier releases' records, and
+    damaged ones for the validation to name)."""
     if isinstance(raw, str):
         at = raw.rfind(_TIME_KEY, max(0, len(raw) - _TIME_TAIL))
         digits = raw[at + 5 : -1]
         if at < 0 or raw[-1] != "}" or not (digits.isascii() and digits.isdigit()):
             return raw
-        return f'{raw[:at]},"created_at":{_iso(int(digits)).decode()}}}'
+        return f'{raw[:at]},"created_at":"{_iso(int(digits))}"}}'
     at = raw.rfind(_TIME_KEY_BYTES, max(0, len(raw) - _TIME_TAIL))
     tail = raw[at + 5 : -1]
     if at < 0 or raw[-1:] != b"}" or not (tail.isascii() and tail.isdigit()):
         return raw
-    return raw[:at] + b',"created_at":' + _iso(int(tail)) + b"}"
+    return b"%s,\"created_at\":\"%s\"}" % (raw[:at], _iso(int(tail)).encode())
 
 
-def _iso(micros: int) -> bytes:
-    """The JSON string pydantic writes for that time (a number past year 9999, for the
-    validation to refuse)."""
+def _iso(micros: int) -> str:
+    """The time as pydantic writes it (``isoformat``'s digits, a fraction only when not
+    zero, ``Z``); past year 9999 a text the validation refuses."""
     try:
-        return pydantic_core.to_json(_EPOCH + micros * _MICROSECOND)
+        return (_EPOCH + micros * _MICROSECOND).isoformat()[:-6] + "Z"
     except OverflowError:
-        return str(micros).encode()
+        return "past year 9999"
 
 
 def iso_record(message: Message) -> str:
