@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
@@ -25,6 +25,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 from pydantic_core import PydanticSerializationError, SchemaValidator
 
+from ctxguard._record_time import EPOCH, MICROSECOND, TIME_KEY, expand_record, time_suffix
 from ctxguard._validate import check_message_batch, json_problem, one_line, show
 from ctxguard.errors import InvalidMessageError
 from ctxguard.ids import MAX_ID_BYTES, new_message_id, validate_id
@@ -185,7 +186,7 @@ class Message(BaseModel):
             # empty metadata / extra are left out (they decode to {}): on short
             # messages they were a tenth of what Redis stores per message
             empty = {name for name in ("metadata", "extra") if not getattr(self, name)}
-            suffix = _time_suffix(self.created_at) if compact else None
+            suffix = time_suffix(self.created_at) if compact else None
             if suffix is None:
                 return self.model_dump_json(exclude_none=True, exclude=empty or None)
             empty.add("created_at")
@@ -309,7 +310,7 @@ def _plain_message(data: dict[str, Any], id: str | None) -> Message | None:  # n
         record = pydantic_core.to_json({"role": role, "content": content, "id": id}).decode()
     except (PydanticSerializationError, UnicodeError, ValueError):
         return None  # the full path raises its InvalidMessageError
-    record = f"{record[:-1]}{_TIME_KEY}{(created_at - _EPOCH) // _MICROSECOND}}}"
+    record = f"{record[:-1]}{TIME_KEY}{(created_at - EPOCH) // MICROSECOND}}}"
     message = Message.__new__(Message)
     _setattr(
         message,
@@ -334,56 +335,6 @@ def _plain_message(data: dict[str, Any], id: str | None) -> Message | None:  # n
     _setattr(message, "__pydantic_private__", None)
     _made.last = (message, record)
     return message
-
-
-# A record's creation time: ``"t": <microseconds since the epoch>``, last in the record
-# (21 B less than ``"created_at": "<ISO 8601>"``: a fifth of a short message's record),
-# for any time at UTC offset zero, which the ISO form stores as ``Z`` and reads back as
-# UTC whatever its tzinfo was: the same datetime either way. Other offsets, naive times
-# and times before 1970 keep the ISO form. ``expand_record`` gives the ISO form back
-# before validation, so a compact record decodes exactly as the record it stands for,
-# and a record written before (``created_at``, no top-level ``t``: the model forbids
-# extra keys) is left as it is.
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-_ZERO = timedelta(0)
-_TIME_KEY = ',"t":'
-_TIME_KEY_BYTES = _TIME_KEY.encode()
-_TIME_TAIL = 27  # ',"t":' + at most 21 digits + '}'
-
-
-def _time_suffix(created_at: datetime) -> str | None:
-    """``,"t":<us>}`` for a time the compact form keeps exactly, else None."""
-    if created_at.utcoffset() != _ZERO:  # (naive: None)
-        return None
-    micros = (created_at - _EPOCH) // _MICROSECOND
-    return f"{_TIME_KEY}{micros}}}" if micros >= 0 else None
-
-
-def expand_record(raw: str | bytes) -> str | bytes:
-    """A stored record with a compact ``"t"`` made the record it stands for (``"created_at"``
-    in pydantic's ISO form); any other record as it is (earlier releases' records, and
-    damaged ones for the validation to name)."""
-    if isinstance(raw, str):
-        at = raw.rfind(_TIME_KEY, max(0, len(raw) - _TIME_TAIL))
-        digits = raw[at + 5 : -1]
-        if at < 0 or raw[-1] != "}" or not (digits.isascii() and digits.isdigit()):
-            return raw
-        return f'{raw[:at]},"created_at":"{_iso(int(digits))}"}}'
-    at = raw.rfind(_TIME_KEY_BYTES, max(0, len(raw) - _TIME_TAIL))
-    tail = raw[at + 5 : -1]
-    if at < 0 or raw[-1:] != b"}" or not (tail.isascii() and tail.isdigit()):
-        return raw
-    return b"%s,\"created_at\":\"%s\"}" % (raw[:at], _iso(int(tail)).encode())
-
-
-def _iso(micros: int) -> str:
-    """The time as pydantic writes it (``isoformat``'s digits, a fraction only when not
-    zero, ``Z``); past year 9999 a text the validation refuses."""
-    try:
-        return (_EPOCH + micros * _MICROSECOND).isoformat()[:-6] + "Z"
-    except OverflowError:
-        return "past year 9999"
 
 
 def iso_record(message: Message) -> str:

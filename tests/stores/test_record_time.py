@@ -38,6 +38,7 @@ def samples() -> list[Message]:
         # kept in ISO form: another offset, naive, before 1970
         Message(role="user", content="x", created_at=WHEN.astimezone(timezone(timedelta(hours=2)))),
         Message(role="user", content="x", created_at=WHEN.replace(tzinfo=None)),
+        Message(role="user", content="x", created_at=WHEN.replace(tzinfo=None), extra={"t": 5}),
         Message(role="user", content="x", created_at=datetime(1969, 7, 20, 20, 17, tzinfo=UTC)),
     ]
 
