@@ -25,6 +25,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 from pydantic_core import PydanticSerializationError, SchemaValidator
 
+from ctxguard._record_time import EPOCH, MICROSECOND, TIME_KEY, expand_record, time_suffix
 from ctxguard._validate import check_message_batch, json_problem, one_line, show
 from ctxguard.errors import InvalidMessageError
 from ctxguard.ids import MAX_ID_BYTES, new_message_id, validate_id
@@ -175,7 +176,7 @@ class Message(BaseModel):
         _made.last = (self, self._serialise())
         return self
 
-    def _serialise(self) -> str:
+    def _serialise(self, compact: bool = True) -> str:
         """The JSON record, made once: a message that cannot be stored is not a message.
 
         Lone surrogates, bytes or arbitrary objects in metadata fail here, at
@@ -185,7 +186,11 @@ class Message(BaseModel):
             # empty metadata / extra are left out (they decode to {}): on short
             # messages they were a tenth of what Redis stores per message
             empty = {name for name in ("metadata", "extra") if not getattr(self, name)}
-            return self.model_dump_json(exclude_none=True, exclude=empty or None)
+            suffix = time_suffix(self.created_at) if compact else None
+            if suffix is None:
+                return self.model_dump_json(exclude_none=True, exclude=empty or None)
+            empty.add("created_at")
+            return self.model_dump_json(exclude_none=True, exclude=empty)[:-1] + suffix
         except (PydanticSerializationError, UnicodeError, ValueError, RecursionError) as exc:
             detail = str(exc).splitlines()[0][:160]
             raise ValueError(f"the message cannot be stored as JSON ({detail})") from None
@@ -249,6 +254,7 @@ class Message(BaseModel):
         ``__init__`` would add. A record that fails is decoded again the usual
         way, so errors are exactly what :meth:`model_validate_json` raises.
         """
+        raw = expand_record(raw)
         if cls is Message:
             try:
                 return _record_validator().validate_json(raw)  # type: ignore[no-any-return]
@@ -301,11 +307,10 @@ def _plain_message(data: dict[str, Any], id: str | None) -> Message | None:  # n
         return None
     created_at = datetime.now(UTC)
     try:  # what _serialise makes of this shape (None fields and empty dicts left out)
-        record = pydantic_core.to_json(
-            {"role": role, "content": content, "id": id, "created_at": created_at}
-        ).decode()
+        record = pydantic_core.to_json({"role": role, "content": content, "id": id}).decode()
     except (PydanticSerializationError, UnicodeError, ValueError):
         return None  # the full path raises its InvalidMessageError
+    record = f"{record[:-1]}{TIME_KEY}{(created_at - EPOCH) // MICROSECOND}}}"
     message = Message.__new__(Message)
     _setattr(
         message,
@@ -330,6 +335,12 @@ def _plain_message(data: dict[str, Any], id: str | None) -> Message | None:  # n
     _setattr(message, "__pydantic_private__", None)
     _made.last = (message, record)
     return message
+
+
+def iso_record(message: Message) -> str:
+    """The record as earlier releases wrote it (``created_at`` in ISO form, in field
+    order): what the CLI shows and exports."""
+    return message._serialise(compact=False)
 
 
 # The record the last message validated in this thread serialised to (its check that it

@@ -24,6 +24,7 @@ from ctxguard.cli.common import (
 from ctxguard.cli.sessions import info_json
 from ctxguard.cli.snapshot import Snapshot, dropped_ranges, format_ranges, require_snapshot
 from ctxguard.guard.sent import sent_count
+from ctxguard.messages import iso_record
 from ctxguard.stores.base import StoredMessage
 
 _EPILOG = f"""\b
@@ -66,7 +67,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
 
 
 def message_json(stored: StoredMessage) -> dict[str, Any]:
-    record = json.loads(stored.message.to_record())
+    record = json.loads(iso_record(stored.message))
     return {"seq": stored.seq, "tokens": stored.tokens, "message": record}
 
 
