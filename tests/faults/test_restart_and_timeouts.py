@@ -381,6 +381,10 @@ def _after_the_write_timeout(error: StoreConnectionError, ids: list[str]) -> Non
 
 
 BIG = NewMessage(Message(role="user", content="x" * (48 << 20), id="big"), 1)
+# The server must be asleep before the big send starts: awake, it reads the 48 MB and
+# the test sees a read timeout instead. A PING unanswered for 0.1 s can be a loaded
+# machine rather than a sleeping server; for 0.5 s it is not (the sleep is 3 s).
+WRITE_PROBE = 0.5
 
 
 def test_send_the_server_does_not_read_times_out_on_the_write(
@@ -392,7 +396,7 @@ def test_send_the_server_does_not_read_times_out_on_the_write(
     store = open_store(url, namespace="slow", retry=RetryPolicy(attempts=1))
     store.append("s", [new("before", id="before")], OPTS)
 
-    sleeper = _sleep_server(private_redis, 2.0)
+    sleeper = _sleep_server(private_redis, 3.0, probe_timeout=WRITE_PROBE)
     with pytest.raises(StoreConnectionError) as caught:
         store.append("s", [BIG], OPTS)
     sleeper.join(10)
@@ -414,7 +418,7 @@ async def test_async_send_the_server_does_not_read_times_out_on_the_write(
     store = open_async_store(url, namespace="slow", retry=RetryPolicy(attempts=1))
     await store.append("s", [new("before", id="before")], OPTS)
 
-    sleeper = await asyncio.to_thread(_sleep_server, private_redis, 2.0)
+    sleeper = await asyncio.to_thread(_sleep_server, private_redis, 3.0, WRITE_PROBE)
     with pytest.raises(StoreConnectionError) as caught:
         await store.append("s", [BIG], OPTS)
     await asyncio.to_thread(sleeper.join, 10)
