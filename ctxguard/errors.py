@@ -104,8 +104,9 @@ class CorruptRecordError(StoreError):
         else:
             text = (
                 f"session {session_id!r}: record at position {position} does not decode "
-                f"({detail}); it was written by something other than ctxguard or truncated. "
-                "Export the session with `ctxguard export` and repair or delete that record."
+                f"({detail}); it was written by something other than ctxguard, by a newer "
+                "ctxguard (upgrade this process), or truncated. Export the session with "
+                "`ctxguard export` and repair or delete that record."
             )
         super().__init__(text)
 
