@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ctxguard._frozen import fast_init
 from ctxguard.errors import (
     BudgetError,
     CtxGuardError,
@@ -56,6 +57,7 @@ def _seq(stored: StoredMessage) -> int:
 Tools = Sequence[Mapping[str, Any]]
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True, slots=True)
 class Speculation:
     """A request planned on the cached window, to commit if the session is unchanged."""

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ctxguard._frozen import fast_init
 from ctxguard.messages import Message
 
 Decision = dict[str, Any]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Item:
     """One message as the policies see it: position, message, exact token count."""
@@ -23,6 +25,7 @@ class Item:
         return self.message.is_pinned_role
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Budget:
     """The numbers one request must respect.
