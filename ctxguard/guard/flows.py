@@ -274,7 +274,7 @@ def _committed(
     tools: Tools | None,
 ) -> PreparedRequest:
     """The store took the request planned on the cached window (see window_cache)."""
-    core.committed(session_id, fast.fetch, hit, fast.items)
+    core.committed(session_id, fast.fetch, hit, fast.items, fast.plan.plain)
     core.prefix.committed(session_id, fast.record["rid"])
     if core.config.audit_mode == "with_reply":
         core.hold(session_id, fast.record)

@@ -78,6 +78,9 @@ class Plan:
     dropped: list[tuple[int, int]] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     summarize: SummaryRequest | None = None
+    # every candidate the window was chosen from has no tool role and no tool calls
+    # (plan_request; False: not known), so the window holds no tool message either
+    plain: bool = False
 
     @property
     def window_start(self) -> int:
