@@ -15,9 +15,38 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxguard.errors import ConfigError, InvalidInputError, InvalidMessageError
+
+if TYPE_CHECKING:
+    from ctxguard.guard.prepared import PreparedRequest
+    from ctxguard.messages import Message
+    from ctxguard.stores.base import NewMessage, RecordWrite, Summary, WriteOptions
+
+_BOUND = False  # the model types above, bound at runtime by _bind_types
+
+
+def _bind_types() -> None:
+    """Bind the model types the per-call checks name. Their modules import this one, so
+    they cannot be imported with it; a ``from`` import in the check itself costs ~1 us a
+    call (the import system's lookups, and an AttributeError made and dropped for a
+    module's missing ``__path__``), several calls a turn."""
+    global _BOUND
+    from ctxguard.guard.prepared import PreparedRequest
+    from ctxguard.messages import Message
+    from ctxguard.stores.base import NewMessage, RecordWrite, Summary, WriteOptions
+
+    globals().update(
+        PreparedRequest=PreparedRequest,
+        Message=Message,
+        NewMessage=NewMessage,
+        RecordWrite=RecordWrite,
+        Summary=Summary,
+        WriteOptions=WriteOptions,
+    )
+    _BOUND = True
+
 
 MAX_JSON_DEPTH = 64
 _UNSET: Any = object()  # "not passed" for check_store_args (None may be a bad value)
@@ -138,10 +167,10 @@ def check_session_id(value: object) -> str:
 
 def check_message_batch(values: object, what: str = "new_messages") -> Iterable[Any]:
     """A batch of messages: any iterable of messages, but not one message or a string."""
-    from ctxguard.messages import Message
-
     if type(values) is list or type(values) is tuple:
         return values
+    if not _BOUND:
+        _bind_types()
     if isinstance(values, Mapping):
         raise InvalidMessageError(
             f"{what}: expected a list of messages, got a dict (wrap a single message in a list)"
@@ -212,10 +241,10 @@ def check_usage(usage: object) -> None:
 
 
 def check_prepared(prepared: object, session_id: str) -> None:
-    from ctxguard.guard.prepared import PreparedRequest
-
     if prepared is None:
         return
+    if not _BOUND:
+        _bind_types()
     if not isinstance(prepared, PreparedRequest):
         raise InvalidInputError(
             "prepared must be the PreparedRequest that prepare() returned, "
@@ -284,9 +313,8 @@ def check_prefix(prefix: object) -> None:
 
 def check_new_messages(messages: object) -> None:
     """What a store's append takes: NewMessage objects (the guard makes them)."""
-    from ctxguard.messages import Message
-    from ctxguard.stores.base import NewMessage
-
+    if not _BOUND:
+        _bind_types()
     if not isinstance(messages, list | tuple):
         raise InvalidInputError(
             f"messages must be a list of NewMessage, got {type_name(messages)}; "
@@ -306,8 +334,8 @@ def check_new_messages(messages: object) -> None:
 
 
 def check_options(options: object) -> None:
-    from ctxguard.stores.base import WriteOptions
-
+    if not _BOUND:
+        _bind_types()
     if type(options) is not WriteOptions:
         raise InvalidInputError(f"options must be a WriteOptions, got {type_name(options)}")
     if options.counter is not None and type(options.counter) is not str:
@@ -359,8 +387,8 @@ def check_store_args(
     record: object = _UNSET,
 ) -> None:
     """The store methods' own arguments (the session id is checked by the store)."""
-    from ctxguard.stores.base import RecordWrite, Summary
-
+    if not _BOUND:
+        _bind_types()
     if new is not _UNSET:
         check_new_messages(new)
     if options is not _UNSET:

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ctxguard._frozen import fast_init
 from ctxguard.errors import (
     BudgetError,
     CtxGuardError,
@@ -34,7 +35,7 @@ from ctxguard.guard.prefix_estimate import PrefixEstimates
 from ctxguard.guard.stable import StablePolicy, fetch_positions, plan_stable
 from ctxguard.guard.summary_checks import SummaryChecks
 from ctxguard.guard.truncate import shrink_message
-from ctxguard.guard.window_cache import WindowCache, speculate
+from ctxguard.guard.window_cache import WindowCache, all_plain, speculate
 from ctxguard.kv.limit import ContextLimit
 from ctxguard.messages import PINNED_ROLES, Message
 from ctxguard.stores.base import (
@@ -56,6 +57,7 @@ def _seq(stored: StoredMessage) -> int:
 Tools = Sequence[Mapping[str, Any]]
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True, slots=True)
 class Speculation:
     """A request planned on the cached window, to commit if the session is unchanged."""
@@ -174,11 +176,14 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
         budget: Budget,
         recounts: dict[int, int] | None,
         reuse: Mapping[int, Item] | None,
+        plain: bool | None = None,
     ) -> tuple[Plan, dict[int, int], list[Item]]:
         """:meth:`plan`, also giving the window's items; ``reuse`` (the items of the last
         plan on this session's cached window, by seq) saves making an Item per message per
         turn: one is taken only if it is the one this fetch's message would make (the same
-        seq, Message object and count: Items are frozen values)."""
+        seq, Message object and count: Items are frozen values); ``plain`` (True: no
+        message of ``fetch.recent`` is a tool result or calls tools, as the cache knows)
+        goes to ``plan_request``."""
         if recounts is None:
             recounts = {}
         # one pass over the window: pinned roles go with the older pinned messages, the
@@ -244,6 +249,7 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
             summary_text=summary.text if summary else None,
             policy=self.policy,
             shrink=self._shrink_item,
+            plain=True if plain else None,
         )
         return plan, recounts, items
 
@@ -256,15 +262,16 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
         a refetch, a summary, a refusal) is left to the fetch path, which then
         does it exactly as without a cache.
         """
-        found = self.cache.get_with_items(session_id)
+        found = self.cache.get_for_plan(session_id)
         if found is None:
             return None
-        entry, reuse = found
+        entry, reuse, plain = found
         fetch = speculate(entry, new, budget.prompt, len(new))
         if fetch is None:
             return None
+        plain = plain and all_plain(new)
         try:
-            plan, recounts, items = self._plan(fetch, budget, None, reuse)
+            plan, recounts, items = self._plan(fetch, budget, None, reuse, plain)
             if recounts or plan.summarize is not None or self.refetch(fetch, plan, budget):
                 return None
             total, sent = self.finalize(plan, budget, tools, newest_sent(new))
@@ -275,10 +282,16 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
         return Speculation(fetch, plan, sent, total, record, write, items)
 
     def committed(
-        self, session_id: str, spec: WindowFetch, hit: WindowHit, items: Sequence[Item] = ()
+        self,
+        session_id: str,
+        spec: WindowFetch,
+        hit: WindowHit,
+        items: Sequence[Item] = (),
+        plain: bool = False,
     ) -> None:
         """The store took the request planned on ``spec`` (its ``items``, from a plan on
-        the cached window): the cache moves to the new state."""
+        the cached window; ``plain``: that plan's, see ``Plan.plain``): the cache moves
+        to the new state."""
         fetch = WindowFetch(
             spec.info,
             spec.pinned,
@@ -296,7 +309,7 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
         ):
             self.cache.evict(session_id)  # cannot happen when the token held; never trust it
         else:
-            self.cache.put(session_id, fetch, {i.seq: i for i in items} if items else None)
+            self.cache.put(session_id, fetch, {i.seq: i for i in items} if items else None, plain)
 
     def replied(self, session_id: str, reply: Message, result: AppendResult) -> None:
         """A reply stored now (not a retry's) extends the session's prefix-cache chain."""
@@ -353,7 +366,7 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
         else:
             total = self._render_to_fit(plan, budget, tools)
             sent = plan.sent()
-        problems = check_plan(sent.messages, budget, total, required)
+        problems = check_plan(sent.messages, budget, total, required, plan.plain)
         if problems:
             raise CtxGuardError("internal error, request failed its checks: " + "; ".join(problems))
         return total, sent

@@ -16,6 +16,7 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ctxguard._frozen import fast_init
 from ctxguard.errors import (
     BudgetError,
     ConflictError,
@@ -49,6 +50,7 @@ FRESH_REPLANS = 2  # plans on what a lost commit sent back, before waiting (then
 REFUSALS = (BudgetError, TemplateRefusedError, InvalidMessageError)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class StoreCall:
     """Call ``store.<method>(*args)``."""
@@ -272,7 +274,7 @@ def _committed(
     tools: Tools | None,
 ) -> PreparedRequest:
     """The store took the request planned on the cached window (see window_cache)."""
-    core.committed(session_id, fast.fetch, hit, fast.items)
+    core.committed(session_id, fast.fetch, hit, fast.items, fast.plan.plain)
     core.prefix.committed(session_id, fast.record["rid"])
     if core.config.audit_mode == "with_reply":
         core.hold(session_id, fast.record)

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ctxguard._frozen import fast_init
 from ctxguard.messages import Message
 
 Decision = dict[str, Any]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Item:
     """One message as the policies see it: position, message, exact token count."""
@@ -23,6 +25,7 @@ class Item:
         return self.message.is_pinned_role
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Budget:
     """The numbers one request must respect.
@@ -75,6 +78,9 @@ class Plan:
     dropped: list[tuple[int, int]] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     summarize: SummaryRequest | None = None
+    # every candidate the window was chosen from has no tool role and no tool calls
+    # (plan_request; False: not known), so the window holds no tool message either
+    plain: bool = False
 
     @property
     def window_start(self) -> int:

@@ -268,12 +268,17 @@ def plan_request(
     summary_text: str | None,
     policy: WindowPolicy,
     shrink: Shrinker | None = None,
+    plain: bool | None = None,
 ) -> Plan:
-    """The whole policy chain for one request (see the module docstring)."""
+    """The whole policy chain for one request (see the module docstring). ``plain``:
+    what :func:`_plain` says of ``items``, when the caller knows it (the window cache)."""
     plan = Plan(pinned=list(pinned), window=[])
     groups: list[list[Item]] | None
     removed: list[Item]
-    if _plain(items):  # no tool messages (most chats): every item is its own whole group
+    if plain is None:
+        plain = _plain(items)
+    if plain:  # no tool messages (most chats): every item is its own whole group
+        plan.plain = True
         candidates, removed, groups = list(items), [], None
     else:
         candidates, removed, groups = _repair(group(items))
@@ -376,12 +381,18 @@ def _with_summary(
 
 
 def check_plan(
-    messages: Sequence[Message], budget: Budget, total: int, required: Message | None = None
+    messages: Sequence[Message],
+    budget: Budget,
+    total: int,
+    required: Message | None = None,
+    plain: bool = False,
 ) -> list[str]:
     """Post-conditions every returned request must meet (raised on as a bug if broken):
     tool calls whole, within budget, not empty, and ``required`` (the newest user or
-    tool message the caller gave) sent."""
-    problems = tool_problems(messages)
+    tool message the caller gave) sent. ``plain`` (the plan's: no window message is a
+    tool result or calls tools; pinned and summary messages are never either) skips
+    the tool check, which cannot find anything then."""
+    problems = [] if plain else tool_problems(messages)
     if not messages:
         problems.append("request has no messages")
     if required is not None and not any(m.id == required.id for m in reversed(messages)):

@@ -6,9 +6,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ctxguard._frozen import fast_init
 from ctxguard.messages import Message
 
 
+@fast_init
 @dataclass(frozen=True)
 class PreparedRequest:
     """A request that fits: ``tokens + reserved_output + safety_margin <= limit``.

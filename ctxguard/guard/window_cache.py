@@ -46,7 +46,10 @@ class WindowCache:
         self.capacity = capacity
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._entries: OrderedDict[str, tuple[WindowFetch, int, Mapping[int, Item]]] = OrderedDict()
+        # (copy, its weight, the items last planned on it, whether they were all plain)
+        self._entries: OrderedDict[str, tuple[WindowFetch, int, Mapping[int, Item], bool]] = (
+            OrderedDict()
+        )
         self._lock = threading.Lock()
 
     def get(self, session_id: str) -> WindowFetch | None:
@@ -63,11 +66,27 @@ class WindowCache:
             self._entries.move_to_end(session_id)
             return found[0], found[2]
 
+    def get_for_plan(self, session_id: str) -> tuple[WindowFetch, Mapping[int, Item], bool] | None:
+        """:meth:`get_with_items`, and whether no message of the copy (``recent``) is a
+        tool result or calls tools, as the last plan on it found (``Plan.plain``) and
+        every message appended since (False: not known)."""
+        with self._lock:
+            found = self._entries.get(session_id)
+            if found is None:
+                return None
+            self._entries.move_to_end(session_id)
+            return found[0], found[2], found[3]
+
     def put(
-        self, session_id: str, fetch: WindowFetch, items: Mapping[int, Item] | None = None
+        self,
+        session_id: str,
+        fetch: WindowFetch,
+        items: Mapping[int, Item] | None = None,
+        plain: bool = False,
     ) -> None:
         """Keep ``fetch`` as the session's copy (only a fetch with a state token is usable),
-        with ``items``, the plan's items on it (by seq), if there was one."""
+        with ``items``, the plan's items on it (by seq), if there was one, and ``plain``:
+        that plan found no tool message among them (see :meth:`plain`)."""
         weight = estimated_bytes(fetch)
         if (
             self.capacity <= 0
@@ -81,7 +100,12 @@ class WindowCache:
             old = self._entries.pop(session_id, None)
             if old is not None:
                 self.bytes -= old[1]
-            self._entries[session_id] = (fetch, weight, _NO_ITEMS if items is None else items)
+            self._entries[session_id] = (
+                fetch,
+                weight,
+                _NO_ITEMS if items is None else items,
+                plain,
+            )
             self.bytes += weight
             while len(self._entries) > self.capacity or self.bytes > self.max_bytes:
                 self.bytes -= self._entries.popitem(last=False)[1][1]
@@ -98,15 +122,15 @@ class WindowCache:
 
     def appended(self, session_id: str, new: Sequence[NewMessage], result: AppendResult) -> None:
         """Extend the copy with messages this guard appended, if nothing else changed."""
-        found = self.get_with_items(session_id)
+        found = self.get_for_plan(session_id)
         if found is None:
             return
-        entry, items = found
+        entry, items, plain = found
         extended = extend(entry, new, result)
         if extended is None:
             self.evict(session_id)
         else:
-            self.put(session_id, extended, items)
+            self.put(session_id, extended, items, plain and all_plain(new))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -114,6 +138,15 @@ class WindowCache:
 
 MESSAGE_BYTES = 1500  # a cached Message with its id, time, dicts and slot object
 TOKEN_BYTES = 12  # message text per token, as str
+
+
+def all_plain(new: Sequence[NewMessage]) -> bool:
+    """No message of ``new`` is a tool result or calls tools (``policies._plain``'s test)."""
+    for n in new:
+        message = n.message
+        if message.tool_calls or message.role == "tool":
+            return False
+    return True
 
 
 def estimated_bytes(fetch: WindowFetch) -> int:

@@ -18,11 +18,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import pydantic
 
+from ctxguard._frozen import fast_init
 from ctxguard.messages import Message
 
 UNKNOWN_TOKENS = -1
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
     """A message as stored: its position, and its token count (if known)."""
@@ -32,6 +34,7 @@ class StoredMessage:
     tokens: int | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AppendResult:
     """What an append did. Retried ids land in ``duplicates`` and store nothing."""
@@ -49,6 +52,7 @@ class AppendResult:
         return not self.stored and bool(self.duplicates)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
     """A session's metadata, readable without reading its messages."""
@@ -83,6 +87,7 @@ class Summary(pydantic.BaseModel):
     created_at: datetime = pydantic.Field(default_factory=lambda: datetime.now(UTC))
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class WindowFetch:
     """Everything one prepare needs, fetched in one round trip.
@@ -120,6 +125,7 @@ class WindowFetch:
     stop_tokens: int | None = field(default=None, compare=False)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class WindowHit:
     """:meth:`commit_if_unchanged` found the session as the caller's token says.
@@ -134,6 +140,7 @@ class WindowHit:
     token: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NewMessage:
     """A message ready to append: its record and (optionally) its token count."""
@@ -155,6 +162,7 @@ class WriteOptions:
     max_messages: int | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RecordWrite:
     """What a prepare writes back: lazily recounted tokens and/or one audit record."""

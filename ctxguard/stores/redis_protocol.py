@@ -22,6 +22,7 @@ from typing import Any
 
 import pydantic
 
+from ctxguard._frozen import fast_init
 from ctxguard.errors import (
     ConflictError,
     CorruptRecordError,
@@ -138,6 +139,7 @@ def _lib_chunks(lib: str) -> list[tuple[frozenset[str], str]]:
 _RETRY_MARKED = frozenset({"append", "window"})
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Call:
     """One script invocation: which script, its keys and arguments."""
