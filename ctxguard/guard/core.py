@@ -366,6 +366,19 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
         else:
             total = self._render_to_fit(plan, budget, tools)
             sent = plan.sent()
+        if (
+            required is not None
+            and required.role == "tool"
+            and not any(m.id == required.id for m in reversed(sent.messages))
+        ):
+            # repair() left its group out: the call is not stored, or it has other calls
+            # without results; no server accepts either, and nothing was stored yet
+            raise InvalidInputError(
+                f"tool result {required.id!r} (tool_call_id {required.tool_call_id!r}) cannot "
+                "be sent: the session holds no assistant message calling it, or that message "
+                "called other tools whose results are not stored; pass all of that message's "
+                "tool results in one batch"
+            )
         problems = check_plan(sent.messages, budget, total, required, plan.plain)
         if problems:
             raise CtxGuardError("internal error, request failed its checks: " + "; ".join(problems))

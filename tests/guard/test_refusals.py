@@ -225,6 +225,31 @@ def test_tool_results_are_checked_against_the_window(open_one: Callable[[], Any]
     guard.close()
 
 
+def test_a_batch_answering_part_of_a_call_is_a_typed_refusal(
+    open_one: Callable[[], Any],
+) -> None:
+    """Results for some of a stored assistant message's tool calls, and nothing after
+    them: the group cannot go out whole, so the newest new message cannot be sent. A
+    typed one-line refusal that stores nothing (it was an internal error), with the
+    cache and without; the whole batch then goes out."""
+    for cached in (True, False):
+        store = open_one()
+        guard = guard_on(store, cached, limit=2000)
+        guard.prepare("s", [said("weather?")])
+        guard.complete("s", call("c1", "c2"))
+        before = snapshot(store)
+        for partial in ([result("c1")], [result("c2")]):
+            with pytest.raises(InvalidInputError, match="cannot be sent") as caught:
+                guard.prepare("s", partial)
+            assert "internal error" not in str(caught.value)
+            assert "\n" not in str(caught.value)
+            assert repr(partial[0].tool_call_id) in str(caught.value)
+            assert snapshot(store) == before
+        ok = guard.prepare("s", [result("c1"), result("c2")])
+        assert [m.role for m in ok.messages][-3:] == ["assistant", "tool", "tool"]
+        guard.close()
+
+
 def test_an_orphan_tool_result_on_a_new_session_is_refused(open_one: Callable[[], Any]) -> None:
     store = open_one()
     guard = guard_on(store)
