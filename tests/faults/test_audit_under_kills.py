@@ -27,7 +27,7 @@ from .servers import RedisServer
 pytestmark = [
     pytest.mark.redis,
     pytest.mark.slow,
-    pytest.mark.timeout(180),
+    pytest.mark.timeout(300),
     pytest.mark.destructive,
 ]
 THREADS = 6
@@ -85,11 +85,17 @@ def test_audit_records_exact_under_connection_kills(
 
     killer = threading.Thread(target=_killer, args=(admin, stop, kills))
     killer.start()
-    workers = [threading.Thread(target=worker, args=(n,)) for n in range(THREADS)]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join(150)
+    # A kill that lands on an idle connection costs no retry (it is reconnected when
+    # taken): on a fast, quiet machine one round can pass without a kill landing
+    # mid-call. Rounds go on until one has (at most 5; the counts below cover them all).
+    for _ in range(5):
+        workers = [threading.Thread(target=worker, args=(n,)) for n in range(THREADS)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join(150)
+        if policy.used or errors:
+            break
     stop.set()
     killer.join(10)
     guard.close()

@@ -110,7 +110,19 @@ def _sleep_server(
     probe = server.client(socket_timeout=probe_timeout, retry=Retry(NoBackoff(), 0))
     admin.ping()
     probe.ping()  # both connected now, while the server answers
-    thread = threading.Thread(target=admin.execute_command, args=("DEBUG", "SLEEP", seconds))
+    # Sent from this thread, before any probe: a thread of its own could be scheduled
+    # late on a loaded machine, and the server then read what the test sent next first.
+    conn = admin.connection_pool.get_connection()
+    conn.send_command("DEBUG", "SLEEP", seconds)
+
+    def wait_for_the_reply() -> None:
+        try:
+            conn.read_response()
+        finally:
+            admin.connection_pool.release(conn)
+            admin.close()
+
+    thread = threading.Thread(target=wait_for_the_reply)
     thread.start()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
