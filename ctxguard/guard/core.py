@@ -21,7 +21,7 @@ from ctxguard.errors import (
 from ctxguard.guard.audit import AuditRecords
 from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.events import Observer
-from ctxguard.guard.intake import NewMessages
+from ctxguard.guard.intake import NewMessages, unsent_result
 from ctxguard.guard.plan import Budget, Item, Plan, Sent
 from ctxguard.guard.policies import (
     WindowPolicy,
@@ -371,14 +371,7 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
             and required.role == "tool"
             and not any(m.id == required.id for m in reversed(sent.messages))
         ):
-            # repair() left its group out: the call is not stored, or it has other calls
-            # without results; no server accepts either, and nothing was stored yet
-            raise InvalidInputError(
-                f"tool result {required.id!r} (tool_call_id {required.tool_call_id!r}) cannot "
-                "be sent: the session holds no assistant message calling it, or that message "
-                "called other tools whose results are not stored; pass all of that message's "
-                "tool results in one batch"
-            )
+            raise unsent_result(required)
         problems = check_plan(sent.messages, budget, total, required, plan.plain)
         if problems:
             raise CtxGuardError("internal error, request failed its checks: " + "; ".join(problems))

@@ -133,6 +133,7 @@ def _prepare(
     max_tokens: int | None,
     tools: Tools | None,
 ) -> Flow[PreparedRequest]:
+    core.check_batch(new)
     limit: ContextLimit = yield ResolveLimit()
     budget = core.budget(limit, max_tokens, tools)
     options = core.write_options
@@ -167,6 +168,7 @@ def _prepare(
                 "fetch_window", (session_id, budget.prompt, options, new, len(new))
             )
         plan, recounts, fetch = yield from _plan(core, session_id, fetch, budget, new)
+        core.check_required(plan, required)  # (before a summary is committed)
         summary_started = None
         if plan.summarize is not None and not folded:
             if core.config.summary_mode == "background":
@@ -225,6 +227,7 @@ def _plan(
     core: GuardCore, session_id: str, fetch: WindowFetch, budget: Budget, new: list[NewMessage]
 ) -> Flow[tuple[Plan, dict[int, int], WindowFetch]]:
     """Plan on ``fetch``, fetching further when it stopped short; writes nothing."""
+    core.check_resent(session_id, fetch, new)
     plan, recounts = core.plan(fetch, budget)
     for _ in range(MAX_REFETCH):
         again = core.refetch(fetch, plan, budget)

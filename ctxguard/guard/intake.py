@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ctxguard.errors import BudgetError, InvalidInputError, InvalidMessageError, MessageTooLongError
-from ctxguard.guard.plan import Budget
+from ctxguard.guard.plan import Budget, Plan
 from ctxguard.guard.truncate import shrink_message
 from ctxguard.messages import Message, MessageLike, record_of, to_messages
 from ctxguard.stores.base import NewMessage, WindowFetch
@@ -67,13 +67,90 @@ class NewMessages:
         return out
 
     @staticmethod
+    def check_batch(new: Sequence[NewMessage]) -> None:
+        """Refuse, before any store call, a batch no request can send as given: tool
+        calls with nothing after them to send (their results are not in the batch), or
+        two results in a row for one tool_call_id (InvalidMessageError names the ids;
+        an id may recur in a later call: some models number their calls per turn)."""
+        answered: dict[str, str] = {}  # the results since the last message of another role
+        waiting: Message | None = None
+        for n in new:
+            message = n.message
+            role = message.role
+            if role != "tool":
+                answered.clear()
+            if role == "tool":
+                call_id = message.tool_call_id or ""
+                if call_id in answered:
+                    raise InvalidMessageError(
+                        f"tool results {answered[call_id]!r} and {message.id!r} both answer "
+                        f"tool_call_id {call_id!r}; send one result per tool call"
+                    )
+                answered[call_id] = message.id
+                waiting = None
+            elif role == "user":
+                waiting = None
+            elif role == "assistant" and message.tool_calls:
+                waiting = message
+        if waiting is not None and waiting.tool_calls:
+            raise InvalidMessageError(
+                f"assistant message {waiting.id!r} calls tools "
+                f"{[c.id for c in waiting.tool_calls]} and nothing after it answers them, so "
+                "no request can send it; pass its tool results after it in the same batch, "
+                "or store the model's reply with complete()"
+            )
+
+    @staticmethod
+    def check_resent(session_id: str, fetch: WindowFetch, new: Sequence[NewMessage]) -> None:
+        """Refuse, before planning, a resent batch (every id stored already: a retry)
+        whose newest user or tool message is answered: an assistant message is stored
+        after it, so the request would end on that reply, which no server answers
+        (InvalidMessageError naming it). Not answered yet, it goes out as the first time.
+        The same rule for user messages and tool results."""
+        appended = fetch.appended
+        if not new or appended is None or appended.stored:
+            return
+        newest = None
+        for n in reversed(new):
+            if n.message.role in ("user", "tool"):
+                newest = n.message
+                break
+        if newest is None:
+            return
+        run = fetch.recent
+        after = 0  # a message older than the fetched run: all of the run is later
+        for index in range(len(run) - 1, -1, -1):
+            if run[index].message.id == newest.id:
+                after = index + 1
+                break
+        for stored in run[after:]:
+            if stored.message.role == "assistant":
+                raise InvalidMessageError(
+                    f"message {newest.id!r} ({newest.role}) is stored and already answered "
+                    f"in session {session_id!r} (assistant message {stored.message.id!r} at "
+                    f"position {stored.seq}); read the reply from the session, pass the next "
+                    "message, or call prepare with no messages to send the session as it stands"
+                )
+
+    @staticmethod
+    def check_required(plan: Plan, required: Message | None) -> None:
+        """Refuse a plan that leaves out ``required`` when it is a new tool result (its
+        group is incomplete), before a summary is folded in or anything is written."""
+        if (
+            required is not None
+            and required.role == "tool"
+            and not any(i.message.id == required.id for i in reversed(plan.window))
+        ):
+            raise unsent_result(required)
+
+    @staticmethod
     def check_new(
         session_id: str, fetch: WindowFetch, new: Sequence[NewMessage], budget: Budget
     ) -> None:
         """Refuse what no window can send: nothing at all, or a tool result whose call
-        is not the assistant message right before it (InvalidMessageError names the
-        id). When the call may lie before a window the budget cut short, the tool
-        group cannot fit: BudgetError."""
+        is not the assistant message right before it or whose call is answered already
+        (InvalidMessageError names the ids). When the call may lie before a window the
+        budget cut short, the tool group cannot fit: BudgetError."""
         if fetch.info.message_count == 0:
             raise InvalidInputError(
                 f"session {session_id!r} holds no messages and none were given: "
@@ -82,6 +159,8 @@ class NewMessages:
         fresh = {n.message.id for n in new}
         if fetch.appended is not None:
             fresh &= set(fetch.appended.stored)
+        elif new:
+            return  # a refetch given none of them: every one is stored (see check_resent)
         run = fetch.recent
         for index, stored in enumerate(run):
             message = stored.message
@@ -89,6 +168,12 @@ class NewMessages:
                 continue
             j = index - 1
             while j >= 0 and run[j].message.role == "tool":
+                if run[j].message.tool_call_id == message.tool_call_id:
+                    raise InvalidMessageError(
+                        f"tool result {message.id!r} answers tool_call_id "
+                        f"{message.tool_call_id!r}, which the stored result "
+                        f"{run[j].message.id!r} answers already; send one result per tool call"
+                    )
                 j -= 1
             if j < 0 and not fetch.reached_start:
                 used = sum(s.tokens or 0 for s in run) + (fetch.stop_tokens or 1)
@@ -108,3 +193,15 @@ class NewMessages:
                     "did not call; send tool results right after the assistant message "
                     "whose tool_calls they answer"
                 )
+
+
+def unsent_result(required: Message) -> InvalidMessageError:
+    """A new tool result that tool integrity left out: the assistant message calling it
+    called other tools whose results are not stored (or it is not stored); no server
+    accepts a group without all of them, and nothing was stored yet."""
+    return InvalidMessageError(
+        f"tool result {required.id!r} (tool_call_id {required.tool_call_id!r}) cannot "
+        "be sent: the session holds no assistant message calling it, or that message "
+        "called other tools whose results are not stored; pass all of that message's "
+        "tool results in one batch"
+    )

@@ -68,10 +68,12 @@ def group(items: Sequence[Item]) -> list[list[Item]]:
             append([item])
             continue
         current = [item]
-        ids = {c.id for c in calls}
+        ids = {c.id for c in calls}  # calls not answered yet (a second result is an orphan)
         while index < size and items[index].message.role == "tool":
-            if items[index].message.tool_call_id not in ids:
+            answers = items[index].message.tool_call_id
+            if answers not in ids:
                 break
+            ids.discard(answers)
             current.append(items[index])
             index += 1
         append(current)
@@ -134,11 +136,16 @@ def _repair(groups: list[list[Item]]) -> tuple[list[Item], list[Item], list[list
 
 
 def tail_start(items: Sequence[Item]) -> int:
-    """Index of the newest user message: the turn that must always go out."""
+    """Index of the newest user message: the turn that must always go out. Without one
+    (a tool-only continuation), the start of the newest group: a tool result goes with
+    the assistant message that calls it, never alone."""
     for index in range(len(items) - 1, -1, -1):
         if items[index].message.role == "user":
             return index
-    return max(0, len(items) - 1)
+    index = len(items) - 1
+    while index > 0 and items[index].message.role == "tool":
+        index -= 1  # (items are repaired: the tool results' call is just before them)
+    return max(0, index)
 
 
 def select_window(
