@@ -176,6 +176,9 @@ def _prepare(
                 plan.decide("summary_started", covers_to=request.covers_to, mode="background")
             elif plan.summarize.covers_to <= fetch.info.message_count - len(core.fresh(fetch, new)):
                 folded = True  # (a summary of messages not stored yet waits for the next turn)
+                # the request as planned must be one the counter accepts before a summary
+                # is committed for it: a refused request stores nothing, summary included
+                core.finalize(plan, budget, tools, required)
                 folding = yield from _fold(core, session_id, plan, budget, new)
                 if isinstance(folding, Plan):
                     plan = folding  # the summary failed: the plan stands, with the reason

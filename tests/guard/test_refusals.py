@@ -23,6 +23,7 @@ from ctxguard.errors import (
 from ctxguard.guard import flows
 from ctxguard.guard.plan import Budget
 from ctxguard.guard.policies import check_plan
+from ctxguard.guard.summarizers import ExtractiveSummarizer
 from ctxguard.messages import Message
 from ctxguard.stores import MemoryStore, SessionStore, Summary, open_store
 from ctxguard.tokens import load_counter
@@ -425,3 +426,32 @@ def test_a_retried_prepare_does_not_store_or_count_twice(open_one: Callable[[], 
     assert [m.message.id for m in store.read("s")] == [q.id]
     assert [m.id for m in again.messages] == [m.id for m in first.messages] == [q.id]
     assert again.tokens == first.tokens
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "fetched"])
+def test_a_request_the_template_refuses_commits_no_due_summary(
+    open_one: Callable[[], Any], cached: bool
+) -> None:
+    """A summary due on this turn is folded in only for a request the counter accepts:
+    a template refusal leaves the summary, the messages and the state token as they
+    were (the summary was committed first, then the request refused)."""
+    store = open_one()
+    plain = guard_on(store, cached, counter=Refusing())  # no summarizer: one falls due
+    plain.append("s", [said("be brief " * 8, "system")])
+    for i in range(8):
+        plain.prepare("s", [said(f"question {i} " + "word " * 12)])
+        plain.complete("s", said(f"answer {i} " + "word " * 12, "assistant"))
+    guard = guard_on(
+        store, cached, counter=Refusing(), summarizer=ExtractiveSummarizer(), summarize_after=1
+    )
+    before = snapshot(store)
+    with pytest.raises(TemplateRefusedError) as caught:
+        guard.prepare("s", [said("please REFUSE")])
+    assert "\n" not in str(caught.value)
+    assert store.info("s").summary_version == 0
+    assert snapshot(store) == before
+    assert store.read_audit("s")[-1]["kind"] == "refused"
+    guard.prepare("s", [said("go on")])
+    assert store.info("s").summary_version == 1  # (it was due)
+    guard.close()
+    plain.close()
