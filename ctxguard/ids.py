@@ -69,6 +69,12 @@ def validate_name(value: object, what: str) -> str:
 
 def new_message_id() -> str:
     """A 26-character, time-ordered, unique id (ULID layout, monotonic per process)."""
+    return new_message_id_ms()[0]
+
+
+def new_message_id_ms() -> tuple[str, int]:
+    """:func:`new_message_id` and the milliseconds its first 10 characters hold (what
+    ``_record_time.ulid_ms`` reads from it), for a record that stores its time beside it."""
     global _last_ms, _last_rand, _last_prefix
     with _lock:
         now_ms = time.time_ns() // 1_000_000
@@ -81,6 +87,6 @@ def new_message_id() -> str:
             _last_prefix = "".join(
                 [_PAIRS[(now_ms >> shift) & 1023] for shift in (40, 30, 20, 10, 0)]
             )
-        prefix, rand = _last_prefix, _last_rand
+        prefix, rand, ms = _last_prefix, _last_rand, _last_ms
     # the 80 random bits: 16 Crockford digits of 5 bits, written two at a time
-    return prefix + "".join([_PAIRS[(rand >> shift) & 1023] for shift in _RAND_SHIFTS])
+    return prefix + "".join([_PAIRS[(rand >> shift) & 1023] for shift in _RAND_SHIFTS]), ms

@@ -21,14 +21,23 @@ from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 import pydantic
-import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 from pydantic_core import PydanticSerializationError, SchemaValidator
 
-from ctxguard._record_time import EPOCH, MICROSECOND, TIME_KEY, expand_record, time_suffix
+from ctxguard._record_time import (
+    EPOCH,
+    MICROSECOND,
+    ROLE_CODES,
+    expand_record,
+    micros_of,
+    positional_record,
+    positional_time,
+    time_suffix,
+    ulid_ms,
+)
 from ctxguard._validate import check_message_batch, json_problem, one_line, show
 from ctxguard.errors import InvalidMessageError
-from ctxguard.ids import MAX_ID_BYTES, new_message_id, validate_id
+from ctxguard.ids import MAX_ID_BYTES, new_message_id, new_message_id_ms, validate_id
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = ("system", "developer", "user", "assistant", "tool")
@@ -183,6 +192,11 @@ class Message(BaseModel):
         construction, as InvalidMessageError, instead of later inside a store.
         """
         try:
+            if compact and self._plain() and isinstance(self.content, str):
+                micros = micros_of(self.created_at)
+                if micros is not None:  # the positional record (_record_time.py)
+                    time = positional_time(self.id, micros)
+                    return positional_record(self.role, self.content, self.id, time)
             # empty metadata / extra are left out (they decode to {}): on short
             # messages they were a tenth of what Redis stores per message
             empty = {name for name in ("metadata", "extra") if not getattr(self, name)}
@@ -194,6 +208,17 @@ class Message(BaseModel):
         except (PydanticSerializationError, UnicodeError, ValueError, RecursionError) as exc:
             detail = str(exc).splitlines()[0][:160]
             raise ValueError(f"the message cannot be stored as JSON ({detail})") from None
+
+    def _plain(self) -> bool:
+        """A role with a code and nothing but content, id and time (content not checked)."""
+        return (
+            self.role in ROLE_CODES
+            and self.name is None
+            and self.tool_calls is None
+            and self.tool_call_id is None
+            and not self.metadata
+            and not self.extra
+        )
 
     # -- conversions -------------------------------------------------------
 
@@ -299,18 +324,21 @@ def _plain_message(data: dict[str, Any], id: str | None) -> Message | None:  # n
     if type(role) is not str or role not in _PLAIN_ROLES or type(content) is not str:
         return None  # (a missing key is None here: two keys, not these two, go the full way)
     given = id is not None
-    if id is None:
-        id = new_message_id()  # noqa: A001 - default factories in field order: id, then time
+    ms: int | None
+    if id is None:  # default factories in field order: id, then time
+        id, ms = new_message_id_ms()  # noqa: A001 - (ms: what ulid_ms reads from it)
     elif type(id) is not str or not (id.isascii() and id.isprintable()):
         return None  # (validate_id's full check, with its errors)
     elif not 0 < len(id) <= MAX_ID_BYTES:
         return None
+    else:
+        ms = ulid_ms(id)
     created_at = datetime.now(UTC)
-    try:  # what _serialise makes of this shape (None fields and empty dicts left out)
-        record = pydantic_core.to_json({"role": role, "content": content, "id": id}).decode()
+    micros = (created_at - EPOCH) // MICROSECOND
+    try:  # what _serialise makes of this shape: the positional record
+        record = positional_record(role, content, id, micros if ms is None else micros - ms * 1000)
     except (PydanticSerializationError, UnicodeError, ValueError):
         return None  # the full path raises its InvalidMessageError
-    record = f"{record[:-1]}{TIME_KEY}{(created_at - EPOCH) // MICROSECOND}}}"
     message = Message.__new__(Message)
     _setattr(
         message,

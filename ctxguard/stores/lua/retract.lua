@@ -35,9 +35,14 @@ end
 local ids, known = {}, 0
 for i, record in ipairs(records) do
   local ok, decoded = pcall(cjson.decode, record)
-  if ok and type(decoded) == 'table' and type(decoded['id']) == 'string' then
-    ids[#ids + 1] = decoded['id']
-    redis.call('HDEL', KEYS[K_IDS], decoded['id'])
+  if ok and type(decoded) == 'table' then
+    -- a record's id: its "id", or a positional record's third element (["u",<content>,"<id>",<time>])
+    local id = decoded['id']
+    if id == nil then id = decoded[3] end
+    if type(id) == 'string' then
+      ids[#ids + 1] = id
+      redis.call('HDEL', KEYS[K_IDS], id)
+    end
   end
   local c = tonumber(counts[i]) or -1
   if c > 0 then known = known + c end
