@@ -22,12 +22,29 @@ SUMMARY_ID_PREFIX = "ctxguard-summary-v"
 
 
 def seq_ranges(seqs: Sequence[int]) -> list[list[int]]:
-    """``[0, 968, 969, 970]`` -> ``[[0, 1], [968, 971]]`` (half-open runs, in order)."""
+    """``[0, 968, 969, 970]`` -> ``[[0, 1], [968, 971]]`` (half-open runs, in order).
+
+    A window is mostly one run (pinned messages, then consecutive history): at the
+    first two positions where a range starts, the rest of a list of ints is compared
+    with the run it would be, in one C comparison, and taken whole when it is one
+    (the range it would have grown to, the same values); else one seq at a time.
+    """
     out: list[list[int]] = []
-    for seq in seqs:
+    tries = 2 if type(seqs) is list else 0
+    for index, seq in enumerate(seqs):
         if out and out[-1][1] == seq:
             out[-1][1] = seq + 1
         else:
+            if tries and type(seq) is int:
+                tries -= 1
+                rest = len(seqs) - index
+                if (
+                    rest > 2
+                    and seqs[-1] == seq + rest - 1  # (cheap: the run's end, first)
+                    and seqs[index:] == list(range(seq, seq + rest))
+                ):
+                    out.append([seq, seqs[-1] + 1])
+                    return out
             out.append([seq, seq + 1])
     return out
 

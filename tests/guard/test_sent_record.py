@@ -11,7 +11,7 @@ import itertools
 import json
 import uuid
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ctxguard.guard import Guard
@@ -27,6 +27,58 @@ def test_ranges_hold_exactly_the_seqs(seqs: list[int]) -> None:
     assert sent_seqs({"sent": ranges}) == seqs
     assert all(a < b for a, b in ranges)
     assert all(b < c for (_, b), (c, _) in itertools.pairwise(ranges))  # maximal runs
+
+
+def _ranges_one_at_a_time(seqs: list[int] | tuple[int, ...]) -> list[list[int]]:
+    """``seq_ranges`` as it was before its whole-run comparison (the reference)."""
+    out: list[list[int]] = []
+    for seq in seqs:
+        if out and out[-1][1] == seq:
+            out[-1][1] = seq + 1
+        else:
+            out.append([seq, seq + 1])
+    return out
+
+
+_windows = st.builds(
+    lambda pinned, start, length, extra: (
+        sorted(set(pinned)) + list(range(start, start + length)) + extra
+    ),
+    st.lists(st.integers(0, 40), max_size=4),
+    st.integers(0, 60),
+    st.integers(0, 40),
+    st.lists(st.integers(0, 120), max_size=3),  # anything after: gaps, repeats, going back
+)
+
+
+def _near_run(pinned: list[int], start: int, length: int, at: int, value: int) -> list[int]:
+    """A window whose run has one seq changed: its ends still say "one run"."""
+    run = list(range(start, start + length))
+    run[at % length] = value
+    return sorted(set(pinned)) + run
+
+
+_near_runs = st.builds(
+    _near_run,
+    st.lists(st.integers(0, 40), max_size=3),
+    st.integers(0, 60),
+    st.integers(3, 40),
+    st.integers(0, 39),
+    st.integers(-1, 110),
+)
+
+
+@example([0, 0, 2], False)
+@example([0, 70, 72, 72, 73], False)
+@example([0, 70, 71, 72], False)
+@given(st.one_of(_windows, _near_runs, st.lists(st.integers(-3, 50), max_size=40)), st.booleans())
+def test_ranges_are_those_made_one_seq_at_a_time(seqs: list[int], as_tuple: bool) -> None:
+    """The whole-run comparison of a window's tail gives the ranges the plain loop gives,
+    for windows (pinned seqs, then a run, then anything) and any list of ints at all."""
+    given_seqs = tuple(seqs) if as_tuple else seqs
+    got = seq_ranges(given_seqs)
+    assert got == _ranges_one_at_a_time(seqs)
+    assert [type(x) for r in got for x in r] == [int] * (2 * len(got))
 
 
 def test_ids_are_rebuilt_in_order_with_the_summary_in_its_place() -> None:
