@@ -361,15 +361,24 @@ class RedisProtocol:
     def parse_append(
         self, session_id: str, messages: Sequence[NewMessage], reply: Any
     ) -> AppendResult:
-        count, flags = reply[0], reply[1]
-        if int(count) < 0:
+        count, flags = int(reply[0]), reply[1]
+        if count < 0:
             raise SessionFullError(session_id, int(flags))
         # 2: stored by an earlier attempt of this same call whose reply was lost
-        stored = tuple(m.message.id for m, f in zip(messages, flags, strict=True) if int(f) != 0)
-        dups = tuple(m.message.id for m, f in zip(messages, flags, strict=True) if int(f) == 0)
-        before = _text(reply[2]) or None if len(reply) > 3 else None
-        after = _text(reply[3]) or None if len(reply) > 3 else None
-        return AppendResult(stored, dups, int(count), before, after)
+        stored: tuple[str, ...]
+        dups: tuple[str, ...]
+        if len(messages) == 1 and len(flags) == 1:  # a turn's user message or reply
+            only = messages[0].message.id
+            stored, dups = ((only,), ()) if int(flags[0]) != 0 else ((), (only,))
+        else:
+            pairs = list(zip(messages, flags, strict=True))
+            stored = tuple(m.message.id for m, f in pairs if int(f) != 0)
+            dups = tuple(m.message.id for m, f in pairs if int(f) == 0)
+        if len(reply) > 3:
+            return AppendResult(
+                stored, dups, count, _text(reply[2]) or None, _text(reply[3]) or None
+            )
+        return AppendResult(stored, dups, count, None, None)
 
     def parse_info(
         self, session_id: str, meta_flat: Sequence[Any], ttl: Any, audit_count: int = 0
