@@ -230,7 +230,6 @@ def _plan(
     core: GuardCore, session_id: str, fetch: WindowFetch, budget: Budget, new: list[NewMessage]
 ) -> Flow[tuple[Plan, dict[int, int], WindowFetch]]:
     """Plan on ``fetch``, fetching further when it stopped short; writes nothing."""
-    core.check_resent(session_id, fetch, new)
     plan, recounts = core.plan(fetch, budget)
     for _ in range(MAX_REFETCH):
         again = core.refetch(fetch, plan, budget)

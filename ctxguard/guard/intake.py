@@ -101,38 +101,6 @@ class NewMessages:
             )
 
     @staticmethod
-    def check_resent(session_id: str, fetch: WindowFetch, new: Sequence[NewMessage]) -> None:
-        """Refuse, before planning, a resent batch (every id stored already: a retry)
-        whose newest user or tool message is answered: an assistant message is stored
-        after it, so the request would end on that reply, which no server answers
-        (InvalidMessageError naming it). Not answered yet, it goes out as the first time.
-        The same rule for user messages and tool results."""
-        appended = fetch.appended
-        if not new or appended is None or appended.stored:
-            return
-        newest = None
-        for n in reversed(new):
-            if n.message.role in ("user", "tool"):
-                newest = n.message
-                break
-        if newest is None:
-            return
-        run = fetch.recent
-        after = 0  # a message older than the fetched run: all of the run is later
-        for index in range(len(run) - 1, -1, -1):
-            if run[index].message.id == newest.id:
-                after = index + 1
-                break
-        for stored in run[after:]:
-            if stored.message.role == "assistant":
-                raise InvalidMessageError(
-                    f"message {newest.id!r} ({newest.role}) is stored and already answered "
-                    f"in session {session_id!r} (assistant message {stored.message.id!r} at "
-                    f"position {stored.seq}); read the reply from the session, pass the next "
-                    "message, or call prepare with no messages to send the session as it stands"
-                )
-
-    @staticmethod
     def check_required(plan: Plan, required: Message | None) -> None:
         """Refuse a plan that leaves out ``required`` when it is a new tool result (its
         group is incomplete), before a summary is folded in or anything is written."""
@@ -160,7 +128,7 @@ class NewMessages:
         if fetch.appended is not None:
             fresh &= set(fetch.appended.stored)
         elif new:
-            return  # a refetch given none of them: every one is stored (see check_resent)
+            return  # a refetch given none of them: every one is stored (a resend)
         run = fetch.recent
         for index, stored in enumerate(run):
             message = stored.message

@@ -8,10 +8,8 @@ The rules (README, "Tool groups"):
 * new tool results whose group (with its user turn when there is one) cannot fit the
   budget: ``BudgetError`` with the numbers, whether the call slid out of the fetched
   window or the group alone is over the room beside the pinned messages;
-* a resent batch (every id stored already) whose newest user or tool message is
-  answered (an assistant message is stored after it): ``InvalidMessageError`` naming
-  the reply, for user messages and tool results alike; before the reply, a resend is
-  the same request as the first time;
+* a resent batch (every id stored already) stores nothing: before another message is
+  stored it is the same request as the first time, after it the session as it stands;
 * new tool calls with nothing after them in the batch, two results for one
   tool_call_id, a result whose call is not the message before it, results for part
   of a call with nothing after them: ``InvalidMessageError``.
@@ -149,18 +147,18 @@ def test_a_tool_only_continuation_bigger_than_the_room_is_a_budget_error(
     guard.close()
 
 
-# -- 2. a resent batch: the same request before the reply, a typed refusal after -------
+# -- 2. a resent batch: the same request before the reply, nothing stored after ---------
 
 
 @CACHED
 @pytest.mark.parametrize("kind", ["user", "tool"])
-def test_a_resent_message_is_the_same_request_until_answered_then_refused(
+def test_a_resent_message_is_the_same_request_until_answered_then_stores_nothing(
     open_one: Callable[[], Any], cached: bool, kind: str
 ) -> None:
     """One rule for any resent message: before its reply, the request of the first
-    time (nothing stored twice); once an assistant message is stored after it, an
-    InvalidMessageError naming that reply (the window would end on it, which no
-    server answers), stored nothing. The session goes on with the next message."""
+    time (nothing stored twice); after it, nothing stored either (no refusal: a retry
+    of a shared session cannot tell another writer's reply from its own answer, and
+    refusing it broke the guard's own retries under connection kills)."""
     store = open_one()
     guard = guard_on(store, cached, limit=2000)
     history(guard, "s", 2)
@@ -179,12 +177,11 @@ def test_a_resent_message_is_the_same_request_until_answered_then_refused(
     reply = said("here you go", "assistant")
     guard.complete("s", reply)
     for who in (guard, guard_on(store, cached, limit=2000)):
-        error = refused(who, store, "s", batch, InvalidMessageError)
-        assert "already answered" in str(error) and repr(reply.id) in str(error)
-    # the resent message is found older than the fetched window too
-    small = guard_on(store, cached, limit=200, max_tokens=20)
-    guard.complete("s", said("and more " * 40, "assistant"))
-    refused(small, store, "s", batch, InvalidMessageError)
+        before = snapshot(store, "s")
+        got = who.prepare("s", batch)
+        assert snapshot(store, "s") == before
+        assert batch[-1].id in [m.id for m in got.messages]
+        assert tool_problems(got.messages) == []
     nxt = guard.prepare("s", [said("thanks")])
     well_formed(nxt.messages)
     assert nxt.messages[-1].text == "thanks"
@@ -336,7 +333,7 @@ def run_random(guard: Guard, store: Any, sid: str, turns: list[Any]) -> None:
     """Every prepare is well-formed or a typed refusal that stored nothing."""
     last: list[Message] = []
 
-    def prepare(batch: list[Message]) -> bool:
+    def prepare(batch: list[Message], resend: bool = False) -> bool:
         before = snapshot(store, sid)
         try:
             req = guard.prepare(sid, batch)
@@ -344,7 +341,12 @@ def run_random(guard: Guard, store: Any, sid: str, turns: list[Any]) -> None:
             assert "\n" not in str(exc) and "internal error" not in str(exc)
             assert snapshot(store, sid) == before
             return False
-        well_formed(req.messages)
+        if resend:  # no message stored twice (a due summary may be folded in); after its
+            # reply the window ends on that reply
+            assert [s[1] for s in snapshot(store, sid)[0]] == [s[1] for s in before[0]]
+            assert tool_problems(req.messages) == []
+        else:
+            well_formed(req.messages)
         assert req.tokens + req.reserved_output <= req.limit
         newest = [m for m in batch if m.role in ("user", "tool")][-1]
         assert newest.id in [m.id for m in req.messages]
@@ -355,7 +357,7 @@ def run_random(guard: Guard, store: Any, sid: str, turns: list[Any]) -> None:
         ids = [f"c{number}_{k}" for k in range(calls)]
         results = [result(i, "data " * sizes[k]) for k, i in enumerate(ids)]
         if kind == "resend" and last:
-            prepare(last)  # before or after its reply: either is fine, never a bad request
+            prepare(last, resend=True)  # before or after its reply: never a bad request
             continue
         if kind == "inline":
             batch = [user, call(*ids), *results]
