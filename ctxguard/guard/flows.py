@@ -93,6 +93,7 @@ Flow = Generator[Op, Any, T]
 
 def append(core: GuardCore, session_id: str, values: Iterable[MessageLike]) -> Flow[AppendResult]:
     new = core.encode_new(values)
+    core.check_call_ids(new)
     result: AppendResult = yield StoreCall("append", (session_id, new, core.write_options))
     core.cache.appended(session_id, new, result)
     return result
@@ -379,6 +380,7 @@ def complete(
     ``record``: the reply's JSON when the guard made the Message (see ``encode_new``).
     """
     new = core.encode_new([reply], record=record)
+    core.check_call_ids(new)
     held = core.take(session_id, None if prepared is None else prepared.pending_audit)
     if held is not None:
         write = core.write({}, core.with_usage(held, usage))

@@ -67,11 +67,32 @@ class NewMessages:
         return out
 
     @staticmethod
-    def check_batch(new: Sequence[NewMessage]) -> None:
+    def check_call_ids(new: Sequence[NewMessage]) -> None:
+        """Refuse a new assistant message that gives two of its tool calls one id: no
+        result could say which call it answers (InvalidMessageError names the id).
+        Checked for every new message (append, prepare, complete); a stored or
+        imported one is read as it is (its results answer the id once)."""
+        for n in new:
+            calls = n.message.tool_calls
+            if calls is None or len(calls) < 2:
+                continue
+            seen: set[str] = set()
+            for c in calls:
+                if c.id in seen:
+                    raise InvalidMessageError(
+                        f"assistant message {n.message.id!r} gives two of its tool_calls "
+                        f"the id {c.id!r}; give each call its own id"
+                    )
+                seen.add(c.id)
+
+    @classmethod
+    def check_batch(cls, new: Sequence[NewMessage]) -> None:
         """Refuse, before any store call, a batch no request can send as given: tool
-        calls with nothing after them to send (their results are not in the batch), or
-        two results in a row for one tool_call_id (InvalidMessageError names the ids;
-        an id may recur in a later call: some models number their calls per turn)."""
+        calls with nothing after them to send (their results are not in the batch),
+        two calls with one id in one message, or two results in a row for one
+        tool_call_id (InvalidMessageError names the ids; an id may recur in a later
+        call: some models number their calls per turn)."""
+        cls.check_call_ids(new)
         answered: dict[str, str] = {}  # the results since the last message of another role
         waiting: Message | None = None
         for n in new:

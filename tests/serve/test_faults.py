@@ -37,6 +37,7 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
     return dict(error)
 
 
+TWO_CALLS = b'{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}'
 BAD_BODIES: list[tuple[str, bytes, dict[str, str], int, str | None]] = [
     ("not json", b"{nope", {}, 400, None),
     ("array body", b"[1, 2]", {}, 400, None),
@@ -85,6 +86,15 @@ BAD_BODIES: list[tuple[str, bytes, dict[str, str], int, str | None]] = [
         {},
         400,
         "user",
+    ),
+    (
+        "two tool calls with one id",
+        b'{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": null, '
+        b'"tool_calls": [' + b", ".join([TWO_CALLS] * 2) + b"]}, "
+        b'{"role": "tool", "content": "sunny", "tool_call_id": "c1"}]}',
+        {},
+        400,
+        None,
     ),
     (
         "oversize body",
@@ -245,6 +255,20 @@ def test_an_upstream_that_cannot_say_its_limit_is_a_502_and_nothing_is_stored(
     assert response.status_code == 502
     assert error_of(response)["code"] == "upstream_unavailable"
     assert stored("s1") == []
+
+
+def test_a_model_reply_with_two_calls_of_one_id_is_not_stored_and_says_why(
+    gateway: str, vllm: FakeVLLM, stored: Stored
+) -> None:
+    """Stored, it would make the session's every later request a 400 upstream."""
+    response = chat(gateway, "CALL_TWICE please")
+    assert response.status_code == 502
+    error = error_of(response)
+    assert error["code"] == "reply_not_stored"
+    assert "InvalidMessageError" in error["message"] and "'call_1'" in error["message"]
+    assert [m["role"] for m in stored("s1")] == ["user"]
+    assert chat(gateway, "and now?").status_code == 200  # the session goes on
+    assert [m["role"] for m in stored("s1")] == ["user", "user", "assistant"]
 
 
 @pytest.mark.parametrize("stream", [False, True])

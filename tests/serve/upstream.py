@@ -7,6 +7,8 @@ request is kept (``requests``) with its exact prompt count, so tests check that 
 reached the "GPU" fit. What the reply does is scripted by the last user message:
 
 - ``CALL_TOOL`` -> a ``get_weather`` tool call (arguments streamed in pieces)
+- ``CALL_TWICE`` -> (not streamed) two ``get_weather`` calls with one id, as some
+  models number their calls
 - with ``first_tool_arguments`` set, a user message on a request that offers tools -> a
   call of the request's first tool with those arguments (a tool result is then echoed)
 - ``FAIL500``   -> HTTP 500
@@ -132,7 +134,7 @@ class FakeVLLM:
         usage = {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}
         reply: dict[str, Any] = {"role": "assistant", "content": "echo: " + text}
         call: tuple[str, str] | None = None
-        if "CALL_TOOL" in text:
+        if "CALL_TOOL" in text or "CALL_TWICE" in text:
             call = ("get_weather", '{"city": "Paris"}')
         elif (
             self.first_tool_arguments is not None
@@ -147,6 +149,8 @@ class FakeVLLM:
                 "content": None,
                 "tool_calls": [{"id": "call_1", "type": "function", "function": function}],
             }
+            if "CALL_TWICE" in text:
+                reply["tool_calls"] *= 2
         if not body.get("stream"):
             return JSONResponse(
                 {
