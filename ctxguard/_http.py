@@ -164,6 +164,10 @@ class _Body:
         return Reply(response.status_code, b"".join(self.chunks), response.encoding or "utf-8")
 
 
+# a connection that broke under a request: the server may never have read it
+_BROKEN = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
 def request(
     http: httpx.Client,
     method: str,
@@ -172,19 +176,32 @@ def request(
     seconds: float,
     shown: str,
     error: type[CtxGuardError],
+    idempotent: bool = False,
     **kwargs: Any,
 ) -> Reply:
-    """One call, over within `seconds` or `error`; other failures stay httpx.HTTPError."""
+    """One call, over within `seconds` or `error`; other failures stay httpx.HTTPError.
+
+    ``idempotent``: a call that is safe to send twice is sent once more (inside the
+    same deadline) when the connection breaks before a whole reply came back. A
+    kept-alive connection the server closes as the request goes out (uvicorn, so
+    vLLM, closes idle ones after 5 s) fails that way although the server is fine.
+    """
     end = time.monotonic() + seconds
     token = _DEADLINE.set(end)
     try:
-        with http.stream(method, url, **kwargs) as response:
-            body = _Body(shown, error)
-            for chunk in response.iter_bytes():
-                if time.monotonic() >= end:
-                    raise error(_expired(shown, seconds))
-                body.add(chunk)
-            return body.reply(response)
+        for attempt in (1, 2):
+            try:
+                with http.stream(method, url, **kwargs) as response:
+                    body = _Body(shown, error)
+                    for chunk in response.iter_bytes():
+                        if time.monotonic() >= end:
+                            raise error(_expired(shown, seconds))
+                        body.add(chunk)
+                    return body.reply(response)
+            except _BROKEN:
+                if not idempotent or attempt == 2 or time.monotonic() >= end:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
     except httpx.TimeoutException:
         if time.monotonic() >= end:
             raise error(_expired(shown, seconds)) from None

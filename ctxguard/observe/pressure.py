@@ -117,6 +117,7 @@ class PressureMonitor:
                         seconds=self.timeout,
                         shown=self.shown,
                         error=ConfigError,
+                        idempotent=True,  # a GET of /metrics
                     )
                     self._take(reply)
                 except (httpx.HTTPError, ConfigError) as exc:

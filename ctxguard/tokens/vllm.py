@@ -70,6 +70,7 @@ class VLLMRenderer:
                 seconds=self.timeout,
                 shown=f"{self.where}/tokenize",
                 error=TokenizerError,
+                idempotent=True,  # a count: safe to ask twice
             )
         except httpx.HTTPError as exc:
             raise TokenizerError(
