@@ -395,8 +395,12 @@ def _after_the_write_timeout(error: StoreConnectionError, ids: list[str]) -> Non
 BIG = NewMessage(Message(role="user", content="x" * (48 << 20), id="big"), 1)
 # The server must be asleep before the big send starts: awake, it reads the 48 MB and
 # the test sees a read timeout instead. A PING unanswered for 0.1 s can be a loaded
-# machine rather than a sleeping server; for 0.5 s it is not (the sleep is 3 s).
+# machine rather than a sleeping server; for 0.5 s it is not (the sleep is WRITE_SLEEP).
 WRITE_PROBE = 0.5
+# The send must also begin before the server wakes: encoding and packing the 48 MB took
+# over 2.5 s once on 2 cores shared with three CI runs (the server woke, read it all, and
+# the client timed out on the reply: loop run 8 of 50, session 11). 8 s leaves 7.5.
+WRITE_SLEEP = 8.0
 
 
 def test_send_the_server_does_not_read_times_out_on_the_write(
@@ -408,10 +412,10 @@ def test_send_the_server_does_not_read_times_out_on_the_write(
     store = open_store(url, namespace="slow", retry=RetryPolicy(attempts=1))
     store.append("s", [new("before", id="before")], OPTS)
 
-    sleeper = _sleep_server(private_redis, 3.0, probe_timeout=WRITE_PROBE)
+    sleeper = _sleep_server(private_redis, WRITE_SLEEP, probe_timeout=WRITE_PROBE)
     with pytest.raises(StoreConnectionError) as caught:
         store.append("s", [BIG], OPTS)
-    sleeper.join(10)
+    sleeper.join(WRITE_SLEEP + 10)
     store.close()
 
     # Checked on a store with the default timeouts: once awake, the server may still
@@ -430,10 +434,10 @@ async def test_async_send_the_server_does_not_read_times_out_on_the_write(
     store = open_async_store(url, namespace="slow", retry=RetryPolicy(attempts=1))
     await store.append("s", [new("before", id="before")], OPTS)
 
-    sleeper = await asyncio.to_thread(_sleep_server, private_redis, 3.0, WRITE_PROBE)
+    sleeper = await asyncio.to_thread(_sleep_server, private_redis, WRITE_SLEEP, WRITE_PROBE)
     with pytest.raises(StoreConnectionError) as caught:
         await store.append("s", [BIG], OPTS)
-    await asyncio.to_thread(sleeper.join, 10)
+    await asyncio.to_thread(sleeper.join, WRITE_SLEEP + 10)
     await store.close()
 
     check = open_async_store(private_redis.url, namespace="slow")
