@@ -4,6 +4,9 @@ The shells fetch and write; everything between (counting new messages once,
 budgets, the policy chain, the exact count, audit records, summary checks)
 happens here, so the sync and async guards cannot behave differently. The
 audit records (and the ones held for a reply) are built in ``audit.py``, mixed in.
+
+Kept whole at ~420 lines on purpose: ``plan``, ``refetch`` and ``finalize`` are the three
+steps of one request and read each other's state; intake and audit are already split out.
 """
 
 from __future__ import annotations

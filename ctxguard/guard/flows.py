@@ -5,6 +5,9 @@ and receives the result; exceptions from that I/O are thrown back into it.
 :class:`~ctxguard.guard.sync.Guard` runs a flow with blocking calls and
 :class:`~ctxguard.guard.aio.AsyncGuard` with awaits, so both execute the very
 same steps in the same order (the httpx auth-flow pattern).
+
+Kept whole at ~400 lines on purpose: one flow per public operation, so every I/O step
+a shell can take is in one file.
 """
 
 from __future__ import annotations
@@ -112,7 +115,7 @@ def prepare(
     is fetched as if they were appended, planned and counted, and then committed
     in one atomic step if the session did not change meanwhile (else planned
     again on what the store sends back). A refused prepare stores nothing and
-    leaves a ``refused`` audit record in an existing session (see ARCHITECTURE.md).
+    leaves a ``refused`` audit record in an existing session (see docs/turn.md).
     """
     try:
         new = core.encode_new(values)

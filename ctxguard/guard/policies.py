@@ -28,6 +28,9 @@ Order of application for one request:
    as it is: dropping it would leave nothing to answer. A window that reaches
    back to the history's first message is never cut (a history may open with
    an assistant greeting).
+
+Kept whole at ~410 lines on purpose: the six steps run in this order on one list, and
+each step's edge cases are the next one's inputs.
 """
 
 from __future__ import annotations
