@@ -33,6 +33,11 @@ import httpx
 from ctxguard.errors import CtxGuardError
 
 MAX_BODY = 16 * 1024 * 1024
+# A pooled connection idle this long is closed, not reused. uvicorn (so vLLM and SGLang)
+# closes one idle for 5 s; a client that keeps it as long (httpx's default is 5 s,
+# httpcore's pool keeps it forever) can send on it in the instant the server closes
+# it, and the call fails with no reply although the server is fine. 2 s leaves 3 s.
+KEEPALIVE_EXPIRY = 2.0
 
 # monotonic time by which the current call must be over (None: no call in progress)
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
@@ -128,7 +133,9 @@ class _Transport(httpx.HTTPTransport):
     def __init__(self) -> None:
         super().__init__()
         self._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(), network_backend=_Backend()
+            ssl_context=httpx.create_ssl_context(),
+            network_backend=_Backend(),
+            keepalive_expiry=KEEPALIVE_EXPIRY,
         )
 
 

@@ -31,6 +31,7 @@ from ctxguard import (
     TokenCounter,
     load_counter,
 )
+from ctxguard._http import KEEPALIVE_EXPIRY
 from ctxguard.errors import (
     ConfigError,
     ConflictError,
@@ -78,7 +79,11 @@ class Gateway:
         )
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(config.upstream_timeout, connect=config.connect_timeout),
-            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+            limits=httpx.Limits(
+                max_connections=1024,
+                max_keepalive_connections=256,
+                keepalive_expiry=KEEPALIVE_EXPIRY,  # under the upstream's keep-alive
+            ),
             headers=self.upstream_headers(),
         )
         self._background: set[asyncio.Task[None]] = set()

@@ -2,98 +2,28 @@
 
 uvicorn (and so vLLM) closes a connection idle for 5 s; a request sent on it in that
 instant meets a closed socket and no reply, although the server is fine. The server
-below does that deterministically: on its first connection it answers one request,
-then reads the next one and hangs up without a word. A count (``/tokenize``) and a
-reading of ``/metrics`` are safe to ask twice, so they are sent once more on a new
-connection; a call that is not (a chat completion upstream) is not.
+(``tests/hangup_server.py``) does that deterministically: on its first connection it
+answers one request, then reads the next one and hangs up without a word. A count
+(``/tokenize``) and a reading of ``/metrics`` are safe to ask twice, so they are sent
+once more on a new connection; a call that is not (a chat completion upstream) is not.
+And no call meets the race by waiting: a connection idle for
+:data:`ctxguard._http.KEEPALIVE_EXPIRY` (under uvicorn's 5 s) is closed, not reused.
 """
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from hangup_server import HangUpOnce
 
 from ctxguard import _http
 from ctxguard.errors import ConfigError, TokenizerError
 from ctxguard.tokens.vllm import VLLMRenderer
-
-METRICS = (
-    "# TYPE vllm:num_requests_waiting gauge\n"
-    'vllm:num_requests_waiting{model_name="m"} 3.0\n'
-    "# TYPE vllm:kv_cache_usage_perc gauge\n"
-    'vllm:kv_cache_usage_perc{model_name="m"} 0.5\n'
-)
-
-
-class HangUpOnce:
-    """Answers every request; on its first connection, hangs up on the second one."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.requests = 0
-        self.connections = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._serve, args=(conn, self.connections), daemon=True).start()
-
-    @staticmethod
-    def _read_request(conn: socket.socket, buffer: bytes) -> tuple[bytes, bytes] | None:
-        while b"\r\n\r\n" not in buffer:
-            chunk = conn.recv(65536)
-            if not chunk:
-                return None
-            buffer += chunk
-        head, rest = buffer.split(b"\r\n\r\n", 1)
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        while len(rest) < length:
-            rest += conn.recv(65536)
-        return head, rest[length:]
-
-    def _serve(self, conn: socket.socket, number: int) -> None:
-        with conn:
-            buffer, answered = b"", 0
-            while True:
-                got = self._read_request(conn, buffer)
-                if got is None:
-                    return
-                head, buffer = got
-                self.requests += 1
-                if number == 1 and answered == 1:
-                    return  # read the request, then hang up: the idle-close race
-                path = head.split(b" ")[1]
-                if path.endswith(b"/metrics"):
-                    body, kind = METRICS.encode(), b"text/plain"
-                else:
-                    body, kind = json.dumps({"count": 7}).encode(), b"application/json"
-                conn.sendall(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: "
-                    + kind
-                    + b"\r\nContent-Length: "
-                    + str(len(body)).encode()
-                    + b"\r\n\r\n"
-                    + body
-                )
-                answered += 1
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.fixture
@@ -164,3 +94,34 @@ def test_a_server_that_hangs_up_every_time_is_still_a_typed_error() -> None:
         assert len(seen) == 2  # asked twice, no more
     finally:
         sock.close()
+
+
+def _post(http: httpx.Client, server: HangUpOnce) -> int:
+    reply = _http.request(
+        http,
+        "POST",
+        server.url + "/v1/chat/completions",
+        json={},
+        seconds=5,
+        shown="upstream",
+        error=ConfigError,
+    )
+    return reply.status_code
+
+
+def test_a_connection_idle_past_the_expiry_is_closed_not_reused(server: HangUpOnce) -> None:
+    """A call not safe to repeat, after an idle spell the server would close on: it
+    goes out on a new connection, so the first one's hang-up is never met."""
+    with _http.client(timeout=5) as http:
+        assert _post(http, server) == 200
+        time.sleep(_http.KEEPALIVE_EXPIRY + 0.5)
+        assert _post(http, server) == 200
+    assert (server.requests, server.connections) == (2, 2)
+
+
+def test_the_expiry_is_under_the_keep_alive_of_uvicorn() -> None:
+    """vLLM and SGLang serve over uvicorn with its default keep-alive (vLLM pins it at 5 s)."""
+    import uvicorn
+
+    assert uvicorn.Config(app=None).timeout_keep_alive == 5
+    assert _http.KEEPALIVE_EXPIRY <= 5 - 2  # seconds of margin for a slow loop or network
