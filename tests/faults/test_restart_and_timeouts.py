@@ -105,7 +105,7 @@ def _sleep_server(
     """``DEBUG SLEEP seconds`` on its own thread, returned once the server is asleep: a
     probe's PING then gets no answer. (A fixed pause was not enough on a loaded machine:
     the thread's command could reach the server after the test's own.)"""
-    admin = server.client()
+    admin = server.client(socket_timeout=seconds + 10)  # the sleep's own reply comes after it
     # no retries: redis-py's default Retry would wait out the sleep and answer
     probe = server.client(socket_timeout=probe_timeout, retry=Retry(NoBackoff(), 0))
     admin.ping()
