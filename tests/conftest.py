@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 
 import pytest
 import redis
+from hangup_server import HangUpOnce
 from hypothesis import settings
 from redis.cluster import RedisCluster
 from tokenizer_files import HF_FAMILIES, assemble, require
@@ -388,3 +389,12 @@ def recorded_ids(store: Any, session_id: str, record: dict[str, Any]) -> list[st
 
     by_seq = {s.seq: s.message.id for s in store.read(session_id)}
     return sent_ids(record, by_seq.get)
+
+
+@pytest.fixture
+def hangup() -> Iterator[HangUpOnce]:
+    """An HTTP server that hangs up on its first connection's second request
+    (``tests/hangup_server.py``), as uvicorn's idle close does."""
+    server = HangUpOnce()
+    yield server
+    server.close()

@@ -11,9 +11,7 @@ of its first connection, as the idle close does, whatever the timing.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
-import pytest
 from hangup_server import HangUpOnce
 
 from ctxguard._http import KEEPALIVE_EXPIRY
@@ -24,15 +22,8 @@ from .test_chat import chat
 from .upstream import serve_in_thread, stop_server
 
 
-@pytest.fixture
-def upstream() -> Iterator[HangUpOnce]:
-    server = HangUpOnce()
-    yield server
-    server.close()
-
-
-def test_a_chat_after_an_idle_spell_goes_out_on_a_new_connection(upstream: HangUpOnce) -> None:
-    config = ServeConfig(upstream=upstream.url, url="memory://", limit=4096, counter="approx")
+def test_a_chat_after_an_idle_spell_goes_out_on_a_new_connection(hangup: HangUpOnce) -> None:
+    config = ServeConfig(upstream=hangup.url, url="memory://", limit=4096, counter="approx")
     server, gateway = serve_in_thread(create_app(config))
     try:
         first = chat(gateway, "hello")
@@ -43,4 +34,4 @@ def test_a_chat_after_an_idle_spell_goes_out_on_a_new_connection(upstream: HangU
         assert second.json()["choices"][0]["message"]["content"] == "ok"
     finally:
         stop_server(server)
-    assert (upstream.requests, upstream.connections) == (2, 2)
+    assert (hangup.requests, hangup.connections) == (2, 2)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -26,37 +25,30 @@ from ctxguard.errors import ConfigError, TokenizerError
 from ctxguard.tokens.vllm import VLLMRenderer
 
 
-@pytest.fixture
-def server() -> Iterator[HangUpOnce]:
-    s = HangUpOnce()
-    yield s
-    s.close()
-
-
-def test_a_count_is_asked_again_on_a_new_connection(server: HangUpOnce) -> None:
-    renderer = VLLMRenderer(server.url, timeout=5)
+def test_a_count_is_asked_again_on_a_new_connection(hangup: HangUpOnce) -> None:
+    renderer = VLLMRenderer(hangup.url, timeout=5)
     assert renderer.raw_count("hello") == 7
     assert renderer.raw_count("hello again") == 7  # the first connection hung up on this
-    assert (server.requests, server.connections) == (3, 2)
+    assert (hangup.requests, hangup.connections) == (3, 2)
 
 
-def test_a_pressure_reading_is_taken_again_on_a_new_connection(server: HangUpOnce) -> None:
+def test_a_pressure_reading_is_taken_again_on_a_new_connection(hangup: HangUpOnce) -> None:
     from ctxguard.observe.pressure import PressureMonitor
 
-    monitor = PressureMonitor(server.url + "/metrics", interval=0.0, timeout=5)
+    monitor = PressureMonitor(hangup.url + "/metrics", interval=0.0, timeout=5)
     first = monitor.sample()
     second = monitor.sample()  # the first connection hung up on this
     assert monitor.error is None
     assert first is not None and second is not None and second is not first
     assert second.waiting == 3
-    assert (server.requests, server.connections) == (3, 2)
+    assert (hangup.requests, hangup.connections) == (3, 2)
 
 
-def _post(http: httpx.Client, server: HangUpOnce) -> int:
+def _post(http: httpx.Client, hangup: HangUpOnce) -> int:
     reply = _http.request(
         http,
         "POST",
-        server.url + "/v1/chat/completions",
+        hangup.url + "/v1/chat/completions",
         json={},
         seconds=5,
         shown="upstream",
@@ -65,12 +57,12 @@ def _post(http: httpx.Client, server: HangUpOnce) -> int:
     return reply.status_code
 
 
-def test_a_call_not_safe_to_repeat_is_sent_once(server: HangUpOnce) -> None:
+def test_a_call_not_safe_to_repeat_is_sent_once(hangup: HangUpOnce) -> None:
     with _http.client(timeout=5) as http:
-        assert _post(http, server) == 200
+        assert _post(http, hangup) == 200
         with pytest.raises(httpx.RemoteProtocolError):
-            _post(http, server)  # the first connection hangs up on it
-    assert (server.requests, server.connections) == (2, 1)
+            _post(http, hangup)  # the first connection hangs up on it
+    assert (hangup.requests, hangup.connections) == (2, 1)
 
 
 def test_a_server_that_hangs_up_every_time_is_still_a_typed_error() -> None:
@@ -97,14 +89,14 @@ def test_a_server_that_hangs_up_every_time_is_still_a_typed_error() -> None:
         sock.close()
 
 
-def test_a_connection_idle_past_the_expiry_is_closed_not_reused(server: HangUpOnce) -> None:
+def test_a_connection_idle_past_the_expiry_is_closed_not_reused(hangup: HangUpOnce) -> None:
     """A call not safe to repeat, after an idle spell the server would close on: it
     goes out on a new connection, so the first one's hang-up is never met."""
     with _http.client(timeout=5) as http:
-        assert _post(http, server) == 200
+        assert _post(http, hangup) == 200
         time.sleep(_http.KEEPALIVE_EXPIRY + 0.5)
-        assert _post(http, server) == 200
-    assert (server.requests, server.connections) == (2, 2)
+        assert _post(http, hangup) == 200
+    assert (hangup.requests, hangup.connections) == (2, 2)
 
 
 def test_the_expiry_is_under_the_keep_alive_of_uvicorn() -> None:
