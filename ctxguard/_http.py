@@ -38,6 +38,12 @@ MAX_BODY = 16 * 1024 * 1024
 # httpcore's pool keeps it forever) can send on it in the instant the server closes
 # it, and the call fails with no reply although the server is fine. 2 s leaves 3 s.
 KEEPALIVE_EXPIRY = 2.0
+# httpx's own pool sizes (100 connections, 20 kept idle): built alone, httpcore's pool
+# holds 10, and the 11th concurrent call on one client waited for a free connection
+# (the gateway counts through one vllm: counter from up to 40 worker threads).
+LIMITS = httpx.Limits(
+    max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_EXPIRY
+)
 
 # monotonic time by which the current call must be over (None: no call in progress)
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
@@ -130,12 +136,14 @@ class _Transport(httpx.HTTPTransport):
     calls the pool); the pool itself is built from public httpcore API.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limits: httpx.Limits = LIMITS) -> None:
         super().__init__()
         self._pool = httpcore.ConnectionPool(
             ssl_context=httpx.create_ssl_context(),
             network_backend=_Backend(),
-            keepalive_expiry=KEEPALIVE_EXPIRY,
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
         )
 
 
@@ -195,6 +203,7 @@ def request(
     """
     end = time.monotonic() + seconds
     token = _DEADLINE.set(end)
+    kwargs.setdefault("timeout", seconds)  # also bounds the wait for a free pooled connection
     try:
         for attempt in (1, 2):
             try:
