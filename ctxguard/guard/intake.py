@@ -71,7 +71,8 @@ class NewMessages:
         """Refuse a new assistant message that gives two of its tool calls one id: no
         result could say which call it answers (InvalidMessageError names the id).
         Checked for every new message (append, prepare, complete); a stored or
-        imported one is read as it is (its results answer the id once)."""
+        imported one is left out of every request with its results (``policies._repair``:
+        its group is never whole), and a new result for it is refused (:meth:`check_new`)."""
         for n in new:
             calls = n.message.tool_calls
             if calls is None or len(calls) < 2:
@@ -175,7 +176,15 @@ class NewMessages:
                 )
             caller = run[j].message if j >= 0 else None
             calls = caller.tool_calls if caller is not None and caller.role == "assistant" else None
-            if not calls or message.tool_call_id not in {c.id for c in calls}:
+            ids = {c.id for c in calls} if calls else set()
+            if calls and caller is not None and len(ids) < len(calls):
+                raise InvalidMessageError(
+                    f"tool result {message.id!r} answers the stored assistant message "
+                    f"{caller.id!r}, which gives two of its tool_calls one id: no request "
+                    "can send that message, so it is left out of every request; go on "
+                    "with a new user message"
+                )
+            if message.tool_call_id not in ids:
                 raise InvalidMessageError(
                     f"tool result {message.id!r} answers tool_call_id "
                     f"{message.tool_call_id!r}, which the assistant message just before it "

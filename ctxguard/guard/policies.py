@@ -100,6 +100,10 @@ def tool_problems(messages: Sequence[Message]) -> list[str]:
             pending = set()
         if message.role == "assistant" and message.tool_calls:
             pending = {c.id for c in message.tool_calls}
+            if len(pending) < len(message.tool_calls):
+                ids = [c.id for c in message.tool_calls]
+                repeated = sorted({i for i in ids if ids.count(i) > 1})
+                problems.append(f"message {index}: tool calls repeat the ids {repeated}")
     if pending:
         problems.append(f"end: tool calls {sorted(pending)} have no results")
     return problems
@@ -126,8 +130,12 @@ def _repair(groups: list[list[Item]]) -> tuple[list[Item], list[Item], list[list
         if head.role == "tool":
             removed += grp
         elif head.role == "assistant" and head.tool_calls:
+            # whole: one result for each call. A message giving two calls one id (stored
+            # or imported; new ones are refused) is never whole: its group holds one
+            # result per distinct id, and strict servers refuse the repeated id.
+            calls = head.tool_calls
             answered = {i.message.tool_call_id for i in grp[1:]}
-            if answered == {c.id for c in head.tool_calls}:
+            if len(grp) - 1 == len(calls) and answered == {c.id for c in calls}:
                 kept += grp
                 kept_groups.append(grp)
             else:

@@ -60,6 +60,29 @@ def test_repair_drops_orphan_results_and_unanswered_calls() -> None:
     assert [i.seq for i in removed] == [0, 2, 3]
 
 
+def test_a_call_message_repeating_an_id_is_never_whole() -> None:
+    """Two calls with one id (a stored or imported message; new ones are refused): one
+    result per distinct id is not one per call, and strict servers refuse the repeated
+    id (DeepSeek: "Duplicate value for 'tool_call_id'"). The group goes, with its
+    result; a second result for the id is an orphan and goes too."""
+    items = [
+        item(0, "user"),
+        item(1, "assistant", tool_calls=calls("a", "a")),
+        item(2, "tool", tool_call_id="a"),
+        item(3, "tool", tool_call_id="a"),
+        item(4, "user"),
+        item(5, "assistant", tool_calls=calls("a", "b")),
+        item(6, "tool", tool_call_id="b"),
+        item(7, "tool", tool_call_id="a"),
+    ]
+    kept, removed = repair(items)
+    assert [i.seq for i in kept] == [0, 4, 5, 6, 7]  # a distinct-id call, answered whole
+    assert [i.seq for i in removed] == [1, 2, 3]
+    problems = tool_problems([i.message for i in items[:3]])
+    assert problems == ["message 1: tool calls repeat the ids ['a']"]
+    assert tool_problems([i.message for i in kept]) == []
+
+
 def test_tool_problems_names_each_violation() -> None:
     ok = [
         i.message

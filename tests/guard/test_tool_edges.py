@@ -12,7 +12,9 @@ The rules (README, "Tool groups"):
   stored it is the same request as the first time, after it the session as it stands;
 * new tool calls with nothing after them in the batch, two results for one
   tool_call_id, a result whose call is not the message before it, results for part
-  of a call with nothing after them: ``InvalidMessageError``.
+  of a call with nothing after them: ``InvalidMessageError``;
+* a stored call message giving two calls one id (an import; new ones are refused) is
+  left out with its results, and a new result for it is ``InvalidMessageError``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ctxguard.guard.policies import tool_problems
 from ctxguard.guard.summarizers import ExtractiveSummarizer
 from ctxguard.ids import new_message_id
 from ctxguard.messages import Message
+from ctxguard.stores.contract import NewMessage
 from tests.guard.test_refusals import call, guard_on, open_one, result, said, snapshot
 
 __all__ = ["open_one"]  # the fixture: memory, Redis, cluster
@@ -317,12 +320,43 @@ def test_a_stored_second_result_for_one_call_is_left_out_not_sent(
     guard.close()
 
 
+@CACHED
+def test_a_stored_call_message_repeating_an_id_is_left_out_and_not_answered(
+    open_one: Callable[[], Any], cached: bool
+) -> None:
+    """An assistant message giving two of its calls one id, stored by an import or
+    through the store (new ones are refused): strict servers refuse the repeated id, so
+    it is left out with its result (a tool_integrity decision) and every request is
+    well-formed; a new result for such a message is a typed refusal that stores
+    nothing, and the session goes on with a new user message."""
+    store = open_one()
+    guard = guard_on(store, cached, limit=2000)
+    options = guard.core.write_options
+    guard.prepare("s", [said("weather?")])
+    twice, answer = call("c1", "c1"), result("c1", "sunny")
+    store.append("s", [NewMessage(twice), NewMessage(answer)], options)
+    got = guard.prepare("s", [said("and tomorrow?")])
+    well_formed(got.messages)
+    sent = [m.id for m in got.messages]
+    assert twice.id not in sent and answer.id not in sent
+    assert any(d["policy"] == "tool_integrity" for d in got.decisions)
+    guard.complete("s", said("rain", "assistant"))
+    again = call("c2", "c3", "c2")
+    store.append("s", [NewMessage(again)], options)
+    error = refused(guard, store, "s", [result("c2"), result("c3")], InvalidMessageError)
+    assert repr(again.id) in str(error) and "one id" in str(error)
+    ok = guard.prepare("s", [said("thanks")])
+    well_formed(ok.messages)
+    assert again.id not in [m.id for m in ok.messages]
+    guard.close()
+
+
 # -- property: random histories with tool groups, random budgets -----------------------
 
 
 TURN = st.tuples(
     st.integers(1, 60),  # words of the user message
-    st.sampled_from(["plain", "inline", "later", "later-split", "agent", "resend"]),
+    st.sampled_from(["plain", "inline", "later", "later-split", "agent", "resend", "repeated"]),
     st.integers(1, 3),  # tool calls
     st.lists(st.integers(1, 150), min_size=3, max_size=3),  # words of each result
     st.integers(1, 60),  # words of the reply
@@ -364,6 +398,10 @@ def run_random(guard: Guard, store: Any, sid: str, turns: list[Any]) -> None:
         elif kind == "agent":  # a call stored without a user turn (an agent run's step)
             guard.append(sid, [call(*ids)])
             batch = results
+        elif kind == "repeated":  # imported: a call repeating an id, with its results
+            stored = [call(ids[0], *ids), *results]
+            store.append(sid, [NewMessage(m) for m in stored], guard.core.write_options)
+            batch = [user]
         elif kind in ("later", "later-split"):
             if not prepare([user]):
                 continue
