@@ -178,6 +178,20 @@ def scratch_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def own_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A redis-server of one test module's own, for tests that read server-wide counts
+    (INFO commandstats): only that module's commands reach it, whatever else uses the
+    run's shared server (a second suite run against the same services, say)."""
+    from faults.servers import RedisServer
+
+    server = RedisServer(tmp_path_factory.mktemp("own-redis")).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
 def purge_namespace(url: str, namespace: str) -> int:
     """Delete every key under ``namespace`` (SCAN, never KEYS or FLUSHALL)."""
     client = raw_client(url)

@@ -7,7 +7,8 @@ they did not start, and ``scripts/services.sh`` never picks up a server by chanc
 * a destructive test asking for a server the user named is refused
   (``shared_servers_refused``), and the real ones leave such a server untouched;
 * ``services.sh start`` with nothing named never talks to 6379, and says which
-  servers it started (``CTXGUARD_TEST_*_PRIVATE``).
+  servers it started (``CTXGUARD_TEST_*_PRIVATE``);
+* an exception in a thread a test started, or in a ``__del__``, fails the test.
 """
 
 from __future__ import annotations
@@ -287,3 +288,45 @@ def test_the_hypothesis_scale_scales_a_parametrized_test_once(
     got = prop._hypothesis_internal_use_settings  # type: ignore[attr-defined]
     assert got.max_examples == 120
     assert got.deadline is None
+
+
+PLANTED = """
+import threading
+
+
+def test_a_thread_it_started_dies() -> None:
+    worker = threading.Thread(target=lambda: 1 / 0)
+    worker.start()
+    worker.join()
+
+
+class Dying:
+    def __del__(self) -> None:
+        raise RuntimeError("raised where nothing can catch it")
+
+
+def test_an_exception_nothing_can_catch() -> None:
+    Dying()
+
+
+def test_a_quiet_thread() -> None:
+    worker = threading.Thread(target=lambda: None)
+    worker.start()
+    worker.join()
+"""
+
+
+def test_an_exception_in_a_thread_or_a_del_fails_the_test(tmp_path: Path) -> None:
+    """The suite's settings (pyproject's ``filterwarnings``) make an exception in a
+    thread a test started, or one raised in a ``__del__``, fail that test: pytest
+    would only warn, and a background worker dying mid-test would pass unseen."""
+    planted = tmp_path / "test_planted.py"
+    planted.write_text(PLANTED)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    command += ["-p", "no:randomly", "-c", str(ROOT / "pyproject.toml"), str(planted)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    out = done.stdout
+    assert done.returncode == 1, out
+    assert "FAILED" in out and "test_a_thread_it_started_dies" in out, out
+    assert "test_an_exception_nothing_can_catch" in out, out
+    assert "2 failed, 1 passed" in out, out

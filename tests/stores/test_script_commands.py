@@ -1,6 +1,6 @@
 """What a turn's scripts make Redis do, and the clock they write with.
 
-Counted with INFO commandstats deltas on a server this run started (nothing else
+Counted with INFO commandstats deltas on a server of this module's own (nothing else
 sends it commands): a cached turn is two script calls that run no ``TIME`` and no
 ``HINCRBY`` (the caller sends its clock; the request record's number goes in the one
 ``HSET`` of meta), read meta once each, ``TYPE`` only the keys they write but do not
@@ -40,9 +40,9 @@ def calls(client: Any) -> Counter[str]:
 
 
 @pytest.fixture
-def url(scratch_redis_url: str, purge_after: Callable[[str], None]) -> str:
-    purge_after(scratch_redis_url)
-    return scratch_redis_url
+def url(own_redis_url: str, purge_after: Callable[[str], None]) -> str:
+    purge_after(own_redis_url)
+    return own_redis_url
 
 
 @pytest.fixture

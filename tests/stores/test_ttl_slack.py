@@ -6,7 +6,7 @@ full TTL. Keys the call made (created, or made anew: a DEL then a write, a SET) 
 the session's TTL either way: every path that makes a key is taken here with the
 slack path (a session just refreshed), and after it every existing key of the
 session has a TTL (none outlives the session: a leak forever). Counted with INFO
-commandstats on a server this run started.
+commandstats on a server of this module's own (`own_redis_url`).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ def msg(text: str, role: str = "user") -> NewMessage:
 
 
 @pytest.fixture
-def url(scratch_redis_url: str, purge_after: Callable[[str], None]) -> str:
-    purge_after(scratch_redis_url)
-    return scratch_redis_url
+def url(own_redis_url: str, purge_after: Callable[[str], None]) -> str:
+    purge_after(own_redis_url)
+    return own_redis_url
 
 
 @pytest.fixture
