@@ -8,6 +8,10 @@ servers reject such a request ("Duplicate value for 'tool_call_id'"); stored, it
 would make every later request of the session fail (models that number their calls
 per response emit it). An id may still recur in a *later* call message
 (``test_tool_edges.test_a_tool_call_id_may_recur_in_a_later_call``).
+
+One stored all the same (an import, or a write through the store) is left out of every
+request with its results: its group is never whole (``policies._repair``), and a new
+result for it is refused.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import pytest
 from ctxguard import Guard
 from ctxguard.errors import InvalidMessageError
 from ctxguard.messages import Message
+from ctxguard.stores.contract import NewMessage
 from tests.guard.test_refusals import call, guard_on, open_one, result, said, snapshot
 from tests.guard.test_tool_edges import CACHED, refused, well_formed
 
@@ -103,4 +108,35 @@ def test_every_position_of_the_repeat_is_found(calls: tuple[str, ...]) -> None:
     repeated = next(c for i, c in enumerate(calls) if c in calls[:i])
     refuses(caught, repeated)
     guard.append("s", [call(*dict.fromkeys(calls))])  # the same calls, each id once: stored
+    guard.close()
+
+
+@CACHED
+def test_a_stored_call_message_repeating_an_id_is_left_out_and_not_answered(
+    open_one: Callable[[], Any], cached: bool
+) -> None:
+    """An assistant message giving two of its calls one id, stored by an import or
+    through the store (new ones are refused): strict servers refuse the repeated id, so
+    it is left out with its result (a tool_integrity decision) and every request is
+    well-formed; a new result for such a message is a typed refusal that stores
+    nothing, and the session goes on with a new user message."""
+    store = open_one()
+    guard = guard_on(store, cached, limit=2000)
+    options = guard.core.write_options
+    guard.prepare("s", [said("weather?")])
+    repeated, answer = twice("c1"), result("c1", "sunny")
+    store.append("s", [NewMessage(repeated), NewMessage(answer)], options)
+    got = guard.prepare("s", [said("and tomorrow?")])
+    well_formed(got.messages)
+    sent = [m.id for m in got.messages]
+    assert repeated.id not in sent and answer.id not in sent
+    assert any(d["policy"] == "tool_integrity" for d in got.decisions)
+    guard.complete("s", said("rain", "assistant"))
+    again = twice("c2", "c3")
+    store.append("s", [NewMessage(again)], options)
+    error = refused(guard, store, "s", [result("c2"), result("c3")], InvalidMessageError)
+    assert repr(again.id) in str(error) and "one id" in str(error)
+    ok = guard.prepare("s", [said("thanks")])
+    well_formed(ok.messages)
+    assert again.id not in [m.id for m in ok.messages]
     guard.close()

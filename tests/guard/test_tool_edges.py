@@ -14,7 +14,7 @@ The rules (README, "Tool groups"):
   tool_call_id, a result whose call is not the message before it, results for part
   of a call with nothing after them: ``InvalidMessageError``;
 * a stored call message giving two calls one id (an import; new ones are refused) is
-  left out with its results, and a new result for it is ``InvalidMessageError``.
+  left out with its results (``test_duplicate_call_ids``).
 """
 
 from __future__ import annotations
@@ -317,37 +317,6 @@ def test_a_stored_second_result_for_one_call_is_left_out_not_sent(
     assert kept.id in [m.id for m in got.messages]
     assert repeated.id not in [m.id for m in got.messages]
     assert any(d["policy"] == "tool_integrity" for d in got.decisions)
-    guard.close()
-
-
-@CACHED
-def test_a_stored_call_message_repeating_an_id_is_left_out_and_not_answered(
-    open_one: Callable[[], Any], cached: bool
-) -> None:
-    """An assistant message giving two of its calls one id, stored by an import or
-    through the store (new ones are refused): strict servers refuse the repeated id, so
-    it is left out with its result (a tool_integrity decision) and every request is
-    well-formed; a new result for such a message is a typed refusal that stores
-    nothing, and the session goes on with a new user message."""
-    store = open_one()
-    guard = guard_on(store, cached, limit=2000)
-    options = guard.core.write_options
-    guard.prepare("s", [said("weather?")])
-    twice, answer = call("c1", "c1"), result("c1", "sunny")
-    store.append("s", [NewMessage(twice), NewMessage(answer)], options)
-    got = guard.prepare("s", [said("and tomorrow?")])
-    well_formed(got.messages)
-    sent = [m.id for m in got.messages]
-    assert twice.id not in sent and answer.id not in sent
-    assert any(d["policy"] == "tool_integrity" for d in got.decisions)
-    guard.complete("s", said("rain", "assistant"))
-    again = call("c2", "c3", "c2")
-    store.append("s", [NewMessage(again)], options)
-    error = refused(guard, store, "s", [result("c2"), result("c3")], InvalidMessageError)
-    assert repr(again.id) in str(error) and "one id" in str(error)
-    ok = guard.prepare("s", [said("thanks")])
-    well_formed(ok.messages)
-    assert again.id not in [m.id for m in ok.messages]
     guard.close()
 
 
