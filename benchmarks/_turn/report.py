@@ -165,6 +165,27 @@ def render(report: dict[str, Any], output: Path) -> None:
                 f"{c['script_inner_us_per_turn']:>11.1f}"
             )
     print()
+    print("Where the p50 turn goes: client CPU (this thread's user + system time around each")
+    print("turn; an observer's background thread not counted), Redis server time (above), and")
+    print("the rest (waiting on the other side: scheduling, the loopback stack, the reply):")
+    print(
+        f"  {'system@H':<26}{'wall p50':>9}{'cpu p50':>9}{'x base':>8}{'server':>8}{'rest':>8}"
+        "   (us)"
+    )
+    for name in SYSTEMS:
+        for s in sizes:
+            r, c = by.get((name, s)), costs.get(f"{name}@{s}")
+            if r is None or c is None or "cpu_p50_us" not in r:
+                continue
+            base = baseline(name, s, ran)
+            b = by.get((base, s)) if base else None
+            ratio = r["cpu_p50_us"] / b["cpu_p50_us"] if b and b.get("cpu_p50_us") else float("nan")
+            wall, cpu, server = r["p50_ms"] * 1e3, r["cpu_p50_us"], c["server_us_per_turn"]
+            print(
+                f"  {f'{name}@{s}':<26}{wall:>9.0f}{cpu:>9.0f}{ratio:>7.2f}x{server:>8.0f}"
+                f"{wall - cpu - server:>8.0f}"
+            )
+    print()
     print(f"Commands per turn at H={max(sizes):,} (as Redis counts them):")
     for name in SYSTEMS:
         c = costs.get(f"{name}@{max(sizes)}")
