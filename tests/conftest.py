@@ -169,13 +169,7 @@ def scratch_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
             _unavailable(f"no Redis server answers at {parse_store_url(url).redacted}")
         yield url
         return
-    from faults.servers import RedisServer
-
-    server = RedisServer(tmp_path_factory.mktemp("scratch-redis")).start()
-    try:
-        yield server.url
-    finally:
-        server.stop()
+    yield from _private_redis(tmp_path_factory, "scratch-redis")
 
 
 @pytest.fixture(scope="module")
@@ -183,9 +177,14 @@ def own_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A redis-server of one test module's own, for tests that read server-wide counts
     (INFO commandstats): only that module's commands reach it, whatever else uses the
     run's shared server (a second suite run against the same services, say)."""
+    yield from _private_redis(tmp_path_factory, "own-redis")
+
+
+def _private_redis(factory: pytest.TempPathFactory, name: str) -> Iterator[str]:
+    """Start a redis-server in a new temporary folder, yield its URL, stop it."""
     from faults.servers import RedisServer
 
-    server = RedisServer(tmp_path_factory.mktemp("own-redis")).start()
+    server = RedisServer(factory.mktemp(name)).start()
     try:
         yield server.url
     finally:
