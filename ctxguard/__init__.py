@@ -38,6 +38,7 @@ from ctxguard.errors import (
     TemplateRefusedError,
     TenantBudgetError,
     TokenizerError,
+    UncountableContentError,
 )
 from ctxguard.guard import (
     AsyncGuard,
@@ -87,6 +88,7 @@ __all__ = [
     "TokenCounter",
     "TokenizerError",
     "ToolCall",
+    "UncountableContentError",
     "load_counter",
     "open_async_store",
     "open_store",

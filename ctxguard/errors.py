@@ -131,6 +131,11 @@ class TokenizerError(CtxGuardError):
     """A tokenizer, encoding or chat template is missing or unusable."""
 
 
+class UncountableContentError(TokenizerError):
+    """A message holds content this counter cannot count (an image part, for a text
+    tokenizer): the request's fault, not the tokenizer's."""
+
+
 class TemplateRefusedError(TokenizerError):
     """The model's chat template rejects this conversation (it would on the server too)."""
 

@@ -6,6 +6,7 @@ calls in each worker process (the CLI puts the config in ``CTXGUARD_SERVE_CONFIG
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -15,13 +16,17 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ctxguard.errors import ConfigError, CtxGuardError
+from ctxguard.serve import identity
 from ctxguard.serve.chat import chat_completions
 from ctxguard.serve.config import CONFIG_ENV, ServeConfig
+from ctxguard.serve.forward import bad_reply, decode_reply, read_capped, timed_out, upstream_error
 from ctxguard.serve.gateway import Gateway, upstream_failure
 from ctxguard.serve.inbound import read_json
 from ctxguard.serve.openai_errors import ApiError, from_ctxguard
@@ -33,10 +38,13 @@ log = logging.getLogger("ctxguard.serve")
 async def models(request: Request) -> Response:
     """The upstream's model list, with ``max_model_len`` set to the limit the gateway enforces."""
     gw: Gateway = request.app.state.gateway
-    upstream = await _call(gw, "GET", "/v1/models")
-    data = upstream.json()
+    identity.tenant_of(request.headers, gw.config.api_keys, gw.config.tenant)  # a key, if asked
+    data = decode_reply(gw, await _call(gw, "GET", "/v1/models"))
+    models = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(models, list):
+        raise bad_reply(gw)
     limit = await gw.limit_tokens()
-    for model in data.get("data") or ():
+    for model in models:
         if isinstance(model, dict):
             model["max_model_len"] = limit
     return JSONResponse(data)
@@ -44,9 +52,9 @@ async def models(request: Request) -> Response:
 
 async def tokenize(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
+    identity.tenant_of(request.headers, gw.config.api_keys, gw.config.tenant)
     body = await read_json(request, gw.config.max_body_bytes)
-    upstream = await _call(gw, "POST", "/tokenize", body)
-    return Response(upstream.content, upstream.status_code, media_type="application/json")
+    return Response(await _call(gw, "POST", "/tokenize", body), 200, media_type="application/json")
 
 
 async def health(request: Request) -> Response:
@@ -69,20 +77,21 @@ async def metrics(request: Request) -> Response:
     return Response(body, 200, headers={"Content-Type": content_type})
 
 
-async def _call(gw: Gateway, method: str, path: str, body: Any = None) -> httpx.Response:
+async def _call(gw: Gateway, method: str, path: str, body: Any = None) -> bytes:
+    """The body of a 200 answer, read within ``--upstream-timeout`` and the size cap;
+    else the OpenAI-shaped error (an upstream 4xx passes through, scrubbed)."""
     try:
-        response = await gw.client.request(method, gw.upstream + path, json=body)
+        async with asyncio.timeout(gw.config.upstream_timeout):
+            request = gw.client.build_request(method, gw.upstream + path, json=body)
+            response = await gw.client.send(request, stream=True)
+            if response.status_code != 200:
+                raise await upstream_error(gw, response)
+            return await read_capped(gw, response)
+    except TimeoutError:
+        raise timed_out(gw) from None
     except httpx.HTTPError as exc:
         status, message, code = upstream_failure(exc, gw.shown_upstream)
-        raise ApiError(status, message, type="upstream_error", code=code) from None
-    if response.status_code >= 500:
-        raise ApiError(
-            502,
-            f"the model server answered HTTP {response.status_code}",
-            type="upstream_error",
-            code="upstream_error",
-        )
-    return response
+        raise ApiError(status, gw.scrub(message), type="upstream_error", code=code) from None
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
@@ -104,11 +113,34 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(error.body(), exc.status_code)
 
 
-async def _unexpected(request: Request, exc: Exception) -> Response:
-    # the type only: a message could quote a secret-bearing URL or header
-    log.error("unexpected %s on %s %s", type(exc).__name__, request.method, request.url.path)
-    error = ApiError(500, f"internal error ({type(exc).__name__})", type="server_error")
-    return JSONResponse(error.body(), 500)
+class _Contain:
+    """Unexpected errors answered here: a 500 naming the type only, logged without a
+    traceback (the message, or a frame's values, may quote a secret-bearing URL or
+    header). Past this, Starlette's ServerErrorMiddleware would answer and then re-raise
+    to uvicorn, which logs both."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            log.error("unexpected %s on %s %s", type(exc).__name__, scope["method"], scope["path"])
+            if started:
+                return  # the answer is under way: the server ends the connection
+            error = ApiError(500, f"internal error ({type(exc).__name__})", type="server_error")
+            await JSONResponse(error.body(), 500)(scope, receive, send)
 
 
 def create_app(config: ServeConfig) -> Starlette:
@@ -138,8 +170,8 @@ def create_app(config: ServeConfig) -> Starlette:
             ApiError: _api_error,
             HTTPException: _http_error,
             CtxGuardError: _ctxguard_error,
-            Exception: _unexpected,
         },
+        middleware=[Middleware(_Contain)],
         lifespan=lifespan,
     )
 

@@ -25,11 +25,11 @@ from ctxguard.errors import (
 )
 from ctxguard.messages import Message
 from ctxguard.serve import identity
-from ctxguard.serve.forward import encode_json, send_upstream
+from ctxguard.serve.forward import bad_reply, encode_json, post_json, send_upstream
 from ctxguard.serve.gateway import Gateway, reply_not_stored, stored_anchor
 from ctxguard.serve.idempotency import KeyLease, wait_for_key
 from ctxguard.serve.inbound import ChatRequest, parse_chat, read_json
-from ctxguard.serve.openai_errors import ApiError, from_ctxguard
+from ctxguard.serve.openai_errors import from_ctxguard
 from ctxguard.serve.relay import StreamRelay, relay_response
 from ctxguard.serve.replay import replay_response
 from ctxguard.serve.sse import reply_of
@@ -208,21 +208,15 @@ async def _fit_and_forward(
         relay = StreamRelay(upstream, drop_usage)
         return relay_response(relay, lambda reason: _finish_stream(turn, relay, reason), headers)
     try:
-        upstream = await send_upstream(gw, url, content, stream=False)
+        data, raw = await post_json(gw, url, content)
         try:
-            data = upstream.json()
             reply = reply_of(data)
-        except (ValueError, KeyError, TypeError, IndexError):
-            raise ApiError(
-                502,
-                f"the model server {gw.shown_upstream} answered with an unreadable reply",
-                type="upstream_error",
-                code="upstream_bad_reply",
-            ) from None
+        except ValueError:
+            raise bad_reply(gw) from None
         await turn.store_reply(reply, data.get("usage"))
     finally:
         turn.release()
-    return Response(upstream.content, 200, headers, media_type="application/json")
+    return Response(raw, 200, headers, media_type="application/json")
 
 
 async def prepare(gw: Gateway, turn: Turn, chat: ChatRequest) -> PreparedRequest:

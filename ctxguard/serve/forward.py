@@ -1,17 +1,29 @@
-"""The upstream call: a chat completions body out, the reply (or an OpenAI-shaped error) in."""
+"""The upstream call: a chat completions body out, the reply (or an OpenAI-shaped error) in.
+
+Nothing the upstream says reaches a client unread: its error text goes through
+:meth:`Gateway.scrub` (the upstream API key, any bearer credential), a non-streaming
+reply is read whole within ``--upstream-timeout`` (one deadline for headers and body,
+not per read) and at most :data:`MAX_REPLY_BYTES`, and a streaming one is asked for
+uncompressed (the relay passes the bytes on as they come).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
 
 import httpx
 
+from ctxguard._http import MAX_BODY
 from ctxguard.serve.gateway import Gateway, upstream_failure
 from ctxguard.serve.openai_errors import ApiError
 
 JSON_HEADERS = {"Content-Type": "application/json"}
+# the relay forwards the upstream's bytes as they come: they must be the events themselves
+STREAM_HEADERS = {**JSON_HEADERS, "Accept-Encoding": "identity"}
+MAX_REPLY_BYTES = MAX_BODY  # a non-streaming reply past this is refused (502), not buffered
 
 
 def encode_json(body: dict[str, Any]) -> bytes:
@@ -22,48 +34,125 @@ def encode_json(body: dict[str, Any]) -> bytes:
 async def send_upstream(
     gw: Gateway, url: str, body: dict[str, Any] | bytes, *, stream: bool
 ) -> httpx.Response:
-    """POST upstream (a dict, or JSON already encoded); failures become OpenAI-shaped
-    502/504 (and upstream 4xx pass through). Each call's time to the response headers
-    is reported by outcome (``Gateway.observe_upstream``, the ``/metrics`` histogram)."""
+    """POST upstream (a dict, or JSON already encoded) and return the response with its
+    body still to read; failures become OpenAI-shaped 502/504 (and upstream 4xx pass
+    through, scrubbed). Each call's time to the response headers is reported by outcome
+    (``Gateway.observe_upstream``, the ``/metrics`` histogram). A streaming call's reads
+    each wait ``--upstream-timeout`` at most; :func:`post_json` bounds a whole call."""
     started = time.perf_counter()
+    content = body if isinstance(body, bytes) else encode_json(body)
+    headers = STREAM_HEADERS if stream else JSON_HEADERS
     try:
-        if isinstance(body, bytes):
-            request = gw.client.build_request("POST", url, content=body, headers=JSON_HEADERS)
-        else:
-            request = gw.client.build_request("POST", url, json=body)
-        response = await gw.client.send(request, stream=stream)
+        request = gw.client.build_request("POST", url, content=content, headers=headers)
+        response = await gw.client.send(request, stream=True)
     except httpx.HTTPError as exc:
         status, message, code = upstream_failure(exc, gw.shown_upstream)
         gw.observe_upstream("timeout" if status == 504 else "unavailable", started)
-        raise ApiError(status, message, type="upstream_error", code=code) from None
+        raise ApiError(status, gw.scrub(message), type="upstream_error", code=code) from None
     if response.status_code == 200:
         gw.observe_upstream("ok", started)
         return response
     rejected = 400 <= response.status_code < 500 and response.status_code != 408
     gw.observe_upstream("rejected" if rejected else "error", started)
+    raise await upstream_error(gw, response)
+
+
+async def post_json(gw: Gateway, url: str, body: dict[str, Any] | bytes) -> tuple[Any, bytes]:
+    """A non-streaming POST: the reply decoded and its bytes, within one deadline
+    (``--upstream-timeout`` for the headers and the whole body); 504 past it, 502 for a
+    reply over :data:`MAX_REPLY_BYTES` or not JSON."""
     try:
-        await response.aread()
+        async with asyncio.timeout(gw.config.upstream_timeout):
+            response = await send_upstream(gw, url, body, stream=False)
+            raw = await read_capped(gw, response)
+    except TimeoutError:
+        raise timed_out(gw) from None
+    return decode_reply(gw, raw), raw
+
+
+async def read_capped(gw: Gateway, response: httpx.Response) -> bytes:
+    """The body of a streamed ``response`` (closed after), at most MAX_REPLY_BYTES."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > MAX_REPLY_BYTES:
+                raise ApiError(
+                    502,
+                    f"the model server {gw.shown_upstream} answered with more than "
+                    f"{MAX_REPLY_BYTES} bytes; ask for fewer output tokens",
+                    type="upstream_error",
+                    code="upstream_bad_reply",
+                )
+            chunks.append(chunk)
+    except httpx.HTTPError as exc:
+        status, message, code = upstream_failure(exc, gw.shown_upstream)
+        raise ApiError(status, gw.scrub(message), type="upstream_error", code=code) from None
+    finally:
+        await response.aclose()
+    return b"".join(chunks)
+
+
+def decode_reply(gw: Gateway, raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise bad_reply(gw) from None
+
+
+def bad_reply(gw: Gateway) -> ApiError:
+    return ApiError(
+        502,
+        f"the model server {gw.shown_upstream} answered with an unreadable reply",
+        type="upstream_error",
+        code="upstream_bad_reply",
+    )
+
+
+def timed_out(gw: Gateway) -> ApiError:
+    return ApiError(
+        504,
+        f"the model server {gw.shown_upstream} did not answer in time",
+        type="upstream_error",
+        code="upstream_timeout",
+    )
+
+
+async def upstream_error(gw: Gateway, response: httpx.Response) -> ApiError:
+    """The OpenAI-shaped error for a non-200 ``response`` (read at most 64 KiB, closed):
+    a 4xx passes through with the upstream's own message, anything else is a 502;
+    either message scrubbed of credentials."""
+    raw = b""
+    try:
+        async for chunk in response.aiter_bytes():
+            raw += chunk
+            if len(raw) > 65536:
+                break
     except httpx.HTTPError:
         pass
     finally:
         await response.aclose()
-    detail = _upstream_message(response)
-    if rejected:
-        raise ApiError(response.status_code, detail, code="upstream_rejected")
-    raise ApiError(
+    detail = _upstream_message(gw, raw)
+    status = response.status_code
+    if 400 <= status < 500 and status != 408:
+        return ApiError(status, detail, code="upstream_rejected")
+    return ApiError(
         502,
-        f"the model server answered HTTP {response.status_code}: {detail}",
+        f"the model server answered HTTP {status}: {detail}",
         type="upstream_error",
         code="upstream_error",
     )
 
 
-def _upstream_message(response: httpx.Response) -> str:
+def _upstream_message(gw: Gateway, raw: bytes) -> str:
+    """The upstream's error text, scrubbed before it is cut to 300 characters (a cut
+    must never leave part of a key)."""
     try:
-        data = response.json()
-    except ValueError:
-        return response.text[:300]
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return gw.scrub(raw.decode("utf-8", "replace"))[:300]
     error = data.get("error", data) if isinstance(data, dict) else data
     if isinstance(error, dict):
-        return str(error.get("message", error))[:300]
-    return str(error)[:300]
+        error = error.get("message", error)
+    return gw.scrub(str(error))[:300]

@@ -10,7 +10,9 @@ Idempotency-Key in flight is a lease in the store: :mod:`ctxguard.serve.idempote
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import re
 import threading
 import time
 import uuid
@@ -50,6 +52,7 @@ from ctxguard.stores.urls import redact_url
 P = ParamSpec("P")
 T = TypeVar("T")
 PREPARE_ATTEMPTS = 4
+_BEARER = re.compile(r"(?i)(bearer\s+)[^\s\"',;]+")  # a credential the upstream echoes
 
 
 class Gateway:
@@ -112,6 +115,15 @@ class Gateway:
         """One upstream request's time (``time.perf_counter()`` at the start) by outcome."""
         if self.metrics is not None:
             self.metrics.upstream.labels(outcome).observe(time.perf_counter() - started)
+
+    def scrub(self, text: str) -> str:
+        """``text`` (anything the upstream said) without the upstream API key, raw or
+        JSON-escaped, and without any bearer credential."""
+        key = self.config.upstream_api_key
+        if key:
+            for form in {key, json.dumps(key)[1:-1]}:
+                text = text.replace(form, "***")
+        return _BEARER.sub(r"\1***", text)
 
     def upstream_headers(self) -> dict[str, str]:
         key = self.config.upstream_api_key

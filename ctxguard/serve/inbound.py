@@ -27,7 +27,12 @@ async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
             raise _too_large(max_bytes)
         chunks.append(chunk)
     try:
-        body = json.loads(b"".join(chunks))
+        body = json.loads(b"".join(chunks), parse_constant=_no_constant)
+    except _NotJSON as exc:
+        raise bad_request(
+            f"the request body holds {exc}, which JSON has not; send a number or null",
+            code="invalid_json",
+        ) from None
     except (ValueError, RecursionError):
         raise bad_request("the request body is not valid JSON", code="invalid_json") from None
     if not isinstance(body, dict):
@@ -36,6 +41,14 @@ async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
             code="invalid_json",
         )
     return body
+
+
+class _NotJSON(ValueError):
+    """NaN, Infinity or -Infinity: Python's json reads them, JSON (and the upstream) not."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJSON(name)
 
 
 def _too_large(max_bytes: int) -> ApiError:

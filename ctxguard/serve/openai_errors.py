@@ -21,6 +21,7 @@ from ctxguard.errors import (
     StoreError,
     TemplateRefusedError,
     TokenizerError,
+    UncountableContentError,
 )
 
 
@@ -69,6 +70,8 @@ def from_ctxguard(exc: CtxGuardError, *, session_param: str = "X-Session-Id") ->
         )
     if isinstance(exc, InvalidIdError):
         return ApiError(400, str(exc), param=session_param, code="invalid_session_id")
+    if isinstance(exc, UncountableContentError):
+        return ApiError(400, str(exc), param="messages", code="unsupported_content")
     if isinstance(exc, TemplateRefusedError):
         return ApiError(400, str(exc), param="messages", code="template_refused")
     if isinstance(exc, ConfigError):

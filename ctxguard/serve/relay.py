@@ -133,7 +133,7 @@ class RelayResponse(Response):
         )
         relay = self.relay
         try:
-            async for data in relay.upstream.aiter_raw():
+            async for data in relay.upstream.aiter_bytes():  # (decoded, if it came compressed)
                 # the events one read brought, in one write (each as soon as it is whole)
                 events = relay.events_of(data)
                 if events:

@@ -29,7 +29,7 @@ from ctxguard.ids import validate_id
 from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.chat import CHAT_PATH, Turn, open_turn, prepare
-from ctxguard.serve.forward import send_upstream
+from ctxguard.serve.forward import bad_reply, post_json
 from ctxguard.serve.gateway import Gateway
 from ctxguard.serve.inbound import ChatRequest, read_json
 from ctxguard.serve.openai_errors import ApiError, bad_request, from_ctxguard
@@ -261,14 +261,11 @@ async def _forward(
     for name in ("temperature", "top_p", "parallel_tool_calls", "tool_choice", "user"):
         if name in body:
             out[name] = body[name]
-    upstream = await send_upstream(gw, f"{gw.upstream}{CHAT_PATH}", out, stream=False)
+    data, _ = await post_json(gw, f"{gw.upstream}{CHAT_PATH}", out)
     try:
-        data = upstream.json()
         reply = reply_of(data)
-    except (ValueError, KeyError, TypeError, IndexError):
-        raise ApiError(
-            502, "the model server answered with an unreadable reply", type="upstream_error"
-        ) from None
+    except ValueError:
+        raise bad_reply(gw) from None
     rid = (
         response_id(turn.session_id, turn.reply_id)
         if turn.stored

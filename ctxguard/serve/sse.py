@@ -132,26 +132,40 @@ class ReplyAssembler:
         return sum(len(c) for c in self.content)
 
 
-def reply_of(data: dict[str, Any]) -> dict[str, Any]:
-    """The assistant message of a non-streaming chat completion (KeyError/TypeError/
-    IndexError when ``data`` is not one)."""
-    message = data["choices"][0]["message"]
-    reply: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-    if message.get("tool_calls"):
-        reply["tool_calls"] = [
-            {
-                "id": call["id"],
-                "type": call.get("type", "function"),
-                "function": {
-                    "name": call["function"]["name"],
-                    "arguments": call["function"].get("arguments") or "",
-                },
-            }
-            for call in message["tool_calls"]
-        ]
-    elif reply["content"] is None:
+def reply_of(data: Any) -> dict[str, Any]:
+    """The assistant message of a non-streaming chat completion; ValueError when
+    ``data`` is not one (any shape: the upstream's reply is not trusted)."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        raise ValueError("no choices[0].message object")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        raise ValueError("choices[0].message.content is not a string")
+    reply: dict[str, Any] = {"role": "assistant", "content": content}
+    calls = message.get("tool_calls")
+    if calls:
+        if not isinstance(calls, list):
+            raise ValueError("choices[0].message.tool_calls is not an array")
+        reply["tool_calls"] = [_call_of(call) for call in calls]
+    elif content is None:
         reply["content"] = ""
     return reply
+
+
+def _call_of(call: Any) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        raise ValueError("a tool call without a function object")
+    call_id, name = call.get("id"), function.get("name")
+    arguments = function.get("arguments") or ""
+    kind = call.get("type", "function")
+    if not (isinstance(call_id, str) and isinstance(name, str) and isinstance(arguments, str)):
+        raise ValueError("a tool call's id, name or arguments is not a string")
+    if not isinstance(kind, str):
+        raise ValueError("a tool call's type is not a string")
+    return {"id": call_id, "type": kind, "function": {"name": name, "arguments": arguments}}
 
 
 def _str(value: object) -> str | None:

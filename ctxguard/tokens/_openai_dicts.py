@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ctxguard.errors import TokenizerError
+from ctxguard.errors import UncountableContentError
 from ctxguard.messages import Message
 
 
@@ -59,7 +59,7 @@ def _styled_one(message: dict[str, Any], style: DictStyle) -> dict[str, Any]:
 
 def _reject_images(parts: list[dict[str, Any]]) -> None:
     if any(p.get("type") != "text" for p in parts):
-        raise TokenizerError(
+        raise UncountableContentError(
             "image content parts cannot be counted by a text tokenizer; count them with the "
             "model's image-token rule and send text parts here"
         )

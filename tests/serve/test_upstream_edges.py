@@ -1,0 +1,345 @@
+"""What a misbehaving upstream, or a body Python reads but JSON has not, can do to the
+gateway: never a credential in an answer, never a 500 or a traceback, never a call
+without an end, never an unbounded buffer, never a compressed stream passed on as
+events, never a stored message for a request that is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ctxguard.serve import forward
+
+from .conftest import Start
+from .upstream import serve_in_thread, stop_server
+
+KEY = "sk-UPSTREAM-SECRET-0123456789"
+
+
+class Hostile:
+    """An upstream whose every answer is scripted by ``mode`` (see :meth:`chat`)."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.accept_encoding: list[str] = []
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/tokenize", self.tokenize, methods=["POST"]),
+            ]
+        )
+
+    def echo(self, request: Request, status: int) -> Response:
+        """An error body that quotes the credential, past a 300-character cut too."""
+        auth = request.headers.get("authorization", "")
+        padding = "x" * 240  # the second quote straddles the cut at 300 characters
+        text = f"denied: {auth} {padding} (key {KEY}) json {json.dumps(KEY)}"
+        return JSONResponse({"error": {"message": text}}, status)
+
+    async def chat(self, request: Request) -> Response:
+        body = await request.json()
+        self.accept_encoding.append(request.headers.get("accept-encoding", ""))
+        mode = self.mode
+        if mode in ("echo500", "echo401"):
+            return self.echo(request, 500 if mode == "echo500" else 401)
+        if mode == "echo_html":
+            auth = request.headers.get("authorization", "")
+            return Response(f"<h1>bad gateway</h1><p>{auth}</p>", 502, media_type="text/html")
+        if mode.startswith("shape:"):
+            return Response(mode[6:], 200, media_type="application/json")
+        if mode == "drip":
+
+            async def drip() -> AsyncIterator[bytes]:
+                for _ in range(40):
+                    yield b" "
+                    await asyncio.sleep(0.25)
+
+            return StreamingResponse(drip(), media_type="application/json")
+        if mode == "flood":
+
+            async def flood() -> AsyncIterator[bytes]:
+                yield b'{"choices":[{"message":{"role":"assistant","content":"'
+                for _ in range(64):
+                    yield b"a" * 4096
+                yield b'"}}]}'
+
+            return StreamingResponse(flood(), media_type="application/json")
+        if body.get("stream"):
+            events = [
+                {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "hello"}}]},
+                {"choices": [{"index": 0, "delta": {"content": " there"}}]},
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            ]
+            text = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+            raw = text.encode()
+            if mode == "gzip":  # whatever the request asked for
+                return Response(
+                    gzip.compress(raw),
+                    200,
+                    headers={"Content-Encoding": "gzip"},
+                    media_type="text/event-stream",
+                )
+            return Response(raw, 200, media_type="text/event-stream")
+        reply = {"role": "assistant", "content": "fine"}
+        return JSONResponse({"choices": [{"index": 0, "message": reply}], "usage": {}})
+
+    async def models(self, request: Request) -> Response:
+        if self.mode == "echo401":
+            return self.echo(request, 401)
+        if self.mode.startswith("shape:"):
+            return Response(self.mode[6:], 200, media_type="application/json")
+        return JSONResponse({"data": [{"id": "m", "max_model_len": 4096}]})
+
+    async def tokenize(self, request: Request) -> Response:
+        if self.mode == "echo401":
+            return self.echo(request, 401)
+        return JSONResponse({"tokens": [1, 2], "count": 2})
+
+
+@pytest.fixture(scope="module")
+def hostile_server() -> Iterator[tuple[Hostile, str]]:
+    hostile = Hostile()
+    server, url = serve_in_thread(hostile.app)
+    yield hostile, url
+    stop_server(server)
+
+
+@pytest.fixture
+def hostile(hostile_server: tuple[Hostile, str]) -> Hostile:
+    hostile_server[0].mode = "ok"
+    hostile_server[0].accept_encoding.clear()
+    return hostile_server[0]
+
+
+@pytest.fixture
+def start(start_gateway: Start, hostile_server: tuple[Hostile, str]) -> Callable[..., str]:
+    def go(**settings: Any) -> str:
+        settings.setdefault("url", "memory://")
+        return start_gateway(
+            upstream=hostile_server[1],
+            upstream_api_key=KEY,
+            counter="tiktoken:cl100k_base",
+            limit=4096,
+            max_tokens=256,
+            **settings,
+        )
+
+    return go
+
+
+def chat(gw: str, content: Any = "hi", **extra: Any) -> httpx.Response:
+    body = {"model": "m", "messages": [{"role": "user", "content": content}], **extra}
+    return httpx.post(gw + "/v1/chat/completions", json=body, timeout=30)
+
+
+def secret_free(text: str) -> None:
+    for fragment in (KEY[:4], "SECRET"):
+        assert fragment not in text
+
+
+def api_error(response: httpx.Response, status: int, code: str | None) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error: dict[str, Any] = response.json()["error"]
+    assert error["code"] == code, error
+    assert set(error) == {"message", "type", "param", "code"}
+    assert "\n" not in error["message"]
+    return error
+
+
+@pytest.mark.parametrize(
+    ("mode", "route", "status", "code"),
+    [
+        ("echo500", "chat", 502, "upstream_error"),
+        ("echo401", "chat", 401, "upstream_rejected"),
+        ("echo_html", "chat", 502, "upstream_error"),
+        ("echo500", "stream", 502, "upstream_error"),
+        ("echo401", "stream", 401, "upstream_rejected"),
+        ("echo500", "responses", 502, "upstream_error"),
+        ("echo401", "tokenize", 401, "upstream_rejected"),
+        ("echo401", "models", 401, "upstream_rejected"),
+    ],
+)
+def test_an_upstream_that_echoes_the_credential_never_shows_it_to_the_client(
+    start: Callable[..., str], hostile: Hostile, mode: str, route: str, status: int, code: str
+) -> None:
+    gw = start()
+    hostile.mode = mode
+    if route in ("chat", "stream"):
+        response = chat(gw, stream=route == "stream")
+    elif route == "responses":
+        response = httpx.post(gw + "/v1/responses", json={"model": "m", "input": "hi"}, timeout=30)
+    elif route == "tokenize":
+        response = httpx.post(gw + "/tokenize", json={"prompt": "hi"}, timeout=30)
+    else:
+        response = httpx.get(gw + "/v1/models", timeout=30)
+    api_error(response, status, code)  # (a rejected model list was a 200 before)
+    secret_free(response.text)
+    secret_free(str(response.headers))
+
+
+def test_nan_and_infinity_are_refused_before_anything_is_stored(
+    start: Callable[..., str], hostile: Hostile, redis_url: str, namespace: str, stored: Any
+) -> None:
+    gw = start(url=redis_url, namespace=namespace)
+    for constant in ("NaN", "Infinity", "-Infinity"):
+        raw = (
+            '{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":'
+            + constant
+            + "}"
+        )
+        for path in ("/v1/chat/completions", "/v1/responses"):
+            body = raw if path.endswith("completions") else raw.replace('"messages"', '"input"')
+            response = httpx.post(
+                gw + path,
+                content=body,
+                headers={"Content-Type": "application/json", "X-Session-Id": "nan"},
+                timeout=30,
+            )
+            error = api_error(response, 400, "invalid_json")
+            assert constant.lstrip("-") in error["message"]
+    assert hostile.accept_encoding == []  # nothing went upstream
+    assert stored("nan") == []
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        '{"choices":[{"message":"hello"}]}',
+        '{"choices":[{"message":null}]}',
+        '{"choices":[]}',
+        '{"choices":"x"}',
+        "[1,2]",
+        '"text"',
+        '{"choices":[{"message":{"content":7}}]}',
+        '{"choices":[{"message":{"content":null,"tool_calls":[{"id":1}]}}]}',
+        '{"choices":[{"message":{"content":null,"tool_calls":{"id":"a"}}}]}',
+        "not json",
+    ],
+)
+def test_a_malformed_reply_is_a_502_not_a_500(
+    start: Callable[..., str], hostile: Hostile, shape: str
+) -> None:
+    gw = start()
+    hostile.mode = "shape:" + shape
+    api_error(chat(gw), 502, "upstream_bad_reply")
+    response = httpx.post(gw + "/v1/responses", json={"model": "m", "input": "hi"}, timeout=30)
+    api_error(response, 502, "upstream_bad_reply")
+
+
+@pytest.mark.parametrize("shape", ["not json", "[1,2]", '{"data":"x"}', "null"])
+def test_a_malformed_model_list_is_a_502(
+    start: Callable[..., str], hostile: Hostile, shape: str
+) -> None:
+    gw = start()
+    hostile.mode = "shape:" + shape
+    api_error(httpx.get(gw + "/v1/models", timeout=30), 502, "upstream_bad_reply")
+
+
+def test_a_reply_that_trickles_is_cut_at_the_upstream_timeout(
+    start: Callable[..., str], hostile: Hostile
+) -> None:
+    # a byte every 0.25 s for 10 s: each read is quick, the whole call is not
+    gw = start(upstream_timeout=1.0)
+    hostile.mode = "drip"
+    began = time.monotonic()
+    api_error(chat(gw), 504, "upstream_timeout")
+    assert time.monotonic() - began < 8  # (the whole reply would take 10 s)
+
+
+def test_a_reply_past_the_size_cap_is_refused_not_buffered(
+    start: Callable[..., str], hostile: Hostile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(forward, "MAX_REPLY_BYTES", 64 * 1024)  # the flood is 256 KiB
+    gw = start()
+    hostile.mode = "flood"
+    error = api_error(chat(gw), 502, "upstream_bad_reply")
+    assert str(64 * 1024) in error["message"]
+    hostile.mode = "ok"
+    assert chat(gw).status_code == 200  # the gateway goes on
+
+
+def test_a_stream_is_asked_for_uncompressed_and_read_decoded(
+    start: Callable[..., str], hostile: Hostile, redis_url: str, namespace: str, stored: Any
+) -> None:
+    gw = start(url=redis_url, namespace=namespace)
+    hostile.mode = "gzip"  # compresses whatever it was asked
+    with httpx.stream(
+        "POST",
+        gw + "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        headers={"X-Session-Id": "gz"},
+        timeout=30,
+    ) as response:
+        text = "".join(response.iter_text())
+    assert response.status_code == 200
+    assert "data: [DONE]" in text and '"hello"' in text
+    assert hostile.accept_encoding == ["identity"]
+    assert [m["content"] for m in stored("gz")] == ["hi", "hello there"]
+
+
+def test_an_image_part_is_the_clients_error_and_stores_nothing(
+    start: Callable[..., str], hostile: Hostile, redis_url: str, namespace: str, stored: Any
+) -> None:
+    gw = start(url=redis_url, namespace=namespace)
+    image = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    response = httpx.post(
+        gw + "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": image}]},
+        headers={"X-Session-Id": "img"},
+        timeout=30,
+    )
+    error = api_error(response, 400, "unsupported_content")
+    assert error["param"] == "messages"
+    assert hostile.accept_encoding == []
+    assert stored("img") == []
+
+
+def test_with_api_keys_the_forwarding_routes_need_one(
+    start: Callable[..., str], hostile: Hostile
+) -> None:
+    gw = start(api_keys={"ck-alpha": "alpha"})
+    for method, path, body in (("GET", "/v1/models", None), ("POST", "/tokenize", {"p": 1})):
+        refused = httpx.request(method, gw + path, json=body, timeout=30)
+        api_error(refused, 401, "invalid_api_key")
+        taken = httpx.request(
+            method, gw + path, json=body, headers={"Authorization": "Bearer ck-alpha"}, timeout=30
+        )
+        assert taken.status_code == 200, taken.text
+
+
+def test_an_unexpected_error_is_a_500_without_its_message_or_a_traceback(
+    start: Callable[..., str],
+    hostile: Hostile,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"boom with redis://:{KEY}@host")
+
+    gw = start()
+    monkeypatch.setattr("ctxguard.serve.chat.parse_chat", broken)
+    capfd.readouterr()
+    with caplog.at_level(logging.DEBUG):
+        response = chat(gw)
+        time.sleep(0.5)  # (a handler that answers and then re-raises logs after the answer)
+    error = api_error(response, 500, None)
+    assert error["message"] == "internal error (RuntimeError)"
+    out, err = capfd.readouterr()  # uvicorn's own handler writes to the process's stderr
+    logged = "\n".join([out, err, *(r.getMessage() for r in caplog.records)])
+    assert "unexpected RuntimeError" in logged  # the type is logged...
+    secret_free(logged)  # ...never the message
+    assert "Traceback" not in logged and not any(r.exc_info for r in caplog.records)
