@@ -245,7 +245,7 @@ class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
                 turn.guard, turn.session_id, reply, turn.reply_id, turn.prepared, usage
             )
         except CtxGuardError as exc:
-            raise GuardrailRefusal(reply_not_stored(exc), self.guardrail_name) from None
+            raise GuardrailRefusal(reply_not_stored(exc, False), self.guardrail_name) from None
 
     # -- turns between the hooks ---------------------------------------------------------
 

@@ -93,11 +93,12 @@ class Turn:
         metadata: dict[str, Any] | None = None,
     ) -> None:
         """:meth:`complete` for a non-streaming answer: a failure is a 503 that says the
-        model did answer (a retry is safe: the same ids are stored once)."""
+        model did answer, and whether a retry is safe (``gateway.retry_advice``)."""
+        keyed = self.lease is not None
         try:
             await self.complete(reply, usage, metadata)
         except CtxGuardError as exc:
-            raise reply_not_stored(exc) from None
+            raise reply_not_stored(exc, keyed) from None
 
     async def record_partial(self, relay: StreamRelay, reason: str) -> None:
         """An audit record for a reply that did not finish (nothing appended)."""
@@ -260,10 +261,15 @@ def _prepare_blocking(
 
 
 async def _finish_stream(turn: Turn, relay: StreamRelay, reason: str | None) -> None:
-    """After the stream: store the whole reply, or audit the partial one."""
+    """After the stream: store the whole reply (a failure: ``reply_not_stored``, which
+    the relay sends as the stream's last event), or audit the partial one."""
+    keyed = turn.lease is not None
     try:
         if reason is None:
-            await turn.complete_stream(relay)
+            try:
+                await turn.complete_stream(relay)
+            except CtxGuardError as exc:
+                raise reply_not_stored(exc, keyed) from None
         else:
             await turn.record_partial(relay, reason)
     finally:

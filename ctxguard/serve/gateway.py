@@ -38,6 +38,7 @@ from ctxguard.errors import (
     ConfigError,
     ConflictError,
     CtxGuardError,
+    StoreConnectionError,
     StoreError,
     TemplateRefusedError,
     TokenizerError,
@@ -317,16 +318,35 @@ def stored_anchor(guard: Guard, session_id: str, window: int) -> str:
     raise AssertionError("unreachable")
 
 
-def reply_not_stored(exc: CtxGuardError) -> ApiError:
-    """The answer when the model replied but the reply could not be stored: a 503/502 that
-    says a retry is safe (the same ids are stored once)."""
+def reply_not_stored(exc: CtxGuardError, keyed: bool) -> ApiError:
+    """The answer when the model replied but the reply could not be stored: a 503/502
+    saying whether a retry is safe (:func:`retry_advice`)."""
     return ApiError(
         503 if isinstance(exc, StoreError) else 502,
         f"the model answered but the reply could not be stored ({type(exc).__name__}: "
-        f"{exc}); retrying the request is safe",
+        f"{exc}); {retry_advice(exc, keyed)}",
         type="server_error",
         code="reply_not_stored",
     )
+
+
+def retry_advice(exc: CtxGuardError, keyed: bool) -> str:
+    """Whether retrying the request is safe after ``exc`` stored no reply, or may have.
+
+    A retry re-sends the same messages, recognised by ids derived from the session's
+    newest reply: if the reply was stored after all, that anchor moved and the retry
+    stores the turn again. Only a store connection lost once the write was sent leaves
+    that open (a script writes all or nothing and checks before it writes); an
+    Idempotency-Key covers it (the retry replays the stored reply or makes the call).
+    """
+    if keyed:
+        return "retrying with the same Idempotency-Key is safe"
+    if isinstance(exc, StoreConnectionError) and not exc.never_reached:
+        return (
+            "the reply may have been stored: read the session before retrying, or retry "
+            "with an Idempotency-Key (without one a retry stores the turn twice if it was)"
+        )
+    return "retrying the request is safe"
 
 
 class UpstreamLimit:

@@ -20,6 +20,7 @@ import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from ctxguard.serve.openai_errors import ApiError
 from ctxguard.serve.sse import EventSplitter, ReplyAssembler, event_data
 
 log = logging.getLogger("ctxguard.serve")
@@ -115,8 +116,9 @@ class RelayResponse(Response):
             except Exception as exc:  # the client already has a 200: say it in the stream
                 log.error("storing a streamed reply failed: %s", type(exc).__name__)
                 self.relay.held = _error_event(
-                    f"the reply could not be stored ({type(exc).__name__}); retrying the "
-                    "request is safe",
+                    exc.message
+                    if isinstance(exc, ApiError)
+                    else f"the reply could not be stored ({type(exc).__name__})",
                     "reply_not_stored",
                 )
             if reason != "client_disconnected":

@@ -12,6 +12,13 @@ import pytest
 from faults.servers import RedisServer, free_port
 
 from ctxguard import open_store
+from ctxguard.errors import (
+    CorruptRecordError,
+    CtxGuardError,
+    InvalidMessageError,
+    StoreConnectionError,
+)
+from ctxguard.serve.gateway import reply_not_stored
 
 from .test_chat import chat
 from .upstream import FakeVLLM
@@ -291,12 +298,42 @@ def test_a_reply_that_cannot_be_stored_says_so(
             response = pending.result()
         if stream:  # the client has its 200 already: the stream ends with an error event
             assert response.status_code == 200
-            assert sse_chunks(response)[-1]["error"]["code"] == "reply_not_stored"
+            last = sse_chunks(response)[-1]["error"]
+            assert last["code"] == "reply_not_stored"
             assert "data: [DONE]" not in response.text
+            message = last["message"]
         else:
             assert response.status_code == 503
             error = error_of(response)
             assert error["code"] == "reply_not_stored"
             assert "model answered" in error["message"]
+            message = error["message"]
+        # a stopped server refuses the connection: the write was never sent
+        assert message.endswith("retrying the request is safe")
     finally:
         server.stop(kill=True)
+
+
+@pytest.mark.parametrize(
+    ("error", "keyed", "advice"),
+    [
+        (StoreConnectionError("refused", phase="connect"), False, "retrying the request is safe"),
+        (StoreConnectionError("no tls", phase="tls"), False, "retrying the request is safe"),
+        (StoreConnectionError("timed out", phase="read"), False, "may have been stored"),
+        (StoreConnectionError("sent part", phase="write"), False, "may have been stored"),
+        (StoreConnectionError("dropped", phase="lost"), False, "may have been stored"),
+        (StoreConnectionError("unknown"), False, "may have been stored"),
+        (StoreConnectionError("timed out", phase="read"), True, "same Idempotency-Key is safe"),
+        (CorruptRecordError("s1", "msgs", "bad"), False, "retrying the request is safe"),
+        (InvalidMessageError("two calls, one id"), False, "retrying the request is safe"),
+    ],
+)
+def test_a_reply_not_stored_says_whether_a_retry_is_safe(
+    error: CtxGuardError, keyed: bool, advice: str
+) -> None:
+    """A retry without a key is recognised by ids anchored at the newest reply: if the
+    reply landed after all (a connection lost once the write was sent), it would store the
+    turn twice, so only then is the answer not "safe"."""
+    answer = reply_not_stored(error, keyed)
+    assert answer.code == "reply_not_stored"
+    assert advice in answer.message.rsplit(";", 1)[1]  # the advice is the last clause
