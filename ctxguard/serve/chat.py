@@ -27,7 +27,7 @@ from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.forward import bad_reply, encode_json, post_json, send_upstream
 from ctxguard.serve.gateway import Gateway, reply_not_stored, stored_anchor
-from ctxguard.serve.idempotency import KeyLease, wait_for_key
+from ctxguard.serve.idempotency import KEY_FIELD, KeyLease, wait_for_key
 from ctxguard.serve.inbound import ChatRequest, parse_chat, read_json
 from ctxguard.serve.openai_errors import from_ctxguard
 from ctxguard.serve.relay import StreamRelay, relay_response
@@ -54,6 +54,7 @@ class Turn:
     prepared: PreparedRequest | None = field(default=None)
     tenant: str | None = None
     anchor_due: bool = False  # the anchor is read in prepare's thread, under the lock
+    key: str | None = None  # the Idempotency-Key, kept in the reply's metadata
 
     def identify(self, anchor: str) -> None:
         """The new messages' ids and the reply's id, derived from ``anchor``."""
@@ -78,6 +79,8 @@ class Turn:
     async def _complete(self, build: Reply, metadata: dict[str, Any] | None) -> None:
         if not self.stored:
             return
+        if self.key is not None:  # (a later request with the key and another body is told)
+            metadata = {**(metadata or {}), KEY_FIELD: self.key}
         await self.gateway.complete_with(lambda: self._complete_blocking(build, metadata))
 
     def _complete_blocking(self, build: Reply, metadata: dict[str, Any] | None) -> None:
@@ -173,6 +176,7 @@ async def open_turn(
         turn.anchor_due = True
         return turn, None
     turn.identify(identity.idempotency_anchor(key))
+    turn.key = key
     # one request per key at a time, across workers and gateways on this store
     turn.lease, replay = await wait_for_key(gw, guard, session_id, key, turn.reply_id)
     if replay is not None:

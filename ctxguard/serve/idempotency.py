@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ctxguard.serve.gateway import Gateway
 
 log = logging.getLogger("ctxguard.serve")
+KEY_FIELD = "idempotency_key"  # in a keyed reply's metadata
 FIRST_PAUSE, LONGEST_PAUSE = 0.01, 0.25
 
 
@@ -85,7 +86,7 @@ async def wait_for_key(
         held = await lease.take()
         try:
             reply = await gw.run(
-                recorded_reply, guard, session_id, reply_id, gw.config.idempotency_window
+                recorded_reply, guard, session_id, reply_id, gw.config.idempotency_window, key
             )
         except BaseException:
             if held:
@@ -109,9 +110,22 @@ async def wait_for_key(
         pause = min(pause * 2, LONGEST_PAUSE)
 
 
-def recorded_reply(guard: Guard, session_id: str, reply_id: str, window: int) -> Message | None:
-    """The stored reply with ``reply_id`` among the newest ``window`` messages."""
+def recorded_reply(
+    guard: Guard, session_id: str, reply_id: str, window: int, key: str | None = None
+) -> Message | None:
+    """The stored reply with ``reply_id`` among the newest ``window`` messages; a 422
+    when a reply there was made for ``key`` from another request body (the reply id is
+    derived from the key and the messages: another id, another body)."""
     for item in guard.store.read_last(session_id, window):
-        if item.message.id == reply_id:
-            return item.message
+        message = item.message
+        if message.id == reply_id:
+            return message
+        if key is not None and message.metadata.get(KEY_FIELD) == key:
+            raise ApiError(
+                422,
+                "this Idempotency-Key was used in this session for a request with other "
+                "messages; send a new key with a new request",
+                param="Idempotency-Key",
+                code="idempotency_key_reused",
+            )
     return None

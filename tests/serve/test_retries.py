@@ -80,6 +80,30 @@ def test_a_retry_while_the_first_is_in_flight_waits_for_it(
     assert [m["content"] for m in stored("s1")] == ["SLOW please", "echo: SLOW please"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_key_reused_with_other_messages_is_a_422_and_stores_nothing(
+    gateway: str, vllm: FakeVLLM, stored: Stored, stream: bool
+) -> None:
+    """(it made a second model call and stored a second turn under the same key)"""
+    key = {"Idempotency-Key": "reused"}
+    assert chat(gateway, "first body", stream=stream, headers=key).status_code == 200
+    other = chat(gateway, "another body", stream=stream, headers=key)
+    assert other.status_code == 422, other.text
+    error = other.json()["error"]
+    assert (error["code"], error["param"]) == ("idempotency_key_reused", "Idempotency-Key")
+    assert len(vllm.requests) == 1
+    assert [m["content"] for m in stored("s1")] == ["first body", "echo: first body"]
+    again = chat(gateway, "first body", stream=stream, headers=key)  # the same body replays
+    assert again.headers["idempotent-replayed"] == "true"
+    response = httpx.post(
+        gateway + "/v1/responses",
+        json={"model": "m", "input": "third body", "conversation": "s1"},
+        headers=key,
+        timeout=30,
+    )
+    assert response.status_code == 422 and len(vllm.requests) == 1
+
+
 def test_an_idempotency_key_after_a_failure_calls_the_model_again(
     gateway: str, vllm: FakeVLLM, stored: Stored
 ) -> None:
