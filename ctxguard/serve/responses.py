@@ -24,6 +24,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ctxguard import Guard
 from ctxguard.errors import CtxGuardError, InvalidIdError
 from ctxguard.ids import validate_id
 from ctxguard.messages import Message
@@ -34,6 +35,7 @@ from ctxguard.serve.gateway import Gateway
 from ctxguard.serve.inbound import ChatRequest, read_json
 from ctxguard.serve.openai_errors import ApiError, bad_request, from_ctxguard
 from ctxguard.serve.sse import reply_of
+from ctxguard.stores.base import StoredMessage
 
 
 def response_id(session_id: str, reply_id: str) -> str:
@@ -209,6 +211,10 @@ async def create_response(request: Request) -> Response:
     tools = chat_tools(body.get("tools"))
     chat = ChatRequest(messages, False, max_tokens, tools)
     try:
+        previous = body.get("previous_response_id")
+        if previous is not None and session is not None:
+            guard = await gw.guard_async(tenant)
+            await gw.run(_check_previous, guard, session, previous, gw.config.idempotency_window)
         turn, replay = await open_turn(gw, tenant, session, chat, request.headers)
         if replay is not None:
             return JSONResponse(response_object(replay, response_id(session or "", replay.id)))
@@ -218,6 +224,28 @@ async def create_response(request: Request) -> Response:
             turn.release()
     except CtxGuardError as exc:
         raise from_ctxguard(exc, session_param="conversation") from None
+
+
+def _check_previous(guard: Guard, session: str, previous: str, window: int) -> None:
+    """A 404, before anything is stored, unless ``previous`` names a reply (an assistant
+    message) stored in its session (looked for among the newest ``window`` messages, then
+    in the whole session)."""
+    _, reply = parse_response_id(previous, "previous_response_id")
+
+    def named(stored: list[StoredMessage]) -> bool:
+        return any(s.message.id == reply and s.message.role == "assistant" for s in stored)
+
+    found = named(guard.store.read_last(session, window))
+    if not found and guard.store.info(session) is not None:
+        found = named(guard.store.read(session))
+    if not found:
+        raise ApiError(
+            404,
+            f"previous response {previous!r} is not stored here; send the id of a response "
+            "this gateway made, or start without previous_response_id",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
 
 
 def _session_of(body: dict[str, Any], store: bool) -> tuple[str | None, str | None]:

@@ -106,6 +106,55 @@ def test_unsupported_or_bad_requests_are_400s(
     assert vllm.requests == []
 
 
+def test_a_previous_response_id_that_names_nothing_stored_is_a_404_and_stores_nothing(
+    start_gateway: Callable[..., str],
+    redis_url: str,
+    namespace: str,
+    vllm: FakeVLLM,
+    stored: Stored,
+) -> None:
+    """(an id naming a session that never existed made that session and stored the turn)"""
+    # a window of 2: an older reply is looked for past the newest messages too
+    gateway = start_gateway(url=redis_url, namespace=namespace, idempotency_window=2)
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0)
+    first = client.responses.create(model=MODEL, input="hello")
+    session = first.id[5:].partition(".")[0]
+    user_id = stored_ids(stored, first.id)[0]
+    for previous in (
+        "resp_bm9uZXhpc3Q.gw-r-1",  # session "nonexist", never made
+        f"resp_{session}.gw-r-nothing",  # the session, but no such reply
+        f"resp_{session}.{user_id}",  # a stored message, but no response: the user's
+    ):
+        response = httpx.post(
+            f"{gateway}/v1/responses",
+            json={"model": MODEL, "input": "x", "previous_response_id": previous},
+            timeout=30,
+        )
+        assert response.status_code == 404, response.text
+        error = response.json()["error"]
+        assert (error["code"], error["param"]) == (
+            "previous_response_not_found",
+            "previous_response_id",
+        )
+    assert stored("nonexist") == []
+    assert len(vllm.requests) == 1
+    assert [m["content"] for m in stored(_session(first.id))] == ["hello", "echo: hello"]
+    for turn in range(3):  # the first reply falls out of the newest 2 after one of these
+        client.responses.create(model=MODEL, input=f"more {turn}", previous_response_id=first.id)
+    assert len(vllm.requests) == 4
+
+
+def _session(response_id: str) -> str:
+    import base64
+
+    encoded = response_id[5:].partition(".")[0]
+    return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+
+
+def stored_ids(stored: Stored, response_id: str) -> list[str]:
+    return [m["id"] for m in stored(_session(response_id))]
+
+
 def test_over_the_limit_is_context_length_exceeded(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model=MODEL, input="word " * 5000)
