@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ctxguard.errors import ConfigError, InvalidInputError, InvalidMessageError
 
@@ -50,8 +50,19 @@ def _bind_types() -> None:
 
 MAX_JSON_DEPTH = 64
 _UNSET: Any = object()  # "not passed" for check_store_args (None may be a bad value)
+MAX_SECONDS = 1_000_000  # a wait past this (~11.6 days) overflows time arithmetic (time_t)
 MAX_INT = 2**63 - 1  # Redis integers are signed 64-bit; seconds past this overflow time math
 _JSON_TYPES = "str, int, float, bool, None, list or dict with str keys"
+
+
+def is_seconds(value: object) -> TypeGuard[float]:
+    """A positive, finite number of seconds a wait can take: at most MAX_SECONDS."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 < value <= MAX_SECONDS
+    )
 
 
 def one_line(text: str, limit: int = 300) -> str:

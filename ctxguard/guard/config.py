@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from ctxguard._validate import show
+from ctxguard._validate import MAX_SECONDS, is_seconds, show
 from ctxguard.errors import ConfigError
 from ctxguard.messages import Message
 
@@ -189,13 +188,11 @@ def _non_negative(name: str, value: object) -> None:
 def _seconds_or_none(name: str, value: object) -> None:
     if value is None:
         return
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ConfigError(f"{name} must be a positive number of seconds or None, got {show(value)}")
+    if not is_seconds(value):
+        raise ConfigError(
+            f"{name} must be a positive number of seconds (at most {MAX_SECONDS:,}) or None, "
+            f"got {show(value)}"
+        )
 
 
 def _name_of(fn: object) -> str | None:

@@ -21,10 +21,15 @@ _TP_CHOICES = (2, 4, 8, 16)
 _MAX_UTILIZATION = 0.98
 
 
+MAX_GIB = 1 << 20  # a PiB: past any device (and past it, GiB to bytes overflows a float)
+
+
 def gib_to_bytes(value: float, what: str) -> int:
     """Validate a non-negative GiB figure from the caller and convert it."""
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{what} must be a non-negative number of GiB, got {value}")
+    if not math.isfinite(value) or not 0 <= value <= MAX_GIB:
+        raise ConfigError(
+            f"{what} must be a non-negative number of GiB, at most {MAX_GIB:,}, got {value}"
+        )
     return int(value * GIB)
 
 

@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ctxguard._validate import check_http_url
+from ctxguard._validate import MAX_SECONDS, check_http_url, is_seconds
 from ctxguard.errors import ConfigError, InvalidIdError
 from ctxguard.ids import validate_name
-from ctxguard.stores.urls import redact_url
+from ctxguard.stores.urls import parse_store_url, redact_url
 
 ENV_PREFIX = "CTXGUARD_SERVE_"
 # the whole config for worker processes (uvicorn --workers re-imports the app)
@@ -63,6 +63,9 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         check_http_url(self.upstream, "upstream")
+        if not isinstance(self.url, str):
+            raise ConfigError(f"url must be a store URL string, got {type(self.url).__name__}")
+        parse_store_url(self.url)  # a bad store URL stops the start, not every request
         for name in ("port", "workers", "max_tokens", "max_body_bytes", "idempotency_window"):
             value = getattr(self, name)
             if type(value) is not int or value < (0 if name == "port" else 1):
@@ -75,8 +78,11 @@ class ServeConfig:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
         for name in ("connect_timeout", "upstream_timeout", "idempotency_lease"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+            if not is_seconds(value):
+                raise ConfigError(
+                    f"{name} must be a positive number of seconds, at most {MAX_SECONDS:,}, "
+                    f"got {value!r}"
+                )
         if not isinstance(self.metrics, bool):
             raise ConfigError(f"metrics must be true or false, got {self.metrics!r}")
         if not isinstance(self.api_keys, Mapping):

@@ -17,6 +17,7 @@ from typing import Any
 import hiredis
 import redis
 import redis.asyncio as aredis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -54,9 +55,15 @@ def as_fetch(result: WindowFetch | WindowHit) -> WindowFetch:
     return result
 
 
-def _client_kwargs(url: StoreURL) -> dict[str, Any]:
+def _no_retry(asynchronous: bool) -> Any:
+    """redis-py's own retries off (RetryPolicy retries): its asyncio clients take their
+    own Retry class (a sync one there is a UserWarning, from redis-py 8.2)."""
+    return (AsyncRetry if asynchronous else Retry)(NoBackoff(), 0)
+
+
+def _client_kwargs(url: StoreURL, asynchronous: bool) -> dict[str, Any]:
     """Credentials and timeouts go as arguments: the URL redis-py parses holds neither."""
-    return {"retry": Retry(NoBackoff(), 0), "decode_responses": False, **url.client_kwargs()}
+    return {"retry": _no_retry(asynchronous), "decode_responses": False, **url.client_kwargs()}
 
 
 class RedisStoreBase:
@@ -114,7 +121,9 @@ async def asend(conn: Any, packed: Any) -> None:
     if writer is None or writer.transport.is_closing():
         await conn.send_packed_command(packed, check_health=False)
         return
-    writer.writelines(packed)
+    # one write, not writelines: from Python 3.12 a transport's writelines never pauses
+    # the protocol, so the drain below would not wait for a server that stops reading
+    writer.write(packed[0] if len(packed) == 1 else b"".join(packed))
     transport = writer.transport
     if transport.get_write_buffer_size() or transport.is_closing():
         await conn.send_packed_command([], check_health=False)
@@ -279,7 +288,7 @@ _CLUSTER_KWARGS = (
 )
 
 
-def _cluster_kwargs(url: StoreURL) -> dict[str, Any]:
+def _cluster_kwargs(url: StoreURL, asynchronous: bool) -> dict[str, Any]:
     """Client settings for a cluster URL, parsed the way redis-py parses a server URL.
 
     ``retry`` allows no retries: redis-py's cluster client would otherwise
@@ -303,7 +312,7 @@ def _cluster_kwargs(url: StoreURL) -> dict[str, Any]:
     kwargs = {k: given[k] for k in _CLUSTER_KWARGS if k in given}
     kwargs.update(url.client_kwargs())
     kwargs["ssl"] = url.tls
-    kwargs["retry"] = Retry(NoBackoff(), 0)
+    kwargs["retry"] = _no_retry(asynchronous)
     return kwargs
 
 
@@ -312,12 +321,12 @@ def sync_client(url: StoreURL) -> Any:
         from redis.cluster import ClusterNode
 
         nodes = [ClusterNode(h, p) for h, p in url.hosts]  # type: ignore[no-untyped-call]
-        kwargs = _cluster_kwargs(url)
+        kwargs = _cluster_kwargs(url, False)
         try:  # the sync cluster client connects here, to learn the topology
             return RedisCluster(startup_nodes=nodes, **kwargs)
         except (RedisError, RedisClusterException) as exc:
             raise wrap_error(exc, "connect", url.redacted, url) from exc
-    return _from_url(redis.Redis, url)
+    return _from_url(redis.Redis, url, False)
 
 
 def async_client(url: StoreURL) -> Any:
@@ -325,12 +334,12 @@ def async_client(url: StoreURL) -> Any:
         from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 
         nodes = [AsyncClusterNode(h, p) for h, p in url.hosts]
-        return aredis.RedisCluster(startup_nodes=nodes, **_cluster_kwargs(url))
-    return _from_url(aredis.Redis, url)
+        return aredis.RedisCluster(startup_nodes=nodes, **_cluster_kwargs(url, True))
+    return _from_url(aredis.Redis, url, True)
 
 
-def _from_url(cls: Any, url: StoreURL) -> Any:
+def _from_url(cls: Any, url: StoreURL, asynchronous: bool) -> Any:
     try:  # the URL redis-py parses holds no credentials: its message shows no secret
-        return cls.from_url(url.redis_url(), **_client_kwargs(url))
+        return cls.from_url(url.redis_url(), **_client_kwargs(url, asynchronous))
     except ValueError as exc:  # a query parameter redis-py cannot parse
         raise ConfigError(f"bad store URL {url.redacted}: {exc}") from None

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, quote, unquote
 
+from ctxguard._validate import MAX_SECONDS, is_seconds, show
 from ctxguard.errors import ConfigError
 
 OWN_PARAMS = ("namespace", "tenant")
@@ -237,11 +238,16 @@ def parse_store_url(
     db_param = _param(params, "db")
     db = int(reading.path.strip("/") or 0)
     if db_param is not None:
-        if not db_param.isdigit():
+        if not (db_param.isascii() and db_param.isdigit()):
             raise ConfigError("the db parameter of the store URL is not a number")
         db = int(db_param)
     if scheme.endswith("+cluster") and db != 0:
         raise ConfigError("a Redis Cluster has database 0 only; drop the database from the URL")
+    if not scheme.startswith("rediss") and any(k.startswith("ssl_") for k, _ in params):
+        # (redis-py's plain connection takes no ssl_* argument: it failed on every call)
+        raise ConfigError(
+            "ssl_* options in the store URL need TLS: use rediss:// (or rediss+cluster://)"
+        )
     skip = (*OWN_PARAMS, "username", "password", "db")
     return StoreURL(
         scheme=scheme,
@@ -386,13 +392,11 @@ def _param(params: list[tuple[str, str]], name: str) -> str | None:
 def _timeout(name: str, value: object) -> float | None:
     if value is None:
         return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+    if not is_seconds(value):
+        raise ConfigError(
+            f"{name} must be a positive number of seconds, at most {MAX_SECONDS:,}, "
+            f"got {show(value)}"
+        )
     return float(value)
 
 
@@ -406,8 +410,10 @@ def _first_timeout(given: float | None, params: list[tuple[str, str]], name: str
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{name} in the store URL must be a positive number of seconds")
+    if not is_seconds(value):
+        raise ConfigError(
+            f"{name} in the store URL must be a positive number of seconds, at most {MAX_SECONDS:,}"
+        )
     return value
 
 

@@ -37,6 +37,11 @@ def make_ca_and_cert(d: Path, name: str = "ca") -> tuple[Path, Path, Path]:
         "1",
         "-subj",
         f"/CN=ctxguard-test-{name}",
+        # a CA's own extensions: Python 3.13's default context verifies X.509 strictly
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
         "-keyout",
         f"{name}.key",
         "-out",

@@ -145,7 +145,7 @@ async def test_async_cluster_connection_error_is_typed_and_hides_the_password() 
         ("redis+cluster://:QxJ7w@Kv3Y:pNa8/9zRt@127.0.0.1:7000", "pNa8"),
         ("redis+cluster://:Sec9Pw@127.0.0.1:7000,:Sec9Pw@127.0.0.1:7001", "Sec9Pw"),
         ("rediss://:p%40ss%2FSecWord@127.0.0.1:1/0", "SecWord"),
-        ("redis://127.0.0.1:1/0?ssl_password=CertSecret", "CertSecret"),
+        ("rediss://127.0.0.1:1/0?ssl_password=CertSecret", "CertSecret"),
     ],
 )
 def test_the_reported_urls_parse_and_print_redacted(url: str, secret: str) -> None:
@@ -220,7 +220,7 @@ def test_store_and_url_reprs_are_redacted() -> None:
 
 def test_cluster_urls_refuse_options_the_cluster_client_lacks() -> None:
     with pytest.raises(ConfigError, match="ssl_ca_path cannot be set on a cluster URL"):
-        open_async_store("redis+cluster://127.0.0.1:1,127.0.0.1:2?ssl_ca_path=/x")
+        open_async_store("rediss+cluster://127.0.0.1:1,127.0.0.1:2?ssl_ca_path=/x")
 
 
 def test_redact_url_of_other_urls() -> None:
