@@ -7,7 +7,7 @@ Mixed into GuardCore (as ``audit.py`` and ``summary_checks.py`` are). No I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ctxguard.errors import BudgetError, InvalidInputError, InvalidMessageError, MessageTooLongError
 from ctxguard.guard.plan import Budget, Plan
@@ -40,6 +40,8 @@ class NewMessages:
                 message, tokens = self._oversized(message, tokens, cap)
                 made = ""  # shrunk: another message
             out.append(NewMessage(message, tokens, made or record_of(message)))
+        if len(out) > 1:
+            _check_repeated_ids(out)
         return out
 
     def _oversized(self, message: Message, tokens: int, cap: int) -> tuple[Message, int]:
@@ -203,3 +205,20 @@ def unsent_result(required: Message) -> InvalidMessageError:
         "called other tools whose results are not stored; pass all of that message's "
         "tool results in one batch"
     )
+
+
+def _check_repeated_ids(new: Sequence[NewMessage]) -> None:
+    """One id, one message: a batch may repeat a message whole (stored once, as a resend
+    is), never give one id to two different messages (the second was dropped unseen)."""
+    first: dict[str, int] = {}
+    for index, n in enumerate(new):
+        at = first.setdefault(n.message.id, index)
+        if at != index and _content(new[at].message) != _content(n.message):
+            raise InvalidMessageError(
+                f"messages {at} and {index} of the batch have the same id "
+                f"{n.message.id!r} and differ; give each message its own id"
+            )
+
+
+def _content(message: Message) -> dict[str, Any]:
+    return message.model_dump(exclude={"created_at"})

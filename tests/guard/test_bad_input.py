@@ -286,3 +286,40 @@ def test_a_bad_role_is_one_line_listing_the_roles() -> None:
     text = str(info.value)
     assert "\n" not in text and "validation error" not in text and "pydantic" not in text
     assert "'robot'" in text and "system, developer, user, assistant, tool" in text
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        {"role": "user", "content": "second, different"},
+        {"role": "assistant", "content": "first"},
+        {"role": "user", "content": "first", "name": "someone"},
+        {"role": "user", "content": "first", "metadata": {"k": 1}},
+    ],
+)
+@pytest.mark.parametrize("door", ["sync.prepare", "sync.append", "async.prepare", "async.append"])
+async def test_one_id_for_two_different_messages_in_a_batch_is_refused(
+    door: str, second: dict[str, Any]
+) -> None:
+    """(the second was dropped unseen: neither sent nor stored, no error)"""
+    from ctxguard import AsyncGuard
+
+    batch = [{"role": "user", "content": "first", "id": "d1"}, {**second, "id": "d1"}]
+    url = f"memory://{uuid.uuid4().hex}"
+    guard: Any = (AsyncGuard if door.startswith("async") else Guard)(
+        url, counter="approx", limit=4096
+    )
+    call = getattr(guard, door.partition(".")[2])
+    with pytest.raises(InvalidMessageError, match=r"messages 0 and 1 of the batch .* 'd1'"):
+        result = call("s", batch)
+        if door.startswith("async"):
+            await result
+    read = guard.store.read("s")
+    assert (await read if door.startswith("async") else read) == []
+    # the same message twice is a resend inside the batch: stored once
+    same = call("s", [batch[0], dict(batch[0])])
+    if door.startswith("async"):
+        await same
+    read = guard.store.read("s")
+    stored = await read if door.startswith("async") else read
+    assert [s.message.content for s in stored] == ["first"]
