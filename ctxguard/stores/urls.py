@@ -161,7 +161,9 @@ class StoreURL:
         query = "&".join(
             f"{k}={'***' if redact and _is_secret(k) else quote(v, safe='')}" for k, v in params
         )
-        return f"{self.scheme}://{auth}{servers}{self.path}" + (f"?{query}" if query else "")
+        # the database as a path, wherever it was given (a ?db= is not kept among the options)
+        path = f"/{self.db}" if not self.cluster and (self.db or self.path.strip("/")) else ""
+        return f"{self.scheme}://{auth}{servers}{path}" + (f"?{query}" if query else "")
 
     def __str__(self) -> str:
         return self.redacted

@@ -228,3 +228,19 @@ def test_redact_url_of_other_urls() -> None:
         "http://***@host:8000/v1?api_key=***&x=1"
     )
     assert redact_url("not a url") == "<not a URL>"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://h:7411?db=3", "redis://h:7411/3"),
+        ("redis://:pw@h:7411/0?db=5", "redis://:***@h:7411/5"),
+        ("redis://h:7411/2", "redis://h:7411/2"),
+        ("redis://h:7411", "redis://h:7411"),
+    ],
+)
+def test_the_shown_url_names_the_database_it_uses(url: str, shown: str) -> None:
+    """(a ?db= was left out of what errors and the CLI show: the wrong database, 0)"""
+    parsed = parse_store_url(url)
+    assert parsed.redacted == shown
+    assert parse_store_url(parsed.backend_url).db == parsed.db
