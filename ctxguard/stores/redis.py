@@ -152,7 +152,7 @@ class RedisStore(RedisStoreBase):
                 return self._evalsha(script, current)
             return script(keys=current.keys, args=current.args)
 
-        return self._io(call.script, send, idempotent, call.keys)
+        return self._io(call.what, send, idempotent, call.keys)
 
     def _evalsha(self, script: Any, call: Call) -> Any:
         """EVALSHA on a shelved connection, without redis-py's per-command layers.

@@ -131,7 +131,7 @@ class AsyncRedisStore(RedisStoreBase):
                 return await self._evalsha(script, current)
             return await script(keys=current.keys, args=current.args)
 
-        return await self._io(call.script, send, idempotent, call.keys)
+        return await self._io(call.what, send, idempotent, call.keys)
 
     async def _evalsha(self, script: Any, call: Call) -> Any:
         """EVALSHA on a shelved connection (see :meth:`RedisStore._evalsha`)."""

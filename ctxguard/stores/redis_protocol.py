@@ -147,11 +147,16 @@ class Call:
     script: str
     keys: list[str]
     args: list[str | int]
+    op: str = ""  # what an error names ("" = the script's name)
+
+    @property
+    def what(self) -> str:
+        return self.op or self.script
 
     def again(self) -> Call:
         """The call to send when an earlier attempt may have run but lost its reply."""
         if self.script in _RETRY_MARKED:
-            return Call(self.script, self.keys, [*self.args, "1"])
+            return Call(self.script, self.keys, [*self.args, "1"], self.op)
         return self
 
 
@@ -323,7 +328,7 @@ class RedisProtocol:
         return calls
 
     def inspect_call(self, session_id: str) -> Call:
-        return Call("repair", self.keys(session_id), ["inspect"])
+        return Call("repair", self.keys(session_id), ["inspect"], "inspect")
 
     def parse_inspect(self, reply: Sequence[Any]) -> RawSession | None:
         types = dict(zip(SUFFIXES, (_text(t) for t in reply[0]), strict=True))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
 
 from ctxguard.cli import cli
 from ctxguard.stores.base import SessionStore
@@ -118,3 +119,16 @@ def test_python_dash_m_ctxguard_is_the_same_command() -> None:
         timeout=60,
     )
     assert bad.returncode == 2 and bad.stderr.startswith("error: ")
+
+
+@pytest.mark.parametrize("args", [("show", "x"), ("replay", "x"), ("audit", "x"), ("sessions",)])
+def test_an_unreachable_store_is_named_by_what_the_command_did(args: tuple[str, ...]) -> None:
+    """(show, replay and audit said "repair failed": they only read the session)"""
+    from faults.servers import free_port
+
+    url = f"redis://:Sec9Pw@127.0.0.1:{free_port()}/0?socket_connect_timeout=0.5"
+    result = CliRunner().invoke(cli, list(args), env={"CTXGUARD_URL": url})
+    output = result.output + result.stderr
+    assert result.exit_code != 0 and "StoreConnectionError" in output, output
+    assert "repair failed" not in output and ("inspect failed" in output or "list" in output)
+    assert "Sec9Pw" not in output and "Traceback" not in output
