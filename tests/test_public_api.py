@@ -43,6 +43,7 @@ EXPECTED = {
     "TokenCounter",
     "TokenizerError",
     "ToolCall",
+    "UncountableContentError",
     "load_counter",
     "open_async_store",
     "open_store",
