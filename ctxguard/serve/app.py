@@ -27,7 +27,7 @@ from ctxguard.serve import identity
 from ctxguard.serve.chat import chat_completions
 from ctxguard.serve.config import CONFIG_ENV, ServeConfig
 from ctxguard.serve.forward import bad_reply, decode_reply, read_capped, timed_out, upstream_error
-from ctxguard.serve.gateway import Gateway, upstream_failure
+from ctxguard.serve.gateway import Gateway
 from ctxguard.serve.inbound import read_json
 from ctxguard.serve.openai_errors import ApiError, from_ctxguard
 from ctxguard.serve.responses import create_response, get_response
@@ -90,8 +90,7 @@ async def _call(gw: Gateway, method: str, path: str, body: Any = None) -> bytes:
     except TimeoutError:
         raise timed_out(gw) from None
     except httpx.HTTPError as exc:
-        status, message, code = upstream_failure(exc, gw.shown_upstream)
-        raise ApiError(status, gw.scrub(message), type="upstream_error", code=code) from None
+        raise gw.failed(exc) from None
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

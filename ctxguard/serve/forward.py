@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from ctxguard._http import MAX_BODY
-from ctxguard.serve.gateway import Gateway, upstream_failure
+from ctxguard.serve.gateway import Gateway, upstream_api_error
 from ctxguard.serve.openai_errors import ApiError
 
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -46,9 +46,9 @@ async def send_upstream(
         request = gw.client.build_request("POST", url, content=content, headers=headers)
         response = await gw.client.send(request, stream=True)
     except httpx.HTTPError as exc:
-        status, message, code = upstream_failure(exc, gw.shown_upstream)
-        gw.observe_upstream("timeout" if status == 504 else "unavailable", started)
-        raise ApiError(status, gw.scrub(message), type="upstream_error", code=code) from None
+        error = gw.failed(exc)
+        gw.observe_upstream("timeout" if error.status == 504 else "unavailable", started)
+        raise error from None
     if response.status_code == 200:
         gw.observe_upstream("ok", started)
         return response
@@ -78,17 +78,15 @@ async def read_capped(gw: Gateway, response: httpx.Response) -> bytes:
         async for chunk in response.aiter_bytes():
             size += len(chunk)
             if size > MAX_REPLY_BYTES:
-                raise ApiError(
+                raise upstream_api_error(
                     502,
                     f"the model server {gw.shown_upstream} answered with more than "
                     f"{MAX_REPLY_BYTES} bytes; ask for fewer output tokens",
-                    type="upstream_error",
-                    code="upstream_bad_reply",
+                    "upstream_bad_reply",
                 )
             chunks.append(chunk)
     except httpx.HTTPError as exc:
-        status, message, code = upstream_failure(exc, gw.shown_upstream)
-        raise ApiError(status, gw.scrub(message), type="upstream_error", code=code) from None
+        raise gw.failed(exc) from None
     finally:
         await response.aclose()
     return b"".join(chunks)
@@ -102,21 +100,16 @@ def decode_reply(gw: Gateway, raw: bytes) -> Any:
 
 
 def bad_reply(gw: Gateway) -> ApiError:
-    return ApiError(
+    return upstream_api_error(
         502,
         f"the model server {gw.shown_upstream} answered with an unreadable reply",
-        type="upstream_error",
-        code="upstream_bad_reply",
+        "upstream_bad_reply",
     )
 
 
 def timed_out(gw: Gateway) -> ApiError:
-    return ApiError(
-        504,
-        f"the model server {gw.shown_upstream} did not answer in time",
-        type="upstream_error",
-        code="upstream_timeout",
-    )
+    message = f"the model server {gw.shown_upstream} did not answer in time"
+    return upstream_api_error(504, message, "upstream_timeout")
 
 
 async def upstream_error(gw: Gateway, response: httpx.Response) -> ApiError:
@@ -137,11 +130,8 @@ async def upstream_error(gw: Gateway, response: httpx.Response) -> ApiError:
     status = response.status_code
     if 400 <= status < 500 and status != 408:
         return ApiError(status, detail, code="upstream_rejected")
-    return ApiError(
-        502,
-        f"the model server answered HTTP {status}: {detail}",
-        type="upstream_error",
-        code="upstream_error",
+    return upstream_api_error(
+        502, f"the model server answered HTTP {status}: {detail}", "upstream_error"
     )
 
 

@@ -117,6 +117,11 @@ class Gateway:
         if self.metrics is not None:
             self.metrics.upstream.labels(outcome).observe(time.perf_counter() - started)
 
+    def failed(self, exc: Exception) -> ApiError:
+        """The answer for an httpx failure talking to the upstream, scrubbed."""
+        status, message, code = upstream_failure(exc, self.shown_upstream)
+        return upstream_api_error(status, self.scrub(message), code)
+
     def scrub(self, text: str) -> str:
         """``text`` (anything the upstream said) without the upstream API key, raw or
         JSON-escaped, and without any bearer credential."""
@@ -370,12 +375,16 @@ class UpstreamLimit:
 
 
 def _limit_unknown(exc: ConfigError) -> ApiError:
-    return ApiError(
+    return upstream_api_error(
         502,
         f"cannot read the model's context limit from the upstream: {exc}",
-        type="upstream_error",
-        code="upstream_unavailable",
+        "upstream_unavailable",
     )
+
+
+def upstream_api_error(status: int, message: str, code: str) -> ApiError:
+    """The answer for what the upstream did (OpenAI error type ``upstream_error``)."""
+    return ApiError(status, message, type="upstream_error", code=code)
 
 
 def upstream_failure(exc: Exception, where: str) -> tuple[int, str, str]:
