@@ -74,12 +74,36 @@ SCRIPT_NAMES = (
 
 @functools.cache
 def load_script(name: str) -> str:
+    """The text Redis runs for script ``name``.
+
+    For ``append`` and ``window``, the common case first (``_fast.lua`` and
+    ``fast_<name>.lua``: straight-line, no helper made), then the general script
+    (:func:`general_script`) wrapped in a function that runs only when the common case
+    declines; it writes nothing when it declines. The other scripts: the general one.
+    """
+    lua = resources.files("ctxguard.stores") / "lua"
+    dispatch = lua / f"fast_{name}.lua"
+    if not dispatch.is_file():
+        return general_script(name)
+    fast = (lua / "_fast.lua").read_text() + "\n" + dispatch.read_text()
+    general = general_source(name)
+    return _inline_keys(f"{fast}\nlocal function general()\n{general}\nend\nreturn general()\n")
+
+
+@functools.cache
+def general_script(name: str) -> str:
     """Script text: the shared helpers it uses, followed by the operation's own file.
 
     Redis runs a script's whole text on every call, so each helper it carries is a
     closure made per call: only the ones the operation reaches are included
     (``_lib_chunks``), in their order in ``_lib.lua``.
     """
+    return _inline_keys(general_source(name))
+
+
+@functools.cache
+def general_source(name: str) -> str:
+    """:func:`general_script` before the key indices are written in."""
     lua = resources.files("ctxguard.stores") / "lua"
     body = (lua / f"{name}.lua").read_text()
     chunks = _lib_chunks((lua / "_lib.lua").read_text())
@@ -92,7 +116,7 @@ def load_script(name: str) -> str:
                 wanted |= set(_WORD.findall(text))
                 added = True
     kept = [text for defines, text in chunks if not defines or defines & wanted]
-    return _inline_keys("".join(kept) + "\n" + body)
+    return "".join(kept) + "\n" + body
 
 
 # `local K_META, K_MSGS, ... = 1, 2, ...` in _lib.lua: the key indices, written into the
