@@ -272,15 +272,21 @@ def _read(rest: str, cluster: bool) -> _Reading:
 
     First as the standard says (the authority ends at the first ``/``, ``?``
     or ``#``); if that does not parse, at each ``@`` that leaves an unencoded
-    ``/``, ``?`` or ``#`` in the credentials before it. The first reading's
-    error is the one reported.
+    ``/``, ``?`` or ``#`` in the credentials before it. Not when the standard
+    authority parses and names its port (``host:port``, every node of a cluster):
+    then the path or the query is what is wrong, and a reading at an ``@`` further
+    on would make a host of text after it (a piece of a password written there,
+    say) and show it in every error and repr. The first reading's error is the one
+    reported.
     """
     end = _authority_end(rest)
     try:
         return _reading(rest[:end], rest[end:], cluster)
     except _Bad as exc:
         first = exc
-    for at in [i for i, c in enumerate(rest) if c == "@"]:
+    for at in [] if _names_its_port(rest[:end], cluster) else [
+        i for i, c in enumerate(rest) if c == "@"
+    ]:
         creds, remainder = rest[:at], rest[at + 1 :]
         if not any(c in creds for c in "/?#"):
             continue
@@ -298,6 +304,19 @@ def _read(rest: str, cluster: bool) -> _Reading:
     raise ConfigError(f"{first}{hint}")
 
 
+def _names_its_port(authority: str, cluster: bool) -> bool:
+    """The authority parses as ``[creds@]host:port`` (a cluster's: its nodes, each
+    with its port)."""
+    try:
+        _authority(authority, cluster)
+    except _Bad:
+        return False
+    return cluster or _PORT_AT_END.search(authority.rpartition("@")[2]) is not None
+
+
+_PORT_AT_END = re.compile(r":[0-9]+$")
+
+
 def _authority_end(text: str) -> int:
     return min((i for i in (text.find(c) for c in "/?#") if i >= 0), default=len(text))
 
@@ -307,13 +326,18 @@ def _reading(authority: str, tail: str, cluster: bool) -> _Reading:
     if path not in ("", "/") and not (path[1:].isdigit() and path[1:].isascii()):
         raise _Bad("the path of the store URL is not a database number (write /0)")
     params = _query(query)
-    if cluster:
-        username, password, servers = _cluster_authority(authority)
-    else:
-        creds, at, hostpart = authority.rpartition("@")
-        username, password = _credentials(creds) if at else (None, None)
-        servers = (_server(hostpart, None, needs_port=False),)
+    username, password, servers = _authority(authority, cluster)
     return _Reading(username, password, servers, path, params)
+
+
+def _authority(
+    authority: str, cluster: bool
+) -> tuple[str | None, str | None, tuple[tuple[str, int], ...]]:
+    if cluster:
+        return _cluster_authority(authority)
+    creds, at, hostpart = authority.rpartition("@")
+    username, password = _credentials(creds) if at else (None, None)
+    return username, password, (_server(hostpart, None, needs_port=False),)
 
 
 def _cluster_authority(

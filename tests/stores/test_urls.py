@@ -195,6 +195,27 @@ def test_parse_errors_name_the_part_never_the_text(url: str, says: str) -> None:
         assert "MyS3cret" not in _everything_printed(caught.value)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        # a raw password with @, then the same text in a bad path: the path is the error
+        "redis://:My@S3cret@127.0.0.1:1/xMy@S3cret",
+        "redis://:My@S3cret@127.0.0.1:1/0?socket_timeout=xMy@S3cret",
+        "redis+cluster://:My@S3cret@127.0.0.1:1,127.0.0.1:2/xMy@S3cret",
+    ],
+)
+def test_an_at_sign_past_a_valid_authority_never_makes_a_host(url: str) -> None:
+    """The standard reading's authority parses as host:port and its path or query does
+    not: an ``@`` further on is not taken as the end of a password (a host made of the
+    text after it would be shown in every error and repr: here a piece of the password).
+    A raw password with @ and / before a host without a port still reads
+    (``tests/security/test_secret_property.py``)."""
+    for opener in (open_store, open_async_store, parse_store_url):
+        with pytest.raises(ConfigError) as caught:
+            opener(url)
+        assert "S3cret" not in _everything_printed(caught.value)
+
+
 def test_redis_py_never_sees_the_credentials_in_a_url() -> None:
     """What redis-py parses holds no secret, so none of its messages can show one."""
     parsed = parse_store_url("redis://admin:Pw@h:1/3?password=Q&socket_timeout=2&client_name=c")
