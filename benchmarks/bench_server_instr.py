@@ -47,7 +47,7 @@ from _turn.systems import CtxGuardCold, CtxGuardSync, FloorMin, System
 from _turn.workload import Cl100k, build_size
 
 from ctxguard.stores import redis as redis_store
-from ctxguard.stores.redis_protocol import load_script
+from ctxguard.stores.redis_protocol import general_script
 
 RESULTS = Path(__file__).resolve().parent / "results" / "server_instr.json"
 
@@ -113,7 +113,7 @@ def script_calls(url: str, system: CtxGuardSync, pool: list[tuple[str, str]]) ->
         redis_store.RedisStore._evalsha = original  # type: ignore[method-assign]
     keys, args = captured[0]
     client = redis.Redis.from_url(url)
-    window = load_script("window")
+    window = general_script("window")  # (the common case in front of it left out)
     helpers = window[: window.index("local n = tonumber(ARGV[10])")]
     rows = {}
     for name, body in (
