@@ -165,9 +165,21 @@ CALL = {
         ["none", "request", "request", "request-ctx", "usage", "seen", "no-rid"]
     ),
     "keep": st.sampled_from([0, 1000, 3, 2, 1]),
-    "ids": st.sampled_from([["new"], ["new"], ["new"], ["id0"], ["new", "new2"], ["new", "new"]]),
-    "tokens": st.sampled_from(["12", "12", "-1", "0"]),
-    "pinned": st.sampled_from(["0", "0", "0", "1"]),
+    "ids": st.sampled_from(
+        [
+            ["new"],
+            ["id0"],
+            ["new", "new2"],
+            ["new", "new2", "new3"],
+            ["new", "new"],
+            ["new", "id0"],
+            ["id0", "new"],
+            ["new", "new2", "new"],
+        ]
+    ),
+    "tokens": st.sampled_from(["12", "-1", "0", "x"]),
+    # each message's flag in turn (the last repeats)
+    "pinned": st.sampled_from(["1", "01", "001", "10"]),
     "token": st.sampled_from(["right", "right", "right", "wrong", "none", "fetch"]),
     "recount": st.booleans(),
     "retry": st.sampled_from([False, False, False, True]),
@@ -210,9 +222,11 @@ def cases(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
     path's conditions, alone and together), sometimes everything drawn at random."""
     s, p = dict(NORMAL_SESSION), dict(NORMAL_CALL)
     p["script"] = draw(CALL["script"])
-    # normal turns differ too: the first record of a trail, one at its cap, no TTL on the
+    # normal turns differ too: a batch (tool results), the first record of a trail, one at
+    # its cap, no TTL on the
     # call (the session's own kept) or a short one (no slack), no record or a usage record
     s["trail"] = draw(st.sampled_from([3, 0]))
+    p["ids"] = draw(st.sampled_from([["new"], ["new"], ["new", "new2"], ["new", "new2", "new3"]]))
     p["keep"] = draw(st.sampled_from([1000, 3]))
     p["ttl"] = draw(st.sampled_from([3600, 0, 50, 10]))
     s["ttl"] = draw(st.sampled_from([3_600_000, 9_600]))
@@ -245,9 +259,10 @@ def token_of(c: Any, keys: list[str]) -> str:
 
 def args_of(p: dict[str, Any], token: str) -> list[str]:
     messages: list[str] = [str(len(p["ids"]))]
+    flags = p["pinned"]
     for j, mid in enumerate(p["ids"]):
         record = json.dumps(["u", f"new message {j}", mid, 5])
-        messages += [mid, record, p["tokens"], p["pinned"]]
+        messages += [mid, record, p["tokens"], flags[min(j, len(flags) - 1)]]
     audit = audit_arg(p["audit"], 0)
     if p["script"] == "append":
         head = [p["counter"], str(p["ttl"]), str(p["cap"]), audit, str(p["keep"]), NOW]
@@ -371,10 +386,14 @@ def test_the_common_turn_takes_the_fast_path(
         ("window", "none"),
         ("append", "none"),
         ("append", "usage"),
+        ("window-batch", "request-ctx"),
+        ("append-batch", "usage"),
     ]:
         keys = spaces["fast"]
         client.delete(*keys)
         build(client, keys, s)
-        p = {**NORMAL_CALL, "script": script, "audit": audit, "keep": 3}
-        done = outcome(scripts[script]["fast"], keys, args_of(p, token_of(client, keys)), keys)
+        name, batch = script.removesuffix("-batch"), script.endswith("-batch")
+        ids = ["new", "new2", "new3"] if batch else ["new"]
+        p = {**NORMAL_CALL, "script": name, "audit": audit, "keep": 3, "ids": ids}
+        done = outcome(scripts[name]["fast"], keys, args_of(p, token_of(client, keys)), keys)
         assert done != DECLINED, (script, audit)

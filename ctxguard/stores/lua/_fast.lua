@@ -7,8 +7,9 @@
 -- already) that work cost more than the commands themselves (benchmarks/README.md,
 -- "Round 9"). Here nothing is made that the turn does not need.
 --
--- It takes one new message that is not pinned, by the session's own counter (or
--- none), into a session that exists and holds messages, within any cap, with no
+-- It takes new messages (ids neither stored nor repeated) none of which is pinned, by
+-- the session's own counter (or none), into a session that exists and holds messages,
+-- within any cap, with no
 -- audit record or one that has a rid not written yet and whose request context is the
 -- one stored last (or none); with `expect`, only if the state token is that one. It
 -- reads and checks what the general script reads and checks before its first write,
@@ -19,10 +20,11 @@
 -- and answers (tests/stores/test_fast_path.py runs both on copies of one session).
 --
 -- at_audit: the position of the audit record argument; the retention and the caller's
--- clock follow it. at_msg: the position of the message (id, record, tokens, pinned).
--- Returns {count after, {1}, token before, token after} and the turn given to the
+-- clock follow it. at_msg: the position of the first of the n messages (id, record,
+-- tokens, pinned each).
+-- Returns {count after, {1, ...}, token before, token after} and the turn given to the
 -- audit record (0 = none), or nil.
-local function fast_append(at_audit, at_msg, expect)
+local function fast_append(at_audit, at_msg, n, expect)
   local counter = ARGV[1]
   local m = redis.pcall('HMGET', KEYS[K_META], 'created', 'count', 'tokens', 'turns', 'ver',
     'counter', 'epoch', 'stamp', 'ctx')
@@ -38,14 +40,18 @@ local function fast_append(at_audit, at_msg, expect)
   end
   local before = epoch .. ':' .. (ver or '0') .. ':' .. (m[8] or '')
   if expect and expect ~= before then return nil end
-  local value, cap = tonumber(ARGV[at_msg + 2]), tonumber(ARGV[3])
-  if counter == '' then value = -1 end
-  if not (value and cap) or ARGV[at_msg + 3] == '1' then return nil end
+  local cap, added = tonumber(ARGV[3]), 0
+  if not cap then return nil end
+  for at = at_msg, at_msg + 4 * (n - 1), 4 do
+    local value = tonumber(ARGV[at + 2])
+    if not value or ARGV[at + 3] == '1' then return nil end
+    if counter ~= '' and value >= 0 then added = added + value end
+  end
   local len = redis.pcall('LLEN', KEYS[K_MSGS])
   if type(len) ~= 'number' or len == 0 or redis.pcall('LLEN', KEYS[K_TOKS]) ~= len then
     return nil
   end
-  if cap > 0 and len + 1 > cap then return nil end
+  if cap > 0 and len + n > cap then return nil end
   local arg = ARGV[at_audit]
   local record, rid, turn = nil, nil, nil
   if arg ~= '' then
@@ -64,15 +70,29 @@ local function fast_append(at_audit, at_msg, expect)
       turn = tostring(tonumber(turns or '0') + 1)
     end
   end
+  -- the ids after the first: none stored, none repeated in the batch (the first is
+  -- checked by its HSETNX below; ids' type by this lookup, else by that HSETNX)
+  for i = 1, n - 1 do
+    local id = ARGV[at_msg + 4 * i]
+    for j = 0, i - 1 do
+      if ARGV[at_msg + 4 * j] == id then return nil end
+    end
+    if redis.pcall('HEXISTS', KEYS[K_IDS], id) ~= 0 then return nil end
+  end
   -- the first write, and ids' type check: a 0 or an error wrote nothing
   if redis.pcall('HSETNX', KEYS[K_IDS], ARGV[at_msg], len) ~= 1 then return nil end
-  redis.call('RPUSH', KEYS[K_MSGS], ARGV[at_msg + 1])
-  local toks = ARGV[at_msg + 2]
-  if counter == '' then toks = '-1' end
-  redis.call('RPUSH', KEYS[K_TOKS], toks)
-  local total = tonumber(tokens or '0')
-  if value >= 0 then total = total + value end
-  local count, next_ver, now = len + 1, tonumber(ver or '0') + 1, ARGV[at_audit + 2]
+  local flags = {}
+  for i = 0, n - 1 do
+    local at = at_msg + 4 * i
+    if i > 0 then redis.call('HSETNX', KEYS[K_IDS], ARGV[at], len + i) end
+    redis.call('RPUSH', KEYS[K_MSGS], ARGV[at + 1])
+    local toks = ARGV[at + 2]
+    if counter == '' then toks = '-1' end
+    redis.call('RPUSH', KEYS[K_TOKS], toks)
+    flags[i + 1] = 1
+  end
+  local total = tonumber(tokens or '0') + added
+  local count, next_ver, now = len + n, tonumber(ver or '0') + 1, ARGV[at_audit + 2]
   local updated = string.sub(now, 1, -4)
   if turn then
     redis.call('HSET', KEYS[K_META], 'updated', updated, 'count', count, 'tokens', total,
@@ -136,5 +156,5 @@ local function fast_append(at_audit, at_msg, expect)
       for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
     end
   end
-  return {count, {1}, before, epoch .. ':' .. next_ver .. ':' .. now}, number
+  return {count, flags, before, epoch .. ':' .. next_ver .. ':' .. now}, number
 end

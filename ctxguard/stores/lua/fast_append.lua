@@ -1,5 +1,6 @@
--- append's common case (_fast.lua): one message, not a retry
-if ARGV[7] == '1' and ARGV[12] == nil then
-  local appended = fast_append(4, 8, nil)
+-- append's common case (_fast.lua): new messages, not a retry
+local n = tonumber(ARGV[7])
+if n and n >= 1 and ARGV[8 + 4 * n] == nil then
+  local appended = fast_append(4, 8, n, nil)
   if appended then return appended end
 end

@@ -1,5 +1,7 @@
--- window's common commit (_fast.lua): one new message, no recounts, not a retry
-if ARGV[10] == '1' and ARGV[15] == '0' and ARGV[16] == nil and string.byte(ARGV[6], 1) == 61 then
-  local appended, turn = fast_append(7, 11, string.sub(ARGV[6], 2))
+-- window's common commit (_fast.lua): new messages, no recounts, not a retry
+local n = tonumber(ARGV[10])
+if n and n >= 1 and ARGV[11 + 4 * n] == '0' and ARGV[12 + 4 * n] == nil
+    and string.byte(ARGV[6], 1) == 61 then
+  local appended, turn = fast_append(7, 11, n, string.sub(ARGV[6], 2))
   if appended then return {'hit', appended, turn, appended[4]} end
 end
