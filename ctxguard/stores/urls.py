@@ -272,12 +272,12 @@ def _read(rest: str, cluster: bool) -> _Reading:
 
     First as the standard says (the authority ends at the first ``/``, ``?``
     or ``#``); if that does not parse, at each ``@`` that leaves an unencoded
-    ``/``, ``?`` or ``#`` in the credentials before it. Not when the standard
-    authority parses and names its port (``host:port``, every node of a cluster):
-    then the path or the query is what is wrong, and a reading at an ``@`` further
-    on would make a host of text after it (a piece of a password written there,
-    say) and show it in every error and repr. The first reading's error is the one
-    reported.
+    ``/``, ``?`` or ``#`` in the credentials before it, in order. A reading whose
+    authority parses and names its port (``host:port``, every node of a cluster)
+    while its path or query does not ends the search: that path or query is what
+    is wrong, and a reading at an ``@`` further on would make a host of text after
+    it (a piece of a password written there, say) and show it in every error and
+    repr. The first reading's error is the one reported.
     """
     end = _authority_end(rest)
     try:
@@ -297,6 +297,8 @@ def _read(rest: str, cluster: bool) -> _Reading:
         try:
             found = _reading(authority, remainder[end:], cluster)
         except _Bad:
+            if _names_its_port(authority, cluster):
+                break
             continue
         found.username, found.password = _credentials(creds)
         return found

@@ -5,6 +5,8 @@ from __future__ import annotations
 import traceback
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ctxguard.errors import ConfigError, InvalidIdError, StoreConnectionError
 from ctxguard.stores import (
@@ -202,6 +204,10 @@ def test_parse_errors_name_the_part_never_the_text(url: str, says: str) -> None:
         "redis://:My@S3cret@127.0.0.1:1/xMy@S3cret",
         "redis://:My@S3cret@127.0.0.1:1/0?socket_timeout=xMy@S3cret",
         "redis+cluster://:My@S3cret@127.0.0.1:1,127.0.0.1:2/xMy@S3cret",
+        # a / before the @ (the standard authority fails): the reading at the second @
+        # parses as host:port with a bad path, and ends the search there
+        "redis://:My/x@S3cret@127.0.0.1:1/xMy/x@S3cret",
+        "redis://:My?x@S3cret@127.0.0.1:1/0?socket_timeout=My?x@S3cret",
     ],
 )
 def test_an_at_sign_past_a_valid_authority_never_makes_a_host(url: str) -> None:
@@ -214,6 +220,41 @@ def test_an_at_sign_past_a_valid_authority_never_makes_a_host(url: str) -> None:
         with pytest.raises(ConfigError) as caught:
             opener(url)
         assert "S3cret" not in _everything_printed(caught.value)
+
+
+_MARKERS = "QJZXW"
+_raw_passwords = st.builds(
+    lambda a, b: f"QJ{a}ZX{b}W",
+    st.text(alphabet=":/?#@[]%+&,= " + _MARKERS, max_size=8),
+    st.text(alphabet=":/?#@[]%+&,= " + _MARKERS, min_size=1, max_size=8),
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(password=_raw_passwords)
+def test_no_reading_of_a_bad_url_shows_a_piece_of_its_raw_password(password: str) -> None:
+    """Parse only (no connection: thousands of examples in seconds): a URL with a raw
+    password and a bad part, the password written again in that part, is refused, or
+    read with no piece of the password (4 characters with 2 of its letters) in what it
+    shows. tests/security/test_secret_property.py drives the same URLs through every
+    entry point, with fewer examples."""
+    pieces = {password[i : i + 4] for i in range(len(password) - 3)}
+    pieces = {p for p in pieces if sum(c in _MARKERS for c in p) >= 2}
+    for url in (
+        f"redis://:{password}@127.0.0.1:1/x{password}",
+        f"redis://:{password}@127.0.0.1:1/0?socket_timeout={password}",
+        f"redis://:{password}@127.0.0.1:notaport/0",
+        f"redis+cluster://:{password}@127.0.0.1:1,{password}",
+        f"redis+cluster://:{password}@127.0.0.1:1,127.0.0.1:2/x{password}",
+    ):
+        try:
+            parsed = parse_store_url(url)
+        except ConfigError as exc:
+            shown = str(exc)
+        else:
+            shown = f"{parsed} {parsed!r} {parsed.redacted} {parsed.servers} {parsed.redis_url()}"
+        assert password not in shown
+        assert not [p for p in pieces if p in shown], (url, shown)
 
 
 def test_redis_py_never_sees_the_credentials_in_a_url() -> None:
