@@ -29,6 +29,8 @@ from tests.conftest import raw_client
 pytestmark = pytest.mark.redis
 
 DECLINED = "fast path declined"
+# the three scripts called on three copies of a session; a fourth copy is left alone
+CALLED = ("run", "general", "fast")
 SID = "s"
 NOW = "1796400000123456"  # the caller's clock (us)
 
@@ -65,7 +67,7 @@ def spaces(
     purge_after(redis_url)
     return {
         role: KeySpace(f"{namespace}{role}", "default").session_keys(SID)
-        for role in ("run", "general", "fast")
+        for role in (*CALLED, "control")
     }
 
 
@@ -136,9 +138,16 @@ def build(c: Any, keys: list[str], s: dict[str, Any]) -> None:
     if s["bad_key"]:
         c.delete(k[s["bad_key"]])
         c.set(k[s["bad_key"]], "damaged")
-    if s["ttl"]:
-        for key in keys:
-            c.pexpire(key, s["ttl"])
+
+
+def expire_together(c: Any, spaces: dict[str, list[str]], ttl: int | None) -> None:
+    """The copies' TTLs set in one transaction: the same instant for every copy."""
+    if ttl:
+        pipe = c.pipeline(transaction=True)
+        for keys in spaces.values():
+            for key in keys:
+                pipe.pexpire(key, ttl)
+        pipe.execute()
 
 
 def audit_arg(kind: str, i: int) -> str:
@@ -288,12 +297,19 @@ def args_of(p: dict[str, Any], token: str) -> list[str]:
 
 def outcome(script: Any, keys: list[str], args: list[str], names: list[str]) -> Any:
     try:
-        return normalize(script(keys=keys, args=args), names)
+        return settled(script(keys=keys, args=args), names)
     except redis.ResponseError as exc:
-        text = str(exc).split(" script:")[0]
+        return settled(exc, names)
+
+
+def settled(reply: Any, names: list[str]) -> Any:
+    """A script's reply, or its error's text (key names, script and line numbered)."""
+    if isinstance(reply, redis.ResponseError):
+        text = str(reply).rsplit("caused error: ", 1)[-1].split(" script:")[0]
         text = re.sub(r"f_[0-9a-f]{40}", "f_<sha>", text)
         text = re.sub(r"user_script:\d+:", "user_script:<line>:", text)
         return ("error", normalize(text, names))
+    return normalize(reply, names)
 
 
 def normalize(value: Any, names: list[str]) -> Any:
@@ -312,10 +328,25 @@ def normalize(value: Any, names: list[str]) -> Any:
 SERVER_TIME = re.compile(r"\b\d{10}\.\d{1,6}\b")
 
 
-def contents(c: Any, keys: list[str]) -> dict[str, Any]:
+def snapshot(c: Any, spaces: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """Every copy's keys: types and TTLs read in one transaction (one instant for all),
+    then the values."""
+    pipe = c.pipeline(transaction=True)
+    for keys in spaces.values():
+        for key in keys:
+            pipe.type(key)
+            pipe.pttl(key)
+    flat = iter(pipe.execute())
+    seen = {
+        role: [(next(flat).decode(), next(flat)) for _ in keys] for role, keys in spaces.items()
+    }
+    return {role: contents(c, spaces[role], seen[role]) for role in spaces}
+
+
+def contents(c: Any, keys: list[str], seen: list[tuple[str, int]] | None = None) -> dict[str, Any]:
     found: dict[str, Any] = {}
-    for suffix, key in zip(SUFFIXES, keys, strict=True):
-        kind = c.type(key).decode()
+    for i, (suffix, key) in enumerate(zip(SUFFIXES, keys, strict=True)):
+        kind, pttl = seen[i] if seen is not None else (c.type(key).decode(), c.pttl(key))
         if kind == "hash":
             value: Any = sorted(normalize(list(i), []) for i in c.hgetall(key).items())
         elif kind == "list":
@@ -324,12 +355,13 @@ def contents(c: Any, keys: list[str]) -> dict[str, Any]:
             value = c.get(key)
         else:
             value = None
-        found[suffix] = (kind, value, c.pttl(key))
+        found[suffix] = (kind, value, pttl)
     return found
 
 
 def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """The same keys and values, and TTLs within 250 ms (the calls run ms apart)."""
+    """The same keys and values, and TTLs within 250 ms (the three calls run in one
+    transaction and the TTLs are read in another: milliseconds apart)."""
     if a.keys() != b.keys():
         return False
     for name in a:
@@ -358,17 +390,19 @@ def test_the_fast_path_answers_and_writes_as_the_general_script(
     for keys in spaces.values():
         client.delete(*keys)
         build(client, keys, s)
-    before = contents(client, spaces["fast"])
-    token = token_of(client, spaces["run"])
-    args = args_of(p, token)
-    done = {
-        role: outcome(scripts[p["script"]][role], keys, args, keys) for role, keys in spaces.items()
-    }
-    after = {role: contents(client, keys) for role, keys in spaces.items()}
+    expire_together(client, spaces, s["ttl"])
+    args = args_of(p, token_of(client, spaces["run"]))
+    pipe = client.pipeline(transaction=True)  # the three calls at one instant
+    for role in CALLED:
+        scripts[p["script"]][role](keys=spaces[role], args=args, client=pipe)
+    replies = pipe.execute(raise_on_error=False)
+    done = {role: settled(r, spaces[role]) for role, r in zip(CALLED, replies, strict=True)}
+    after = snapshot(client, spaces)
     assert done["run"] == done["general"]
     assert same(after["run"], after["general"]), (after["run"], after["general"])
     if done["fast"] == DECLINED:
-        assert same(after["fast"], before), (after["fast"], before)  # declined: nothing written
+        # nothing written: as the copy no call touched
+        assert same(after["fast"], after["control"]), (after["fast"], after["control"])
     else:
         assert done["fast"] == done["general"]
         assert same(after["fast"], after["general"]), (after["fast"], after["general"])
@@ -392,6 +426,7 @@ def test_the_common_turn_takes_the_fast_path(
         keys = spaces["fast"]
         client.delete(*keys)
         build(client, keys, s)
+        expire_together(client, {"fast": keys}, s["ttl"])
         name, batch = script.removesuffix("-batch"), script.endswith("-batch")
         ids = ["new", "new2", "new3"] if batch else ["new"]
         p = {**NORMAL_CALL, "script": name, "audit": audit, "keep": 3, "ids": ids}
