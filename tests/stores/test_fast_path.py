@@ -432,3 +432,13 @@ def test_the_common_turn_takes_the_fast_path(
         p = {**NORMAL_CALL, "script": name, "audit": audit, "keep": 3, "ids": ids}
         done = outcome(scripts[name]["fast"], keys, args_of(p, token_of(client, keys)), keys)
         assert done != DECLINED, (script, audit)
+    # a bulk append (an import: thousands of messages) is the general script's: the fast
+    # path compares a batch's ids pairwise, and takes at most 16
+    for script, size, taken in [("append", 16, True), ("append", 17, False), ("window", 17, False)]:
+        keys = spaces["fast"]
+        client.delete(*keys)
+        build(client, keys, s)
+        ids = [f"new{i}" for i in range(size)]
+        p = {**NORMAL_CALL, "script": script, "audit": "none", "ids": ids}
+        done = outcome(scripts[script]["fast"], keys, args_of(p, token_of(client, keys)), keys)
+        assert (done != DECLINED) is taken, (script, size)
