@@ -284,9 +284,8 @@ def _read(rest: str, cluster: bool) -> _Reading:
         return _reading(rest[:end], rest[end:], cluster)
     except _Bad as exc:
         first = exc
-    for at in [] if _names_its_port(rest[:end], cluster) else [
-        i for i, c in enumerate(rest) if c == "@"
-    ]:
+    stands = _names_its_port(rest[:end], cluster)  # then the path or the query is wrong
+    for at in [] if stands else [i for i, c in enumerate(rest) if c == "@"]:
         creds, remainder = rest[:at], rest[at + 1 :]
         if not any(c in creds for c in "/?#"):
             continue
