@@ -88,6 +88,9 @@ def find_problems(session_id: str, raw: RawSession) -> list[KeyProblem]:
         value = raw.meta.get(name)
         if value is not None and _int(value) is None:
             found.append(KeyProblem("meta", f"field {name} is {value[:40]!r}, not an integer"))
+    if raw.types.get("meta") == "hash" and "created" in raw.meta and "epoch" not in raw.meta:
+        # the scripts refuse to write without it (no state token); repair makes one
+        found.append(KeyProblem("meta", "field epoch is missing"))
     if raw.types.get("meta") == "hash" and _int(raw.meta.get("count")) not in (count, None):
         found.append(KeyProblem("meta", f"count is {raw.meta.get('count')} but msgs holds {count}"))
     counts = [_int(t) for t in raw.toks]

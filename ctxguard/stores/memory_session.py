@@ -209,6 +209,7 @@ def raw_session(session: Session) -> RawSession:
         "sumver": str(session.summary_version),
         "turns": str(session.turns),
         "ver": str(session.version),
+        "epoch": str(session.epoch),
     }
     if session.counter:
         meta["counter"] = session.counter

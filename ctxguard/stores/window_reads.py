@@ -177,6 +177,8 @@ def parse_reads(
         if name in _INTEGER_FIELDS and _integer(value) is None:
             return SCRIPT  # CORRUPT meta field <name> is not an integer
         meta[name] = value
+    if b"created" in meta and b"epoch" not in meta:
+        return SCRIPT  # CORRUPT meta field epoch is missing
     stored = int(length_m)
     counter = options.counter or ""
     same_counter = counter == "" or meta.get(b"counter") == counter.encode()

@@ -50,6 +50,8 @@ DAMAGE: dict[str, tuple[Callable[[redis.Redis, dict[str, str]], Any], Damage | N
         "meta",
     ),
     "meta count not a number": (lambda r, k: r.hset(k["meta"], "count", "many"), None, "meta"),
+    # the state token's epoch gone: every write refused (it had stored, then failed)
+    "meta epoch missing": (lambda r, k: r.hdel(k["meta"], "epoch"), None, "meta"),
     "ids names a ghost": (
         lambda r, k: r.hset(k["ids"], "ghost", 0),
         lambda s: s.ids.__setitem__("ghost", 0),

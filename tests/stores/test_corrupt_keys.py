@@ -48,6 +48,9 @@ CORRUPTIONS: list[Any] = [
     pytest.param(lambda c, k: c.rpop(k["toks"]), "toks", id="toks-shorter-than-msgs"),
     *(pytest.param(_meta_field(f), "meta", id=f"meta-{f}") for f in ("count", "tokens", "turns")),
     pytest.param(_meta_field("ver"), "meta", id="meta-ver"),
+    pytest.param(_meta_field("created"), "meta", id="meta-created"),
+    # a session without its state token's epoch (a write stored, then failed on it)
+    pytest.param(lambda c, k: c.hdel(k["meta"], "epoch"), "meta", id="meta-epoch-missing"),
     *(
         pytest.param(_wrong_type(s), s, id=f"{s}-wrong-type")
         for s in ("meta", "toks", "ids", "pins", "sum", "audit", "rids")

@@ -167,13 +167,20 @@ local function check_meta(names, meta)
   meta = meta or {created = false, updated = false, count = false, tokens = false,
     sumver = false, turns = false, ver = false, counter = false, epoch = false,
     stamp = false, ctx = false}
+  local read_epoch = false
   for i = 1, #names do
     local name, value = names[i], v[i]
     -- a field read is a string or false (absent)
     if value and INTEGER_FIELDS[name] and not string.match(value, '^%-?%d+$') then
       return corrupt(K_META, 'field ' .. name .. ' is not an integer')
     end
+    if name == 'epoch' then read_epoch = true end
     meta[name] = value
+  end
+  -- a session (`created`) without the epoch of its state token: a write would have no
+  -- token to answer with (every session ctxguard makes has both)
+  if read_epoch and meta.created and not meta.epoch then
+    return corrupt(K_META, 'field epoch is missing')
   end
   return nil, meta
 end
@@ -260,6 +267,12 @@ end
 -- is neither read nor written. Returns the error, or nil and what was read: {meta =
 -- the fields by name, len = the message count, audit = audit_plan's answer}.
 local function check_for_append(counter, first, n, record)
+  -- the caller's own arguments first: a count is an integer ('-1': unknown)
+  for i = 0, n - 1 do
+    if not string.match(ARGV[first + 4 * i + 2], '^%-?%d+$') then
+      return 'ERR ctxguard: the count of message ' .. (i + 1) .. ' is not an integer'
+    end
+  end
   local bad, st = check_meta_and_lengths()
   if bad then return bad end
   if pins_one(first, n) then
