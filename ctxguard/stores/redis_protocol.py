@@ -65,6 +65,7 @@ SCRIPT_NAMES = (
     "set_counts",
     "commit_summary",
     "add_audit",
+    "record",
     "retract",
     "restore",
     "repair",
@@ -344,12 +345,26 @@ class RedisProtocol:
         return Call("add_audit", self.keys(session_id), [raw, max(0, retention), ttl])
 
     def record_calls(self, session_id: str, write: RecordWrite) -> list[Call]:
-        calls: list[Call] = []
-        if write.counts and write.counter:
-            calls.append(self.set_counts_call(session_id, write.counter, write.counts, write.ttl))
+        """The one script call that writes ``write`` (none when it holds nothing): counts
+        and an audit record together in ``record.lua``, which checks for both before it
+        writes either (two scripts would leave the counts written when the record's
+        checks refuse, or the record when the counts' do)."""
+        counts = bool(write.counts and write.counter)
+        if counts and write.audit is not None:
+            args: list[str | int] = [
+                write.counter or "",
+                write.ttl,
+                audit_arg(write.audit),
+                max(0, write.retention),
+            ]
+            for seq, value in sorted(write.counts.items()):
+                args += [int(seq), int(value)]
+            return [Call("record", self.keys(session_id), args)]
+        if counts:
+            return [self.set_counts_call(session_id, write.counter or "", write.counts, write.ttl)]
         if write.audit is not None:
-            calls.append(self.audit_call(session_id, write.audit, write.retention, write.ttl))
-        return calls
+            return [self.audit_call(session_id, write.audit, write.retention, write.ttl)]
+        return []
 
     def inspect_call(self, session_id: str) -> Call:
         return Call("repair", self.keys(session_id), ["inspect"], "inspect")

@@ -168,3 +168,77 @@ def test_wrongtype_from_a_plain_command_names_the_key(
     finally:
         client.close()
         guard.close()
+
+
+# -- every store write, every damage: a refusal writes nothing ------------------------
+
+_FIELDS = ("created", "updated", "count", "tokens", "sumver", "turns", "ver", "counter")
+_FIELDS += ("epoch", "stamp", "ctx")
+
+
+def _damages() -> list[Any]:
+    out: list[Any] = []
+    for name in _FIELDS:
+        out.append(pytest.param(lambda c, k, f=name: c.hdel(k["meta"], f), id=f"no-{name}"))
+        out.append(pytest.param(lambda c, k, f=name: c.hset(k["meta"], f, "x"), id=f"x-{name}"))
+        out.append(pytest.param(lambda c, k, f=name: c.hset(k["meta"], f, ""), id=f"empty-{name}"))
+    out += [pytest.param(_wrong_type(s), id=f"{s}-wrong-type") for s in SUFFIXES]
+    out.append(pytest.param(lambda c, k: c.rpush(k["pins"], 99), id="pins-beyond-history"))
+    out.append(pytest.param(lambda c, k: c.rpop(k["toks"]), id="toks-shorter-than-msgs"))
+    out.append(pytest.param(lambda c, k: c.lset(k["toks"], 0, "x"), id="toks-holds-a-word"))
+    return out
+
+
+@pytest.mark.parametrize("corrupt", _damages())
+def test_every_store_write_that_refuses_a_damaged_session_wrote_nothing(
+    server: str, namespace: str, purge_after: Callable[[str], None], corrupt: Corruption
+) -> None:
+    """Each store operation that writes, on a session with one damage: it either goes
+    through or raises CorruptRecordError, and then every key is as it was (a meta
+    without its epoch, a non-integer sumver before a restore, and counts written with an
+    audit record by two scripts each wrote first and failed after)."""
+    from ctxguard.stores.base import RecordWrite, Summary
+
+    purge_after(server)
+    guard = Guard(open_store(server, namespace=namespace), counter="approx", limit=4000)
+    guard.append("s", [said("be brief", "system")])
+    request = guard.prepare("s", [said("hello")])
+    guard.complete("s", said("hi", "assistant"), usage={"prompt_tokens": 3}, prepared=request)
+    keys = dict(zip(SUFFIXES, KeySpace(namespace, "default").session_keys("s"), strict=True))
+    store, core = guard.store, guard.core
+    fingerprint = core.counter.fingerprint
+    summary = Summary(version=1, text="so far", covers_to=1)
+
+    def new(text: str) -> Any:
+        return core.encode_new([said(text)])
+
+    writes: dict[str, Callable[[], Any]] = {
+        "append": lambda: store.append("s", new("a"), core.write_options),
+        "append with audit": lambda: store.append_with_audit(
+            "s", new("b"), core.write_options, core.write({}, {"kind": "note"})
+        ),
+        "commit on a cached window": lambda: guard.prepare("s", [said("c")]),
+        "set counts": lambda: store.set_token_counts("s", fingerprint, {0: 5}),
+        "counts and a record": lambda: store.record(
+            "s", RecordWrite(fingerprint, {0: 4}, {"kind": "note"}, 100)
+        ),
+        "a record": lambda: store.add_audit("s", {"kind": "note", "n": 1}, 100),
+        "retract": lambda: store.retract("s", 1),
+        "restore": lambda: store.restore("s", 50, summary),
+        "commit a summary": lambda: store.commit_summary("s", summary, 0),
+    }
+    client = raw_client(server)
+    try:
+        corrupt(client, keys)
+        for name, write in writes.items():
+            before = {k: client.dump(v) for k, v in keys.items()}
+            try:
+                write()
+            except CorruptRecordError as exc:
+                assert exc.session_id == "s" and "\n" not in str(exc), name
+                after = {k: client.dump(v) for k, v in keys.items()}
+                changed = [k for k in keys if after[k] != before[k]]
+                assert not changed, f"{name} refused ({exc}) but wrote {changed}"
+    finally:
+        client.close()
+        guard.close()

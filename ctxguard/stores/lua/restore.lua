@@ -8,7 +8,9 @@
 local bad = check_types(K_META, K_MSGS, K_SUM)
 if bad then return redis.error_reply(bad) end
 if redis.call('EXISTS', KEYS[K_META]) == 0 then return {0, 0} end
-bad = check_meta_and_lengths()
+local st
+bad, st = check_meta_and_lengths()
+if not bad then bad = (check_meta({'sumver'}, st.meta)) end  -- read below: an integer too
 if bad then return redis.error_reply(bad) end
 local turns = tonumber(redis.call('HGET', KEYS[K_META], 'turns') or '0')
 if tonumber(ARGV[1]) > turns then
