@@ -151,9 +151,30 @@ def _request_piece(part: Any, open_calls: set[str]) -> Message:
         return Message(role="user", content=part.transcript or "")
     if isinstance(part, pai.CompactionPart):
         return Message(role="user", content=part.content or _json_text(part))
+    if _CAPABILITY is not None and isinstance(part, _CAPABILITY):
+        return _capability_piece(part)
     # instruction deltas and baselines, tool availability, capability loads, settings:
     # what the request tells the model about itself, pinned like the system prompt
     return Message(role="system", content=_text_or_json(part))
+
+
+# Pydantic AI 2.78+: what a capability or the application tells the model mid-conversation
+_CAPABILITY: Any = getattr(pai, "CapabilityPart", None)
+
+
+def _capability_piece(part: Any) -> Message:
+    """The application's own instruction (operator source) is pinned like a system
+    prompt; anything else reaches the model in the conversation (Pydantic AI frames data
+    in its kind's tag, and downgrades an instruction from another source to the user's
+    turn), so it is a user message, its tag around it as it is counted."""
+    rendering = getattr(part, "rendering", None)
+    voice = getattr(rendering, "voice", None)
+    source = getattr(getattr(part, "source", None), "source_kind", None)
+    text = _text_or_json(part)
+    if voice == "instruction" and source == "operator":
+        return Message(role="system", content=text)
+    tag = getattr(rendering, "tag", None)
+    return Message(role="user", content=f"<{tag}>{text}</{tag}>" if tag else text)
 
 
 def _user_content(content: Any) -> str | list[Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from datetime import UTC, datetime
 from typing import Any
@@ -44,6 +45,21 @@ REQUEST_PARTS: list[Any] = [
     pai.InstructionBaselinePart(instructions=[]),
     pai.CompactionPart("summary of earlier turns"),
 ]
+
+if hasattr(pai, "DataCapabilityPart"):  # Pydantic AI 2.78+: capability parts
+
+    @dataclasses.dataclass(repr=False, kw_only=True)
+    class WeatherNote(pai.DataCapabilityPart[str], namespace="tests", tag="weather"):
+        """Data a capability tells the model mid-conversation."""
+
+    @dataclasses.dataclass(repr=False, kw_only=True)
+    class HouseRule(pai.InstructionCapabilityPart, namespace="tests"):
+        """The application's own instruction."""
+
+    REQUEST_PARTS += [
+        WeatherNote(content="18C in Paris", source=pai.UserSource(), timestamp=T, record_id="r1"),
+        HouseRule(content="Answer in French.", source=pai.OperatorSource(), timestamp=T),
+    ]
 
 RESPONSE_PARTS: list[Any] = [
     pai.TextPart("hello"),

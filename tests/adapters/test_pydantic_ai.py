@@ -58,7 +58,8 @@ def part_id(part: Any) -> str:
 
 
 def test_every_part_type_has_an_example() -> None:
-    known = {type(p) for p in PARTS} | NOT_ROUND_TRIPPED
+    # (a member may be a base: capability parts are subclasses of CapabilityPart)
+    known = {kind for p in PARTS for kind in type(p).__mro__} | NOT_ROUND_TRIPPED
     assert union_members(pai.ModelRequestPart) <= known
     assert union_members(pai.ModelResponsePart) <= known
 
@@ -480,3 +481,16 @@ def test_bad_history_and_limits(guard: Guard) -> None:
         model_profile("8192")  # type: ignore[arg-type]
     with pytest.raises(CtxGuardError):
         CtxGuardCapability("not a guard")  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not hasattr(pai, "DataCapabilityPart"), reason="Pydantic AI before 2.78")
+def test_capability_data_is_conversation_and_the_operators_instruction_is_pinned() -> None:
+    data, rule = [p for p in REQUEST_PARTS if isinstance(p, pai.CapabilityPart)]
+    [piece] = to_pieces([as_message(data)]).messages
+    assert (piece.role, piece.text) == ("user", "<weather>18C in Paris</weather>")
+    [piece] = to_pieces([as_message(rule)]).messages
+    assert (piece.role, piece.text) == ("system", "Answer in French.")
+    # an instruction from a source without operator authority reaches the user's turn
+    downgraded = dataclasses.replace(rule, source=pai.UserSource())
+    [piece] = to_pieces([pai.ModelRequest(parts=[downgraded], timestamp=T)]).messages
+    assert piece.role == "user"
