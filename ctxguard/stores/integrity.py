@@ -12,6 +12,7 @@ session still has the fingerprint it had when read (``repair.lua``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from ctxguard.errors import CorruptRecordError
@@ -29,6 +30,7 @@ EXPECTED_TYPES = {
     "rids": "hash",
     "ctx": "hash",
 }
+_INTEGER = re.compile(r"-?[0-9]{1,15}")
 NUMERIC_META = ("created", "updated", "count", "tokens", "sumver", "turns", "ver")
 
 
@@ -66,10 +68,13 @@ class RepairPlan:
 
 
 def _int(value: str | bytes | None) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
+    """An integer as the scripts' ``is_integer`` takes it (at most 15 digits, no spaces or
+    underscores, which ``int()`` would allow), else None."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if value is None or not _INTEGER.fullmatch(value):
         return None
+    return int(value)
 
 
 def _text(value: str | bytes) -> str:

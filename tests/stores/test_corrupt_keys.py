@@ -176,16 +176,24 @@ _FIELDS = ("created", "updated", "count", "tokens", "sumver", "turns", "ver", "c
 _FIELDS += ("epoch", "stamp", "ctx")
 
 
+_HUGE = "99999999999999999999"  # an integer, but past what Lua's double holds exactly
+
+
 def _damages() -> list[Any]:
     out: list[Any] = []
     for name in _FIELDS:
         out.append(pytest.param(lambda c, k, f=name: c.hdel(k["meta"], f), id=f"no-{name}"))
         out.append(pytest.param(lambda c, k, f=name: c.hset(k["meta"], f, "x"), id=f"x-{name}"))
         out.append(pytest.param(lambda c, k, f=name: c.hset(k["meta"], f, ""), id=f"empty-{name}"))
+        out.append(
+            pytest.param(lambda c, k, f=name: c.hset(k["meta"], f, _HUGE), id=f"huge-{name}")
+        )
     out += [pytest.param(_wrong_type(s), id=f"{s}-wrong-type") for s in SUFFIXES]
     out.append(pytest.param(lambda c, k: c.rpush(k["pins"], 99), id="pins-beyond-history"))
     out.append(pytest.param(lambda c, k: c.rpop(k["toks"]), id="toks-shorter-than-msgs"))
     out.append(pytest.param(lambda c, k: c.lset(k["toks"], 0, "x"), id="toks-holds-a-word"))
+    for count in ("99999999999999999999", "1.5", "-7"):
+        out.append(pytest.param(lambda c, k, n=count: c.lset(k["toks"], 0, n), id=f"toks-{count}"))
     return out
 
 

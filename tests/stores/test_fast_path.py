@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ctxguard.stores.keys import SUFFIXES, KeySpace
@@ -89,12 +89,14 @@ SESSION = {
     "counter": st.sampled_from([COUNTER, OTHER, None]),
     "epoch": st.booleans(),
     "stamp": st.booleans(),
-    "turns": st.sampled_from([None, "0", "7"]),
+    # 15 digits and a sign: the fast path declines, the general script takes it
+    "turns": st.sampled_from([None, "0", "7", "-100000000000000"]),
     "ctx": st.sampled_from([None, DIGEST, "fedcba9876543210"]),
     "trail": st.sampled_from([0, 0, 1, 3, 4]),
     "trail_rids": st.booleans(),
     "ttl": st.sampled_from([None, 3_600_000, 3_599_500, 3_000_000, 9_000, 9_600]),
     "bad_field": st.sampled_from([None, "count", "tokens", "turns", "ver", "created", "updated"]),
+    "bad_value": st.sampled_from(["x1", "1234567890123456", "1.5", ""]),  # 16 digits: no integer
     "bad_key": st.sampled_from([None, "msgs", "toks", "ids", "audit", "rids", "meta"]),
 }
 
@@ -122,7 +124,7 @@ def build(c: Any, keys: list[str], s: dict[str, Any]) -> None:
         if s["ctx"]:
             meta["ctx"] = s["ctx"]
         if s["bad_field"]:
-            meta[s["bad_field"]] = "x1"
+            meta[s["bad_field"]] = s["bad_value"]
         c.hset(k["meta"], mapping=meta)
     for i in range(n):
         c.rpush(k["msgs"], json.dumps(["u", f"m{i}", f"id{i}", i]))
@@ -207,6 +209,7 @@ NORMAL_SESSION = {
     "trail_rids": True,
     "ttl": 3_600_000,
     "bad_field": None,
+    "bad_value": "x1",
     "bad_key": None,
 }
 NORMAL_CALL = {
@@ -380,6 +383,21 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     max_examples=800, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(case=cases())
+# an integer field of 16 digits, on a turn the fast path would take otherwise: each one
+# (drawn above too, but rarely on an otherwise normal turn)
+@example(case=(dict(NORMAL_SESSION, bad_field="turns", bad_value="1234567890123456"), NORMAL_CALL))
+@example(case=(dict(NORMAL_SESSION, bad_field="tokens", bad_value="1234567890123456"), NORMAL_CALL))
+@example(case=(dict(NORMAL_SESSION, bad_field="ver", bad_value="1234567890123456"), NORMAL_CALL))
+@example(case=(dict(NORMAL_SESSION, bad_field="count", bad_value="1234567890123456"), NORMAL_CALL))
+@example(
+    case=(dict(NORMAL_SESSION, bad_field="created", bad_value="1234567890123456"), NORMAL_CALL)
+)
+@example(
+    case=(
+        dict(NORMAL_SESSION, bad_field="turns", bad_value="1234567890123456"),
+        dict(NORMAL_CALL, script="append"),
+    )
+)
 def test_the_fast_path_answers_and_writes_as_the_general_script(
     client: Any,
     scripts: dict[str, dict[str, Any]],

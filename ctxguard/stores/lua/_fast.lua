@@ -30,11 +30,13 @@ local function fast_append(at_audit, at_msg, n, expect)
     'counter', 'epoch', 'stamp', 'ctx')
   if m.err then return nil end
   local created, tokens, turns, ver, epoch = m[1], m[3], m[4], m[5], m[7]
-  if not (created and epoch and string.find(created, '^%-?%d+$')
-      and (not m[2] or string.find(m[2], '^%-?%d+$'))
-      and (not tokens or string.find(tokens, '^%-?%d+$'))
-      and (not turns or string.find(turns, '^%-?%d+$'))
-      and (not ver or string.find(ver, '^%-?%d+$'))
+  -- integers as the general script's is_integer takes them (at most 15 digits; a field
+  -- of 15 digits and a sign declines here, and the general script answers)
+  if not (created and epoch and #created <= 15 and string.find(created, '^%-?%d+$')
+      and (not m[2] or #m[2] <= 15 and string.find(m[2], '^%-?%d+$'))
+      and (not tokens or #tokens <= 15 and string.find(tokens, '^%-?%d+$'))
+      and (not turns or #turns <= 15 and string.find(turns, '^%-?%d+$'))
+      and (not ver or #ver <= 15 and string.find(ver, '^%-?%d+$'))
       and (counter == '' or m[6] == counter)) then
     return nil
   end

@@ -153,8 +153,11 @@ local function check_types(...)
   return nil
 end
 
+-- at most 15 digits, so that Lua's double holds it exactly (and a sum of them formats
+-- as digits, never as 1e+20: window_reads._INTEGER, integrity._int take the same)
 local function is_integer(v)
-  return type(v) == 'string' and string.match(v, '^%-?%d+$') ~= nil
+  local digits = type(v) == 'string' and string.match(v, '^%-?(%d+)$')
+  return digits ~= nil and digits ~= false and #digits <= 15
 end
 
 -- Read the meta fields `names` (META_FIELDS when nil) into `meta` (a new table when
@@ -171,7 +174,7 @@ local function check_meta(names, meta)
   for i = 1, #names do
     local name, value = names[i], v[i]
     -- a field read is a string or false (absent)
-    if value and INTEGER_FIELDS[name] and not string.match(value, '^%-?%d+$') then
+    if value and INTEGER_FIELDS[name] and not is_integer(value) then
       return corrupt(K_META, 'field ' .. name .. ' is not an integer')
     end
     if name == 'epoch' then read_epoch = true end
@@ -269,7 +272,7 @@ end
 local function check_for_append(counter, first, n, record)
   -- the caller's own arguments first: a count is an integer ('-1': unknown)
   for i = 0, n - 1 do
-    if not string.match(ARGV[first + 4 * i + 2], '^%-?%d+$') then
+    if not is_integer(ARGV[first + 4 * i + 2]) then
       return 'ERR ctxguard: the count of message ' .. (i + 1) .. ' is not an integer'
     end
   end
@@ -499,8 +502,8 @@ local function check_counts(first, k)
   local len = redis.call('LLEN', KEYS[K_TOKS])
   for i = 0, k - 1 do
     local seq = tonumber(ARGV[first + 2 * i])
-    if seq >= 0 and seq < len and not tonumber(redis.call('LINDEX', KEYS[K_TOKS], seq)) then
-      return corrupt(K_TOKS, 'holds a count that is not a number')
+    if seq >= 0 and seq < len and not is_integer(redis.call('LINDEX', KEYS[K_TOKS], seq)) then
+      return corrupt(K_TOKS, 'holds a count that is not an integer')
     end
   end
   return nil
