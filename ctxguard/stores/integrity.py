@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ctxguard.errors import CorruptRecordError
 from ctxguard.messages import PINNED_ROLES
 from ctxguard.stores.base import decode_message, decode_summary
+from ctxguard.stores.records import STORED_INTEGER
 
 EXPECTED_TYPES = {
     "meta": "hash",
@@ -30,7 +31,7 @@ EXPECTED_TYPES = {
     "rids": "hash",
     "ctx": "hash",
 }
-_INTEGER = re.compile(r"-?[0-9]{1,15}")
+_INTEGER = re.compile(STORED_INTEGER)
 NUMERIC_META = ("created", "updated", "count", "tokens", "sumver", "turns", "ver")
 
 

@@ -48,6 +48,9 @@ def decode_summary(session_id: str, raw: str | bytes | None) -> Summary | None:
         raise CorruptRecordError(session_id, "summary", str(exc).splitlines()[0][:200]) from None
 
 
+# an integer as _lib.lua's is_integer takes it: at most 15 digits, so that Lua's double
+# holds it exactly (window_reads and integrity read meta fields and counts by it)
+STORED_INTEGER = r"-?[0-9]{1,15}"
 REQUEST_RECORD_HEAD = '{"turn":0,'
 RID_PATTERN = r"[0-9A-Za-z_.:\-]{1,64}"
 _RID = re.compile(RID_PATTERN)

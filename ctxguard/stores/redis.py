@@ -368,15 +368,12 @@ class RedisStore(RedisStoreBase):
         return self._io("+".join(c.script for c in calls), send, idempotent, calls[0].keys)
 
     def record(self, session_id: str, write: RecordWrite) -> int:
-        """Write back token counts and an audit record in one round trip; returns the turn."""
-        calls = self.protocol.record_calls(session_id, write)
-        if not calls:
+        """Write back token counts and an audit record in one script call; returns the turn."""
+        call = self.protocol.record_call(session_id, write)
+        if call is None:
             return 0
-        if len(calls) == 1:  # one script: EVALSHA, not the whole script text (see _pipelined)
-            reply = self._run(calls[0])
-            return int(reply) if write.audit is not None else 0
-        replies = self._pipelined(calls, idempotent=True)
-        return int(replies[-1]) if write.audit is not None else 0
+        reply = self._run(call)
+        return int(reply) if write.audit is not None else 0
 
     def append_with_audit(
         self,
@@ -387,9 +384,9 @@ class RedisStore(RedisStoreBase):
     ) -> AppendResult:
         """Append and add an audit record (e.g. the server's usage) in one round trip."""
         if write.counts:
+            record = self.protocol.record_call(session_id, write)
             calls = [self.protocol.append_call(session_id, messages, options)]
-            calls += self.protocol.record_calls(session_id, write)
-            replies = self._pipelined(calls, idempotent=True)
+            replies = self._pipelined([*calls, *([record] if record else [])], idempotent=True)
             return self.protocol.parse_append(session_id, messages, replies[0])
         call = self.protocol.append_call(
             session_id, messages, options, write.audit, write.retention

@@ -341,14 +341,11 @@ class AsyncRedisStore(RedisStoreBase):
         return await self._io("+".join(c.script for c in calls), send, idempotent, calls[0].keys)
 
     async def record(self, session_id: str, write: RecordWrite) -> int:
-        calls = self.protocol.record_calls(session_id, write)
-        if not calls:
+        call = self.protocol.record_call(session_id, write)
+        if call is None:
             return 0
-        if len(calls) == 1:  # one script: EVALSHA, not the whole script text (see _pipelined)
-            reply = await self._run(calls[0])
-            return int(reply) if write.audit is not None else 0
-        replies = await self._pipelined(calls, idempotent=True)
-        return int(replies[-1]) if write.audit is not None else 0
+        reply = await self._run(call)
+        return int(reply) if write.audit is not None else 0
 
     async def append_with_audit(
         self,
@@ -358,9 +355,11 @@ class AsyncRedisStore(RedisStoreBase):
         write: RecordWrite,
     ) -> AppendResult:
         if write.counts:
+            record = self.protocol.record_call(session_id, write)
             calls = [self.protocol.append_call(session_id, messages, options)]
-            calls += self.protocol.record_calls(session_id, write)
-            replies = await self._pipelined(calls, idempotent=True)
+            replies = await self._pipelined(
+                [*calls, *([record] if record else [])], idempotent=True
+            )
             return self.protocol.parse_append(session_id, messages, replies[0])
         call = self.protocol.append_call(
             session_id, messages, options, write.audit, write.retention

@@ -344,8 +344,8 @@ class RedisProtocol:
         raw = audit_arg(record)
         return Call("add_audit", self.keys(session_id), [raw, max(0, retention), ttl])
 
-    def record_calls(self, session_id: str, write: RecordWrite) -> list[Call]:
-        """The one script call that writes ``write`` (none when it holds nothing): counts
+    def record_call(self, session_id: str, write: RecordWrite) -> Call | None:
+        """The one script call that writes ``write`` (None when it holds nothing): counts
         and an audit record together in ``record.lua``, which checks for both before it
         writes either (two scripts would leave the counts written when the record's
         checks refuse, or the record when the counts' do)."""
@@ -359,12 +359,12 @@ class RedisProtocol:
             ]
             for seq, value in sorted(write.counts.items()):
                 args += [int(seq), int(value)]
-            return [Call("record", self.keys(session_id), args)]
+            return Call("record", self.keys(session_id), args)
         if counts:
-            return [self.set_counts_call(session_id, write.counter or "", write.counts, write.ttl)]
+            return self.set_counts_call(session_id, write.counter or "", write.counts, write.ttl)
         if write.audit is not None:
-            return [self.audit_call(session_id, write.audit, write.retention, write.ttl)]
-        return []
+            return self.audit_call(session_id, write.audit, write.retention, write.ttl)
+        return None
 
     def inspect_call(self, session_id: str) -> Call:
         return Call("repair", self.keys(session_id), ["inspect"], "inspect")

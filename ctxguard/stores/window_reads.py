@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 import hiredis
 
 from ctxguard.stores.contract import NewMessage, WindowFetch, WindowHit, WriteOptions
+from ctxguard.stores.records import STORED_INTEGER
 from ctxguard.stores.walk import check_window_args, estimate_unknown_tokens, walk_back
 
 if TYPE_CHECKING:
@@ -50,9 +51,9 @@ META_FIELDS: Final = (
 _INTEGER_FIELDS: Final = frozenset(
     {b"created", b"updated", b"count", b"tokens", b"sumver", b"turns", b"ver"}
 )
-# _lib.lua's is_integer ('^%-?%d+$'); at most 15 digits, so that Lua's double holds it exactly
-_INTEGER: Final = re.compile(rb"-?[0-9]{1,15}")
-_INTEGERS: Final = re.compile(rb"-?[0-9]{1,15}(?:,-?[0-9]{1,15})*")
+# _lib.lua's is_integer (records.STORED_INTEGER), one value or a comma-joined run of them
+_INTEGER: Final = re.compile(STORED_INTEGER.encode())
+_INTEGERS: Final = re.compile(f"{STORED_INTEGER}(?:,{STORED_INTEGER})*".encode())
 FIRST_ROWS: Final = 64  # the newest records a read takes before it has seen a window
 MAX_ROWS: Final = 100_000  # beyond this a window is the script's to walk
 ROUNDS: Final = 2  # transactions before the script

@@ -154,10 +154,10 @@ local function check_types(...)
 end
 
 -- at most 15 digits, so that Lua's double holds it exactly (and a sum of them formats
--- as digits, never as 1e+20: window_reads._INTEGER, integrity._int take the same)
+-- as digits, never as 1e+20: records.STORED_INTEGER, which the Python readers use)
 local function is_integer(v)
   local digits = type(v) == 'string' and string.match(v, '^%-?(%d+)$')
-  return digits ~= nil and digits ~= false and #digits <= 15
+  return digits and #digits <= 15 or false
 end
 
 -- Read the meta fields `names` (META_FIELDS when nil) into `meta` (a new table when
