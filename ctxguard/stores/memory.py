@@ -433,6 +433,10 @@ class MemoryStore:
         with self._lock:
             result = self.append(session_id, messages, options)
             self.record(session_id, write)
+            session = self._live(session_id)
+            if write.counts and write.counter and session is not None:
+                # the token after is the one the recounts left (as append.lua answers)
+                result = dataclasses.replace(result, token_after=session.state_token)
             return result
 
     def read_audit(self, session_id: str) -> list[dict[str, Any]]:

@@ -80,7 +80,6 @@ from ctxguard.stores.redis_clients import (
     RetryPolicy,
     as_fetch,
     pack,
-    queue_eval,
     scan_keys,
     sync_client,
 )
@@ -346,27 +345,6 @@ class RedisStore(RedisStoreBase):
         call = lease_call(self.protocol.keyspace, session_id, name, holder, None)
         return bool(self._run(call))
 
-    def _pipelined(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
-        """Several scripts of one session in one round trip (not one transaction).
-
-        Sent as EVAL with the script text, not EVALSHA: redis-py would first ask
-        SCRIPT EXISTS for scripts queued on a pipeline (an extra round trip on
-        every call), and an EVALSHA that meets NOSCRIPT mid-pipeline would leave
-        the pipeline half applied. Redis caches the script by its SHA either way.
-        """
-
-        attempts: list[int] = []
-
-        def send() -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
-            for call in calls:
-                current = call.again() if attempts else call  # see Call.again
-                queue_eval(pipe, self._scripts[call.script].script, current)
-            attempts.append(1)
-            return list(pipe.execute())
-
-        return self._io("+".join(c.script for c in calls), send, idempotent, calls[0].keys)
-
     def record(self, session_id: str, write: RecordWrite) -> int:
         """Write back token counts and an audit record in one script call; returns the turn."""
         call = self.protocol.record_call(session_id, write)
@@ -382,15 +360,9 @@ class RedisStore(RedisStoreBase):
         options: WriteOptions,
         write: RecordWrite,
     ) -> AppendResult:
-        """Append and add an audit record (e.g. the server's usage) in one round trip."""
-        if write.counts:
-            record = self.protocol.record_call(session_id, write)
-            calls = [self.protocol.append_call(session_id, messages, options)]
-            replies = self._pipelined([*calls, *([record] if record else [])], idempotent=True)
-            return self.protocol.parse_append(session_id, messages, replies[0])
-        call = self.protocol.append_call(
-            session_id, messages, options, write.audit, write.retention
-        )
+        """Append, and add an audit record (e.g. the server's usage) and recounts, in one
+        script call."""
+        call = self.protocol.append_with_record_call(session_id, messages, options, write)
         return self.protocol.parse_append(session_id, messages, self._run(call))
 
     def read_audit(self, session_id: str) -> list[dict[str, Any]]:

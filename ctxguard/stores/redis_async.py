@@ -48,7 +48,6 @@ from ctxguard.stores.redis_clients import (
     asend,
     async_client,
     pack,
-    queue_eval,
 )
 from ctxguard.stores.redis_errors import (
     CLIENT_INTERNAL_ERRORS,
@@ -327,19 +326,6 @@ class AsyncRedisStore(RedisStoreBase):
         call = lease_call(self.protocol.keyspace, session_id, name, holder, None)
         return bool(await self._run(call))
 
-    async def _pipelined(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
-        attempts: list[int] = []
-
-        async def send() -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
-            for call in calls:
-                current = call.again() if attempts else call  # see Call.again
-                queue_eval(pipe, self._scripts[call.script].script, current)
-            attempts.append(1)
-            return list(await pipe.execute())
-
-        return await self._io("+".join(c.script for c in calls), send, idempotent, calls[0].keys)
-
     async def record(self, session_id: str, write: RecordWrite) -> int:
         call = self.protocol.record_call(session_id, write)
         if call is None:
@@ -354,16 +340,7 @@ class AsyncRedisStore(RedisStoreBase):
         options: WriteOptions,
         write: RecordWrite,
     ) -> AppendResult:
-        if write.counts:
-            record = self.protocol.record_call(session_id, write)
-            calls = [self.protocol.append_call(session_id, messages, options)]
-            replies = await self._pipelined(
-                [*calls, *([record] if record else [])], idempotent=True
-            )
-            return self.protocol.parse_append(session_id, messages, replies[0])
-        call = self.protocol.append_call(
-            session_id, messages, options, write.audit, write.retention
-        )
+        call = self.protocol.append_with_record_call(session_id, messages, options, write)
         reply = await self._run(call)
         return self.protocol.parse_append(session_id, messages, reply)
 

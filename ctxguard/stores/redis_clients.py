@@ -29,7 +29,7 @@ from ctxguard.errors import ConfigError, StoreError
 from ctxguard.stores.base import WindowFetch, WindowHit
 from ctxguard.stores.keys import KeySpace
 from ctxguard.stores.redis_errors import wrap_error
-from ctxguard.stores.redis_protocol import Call, RedisProtocol
+from ctxguard.stores.redis_protocol import RedisProtocol
 from ctxguard.stores.urls import StoreURL
 
 
@@ -241,12 +241,6 @@ class AsyncConnectionShelf:
             await conn.disconnect()
         pool._in_use_connections.discard(conn)
         pool._available_connections.append(conn)
-
-
-def queue_eval(pipe: Any, script: str, call: Call) -> None:
-    # Not ``pipe.eval``: redis-py's sync ClusterPipeline refuses eval() outright,
-    # while a plain EVAL command is routed by its keys like any other.
-    pipe.execute_command("EVAL", script, len(call.keys), *call.keys, *call.args)
 
 
 def scan_keys(client: Any, pattern: str) -> Iterator[bytes]:

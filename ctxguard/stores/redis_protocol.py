@@ -245,6 +245,25 @@ class RedisProtocol:
         ]
         return Call("append", self.keys(session_id), head + _message_args(messages))
 
+    def append_with_record_call(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        options: WriteOptions,
+        write: RecordWrite,
+    ) -> Call:
+        """The append script with ``write``'s audit record and its recounts of stored
+        messages (by ``write.counter``; none without one), in one call: every check of
+        both runs before the first write (two scripts would leave the message stored
+        when the counts' or the record's checks refuse)."""
+        call = self.append_call(session_id, messages, options, write.audit, write.retention)
+        if not (write.counts and write.counter):
+            return call
+        args = [*call.args, "counts", write.counter, len(write.counts)]
+        for seq, value in sorted(write.counts.items()):
+            args += [int(seq), int(value)]
+        return Call(call.script, call.keys, args)
+
     def window_call(
         self,
         session_id: str,

@@ -197,6 +197,7 @@ def test_complete_with_usage_whose_reply_was_lost(proxy: FaultProxy) -> None:
 
 
 STORE_OPS = ["append", "add_audit", "record", "record_with_counts", "append_with_audit"]
+STORE_OPS += ["append_with_counts"]
 
 
 @pytest.mark.parametrize("op", STORE_OPS)
@@ -208,7 +209,8 @@ def test_store_writes_whose_reply_was_lost(proxy: FaultProxy, op: str) -> None:
     request = {"turn": 0, "rid": uuid.uuid4().hex, "kind": "request"}
     # counts with a record: one script, record.lua (it checks for both before writing)
     script = {"record": "add_audit", "record_with_counts": "record"}.get(op, op)
-    script = {"append_with_audit": "append"}.get(script, script)
+    # an append with a record and recounts: one script too, append.lua
+    script = {"append_with_audit": "append", "append_with_counts": "append"}.get(script, script)
     proxy.arm(sha(store, script), "drop_reply")
 
     if op == "append":
@@ -222,6 +224,11 @@ def test_store_writes_whose_reply_was_lost(proxy: FaultProxy, op: str) -> None:
         write = RecordWrite(counter="c1", counts={0: 4}, audit=request, retention=10)
         assert store.record(SID, write) == 1
         assert store.read(SID)[0].tokens == 4
+    elif op == "append_with_counts":
+        write = RecordWrite(counter="c1", counts={0: 4}, audit={"kind": "usage"}, retention=10)
+        result = store.append_with_audit(SID, [message], OPTS, write)
+        assert result.stored == ("m-late",) and result.duplicates == ()
+        assert store.read(SID)[0].tokens == 4
     else:
         usage = RecordWrite(audit={"kind": "usage"}, retention=10)
         result = store.append_with_audit(SID, [message], OPTS, usage)
@@ -229,7 +236,8 @@ def test_store_writes_whose_reply_was_lost(proxy: FaultProxy, op: str) -> None:
 
     assert proxy.fired == ["drop_reply"] and policy.used  # lost, then retried
     ids = [m.message.id for m in store.read(SID)]
-    assert ids == (["m-first", "m-late"] if op in ("append", "append_with_audit") else ["m-first"])
+    appends = op in ("append", "append_with_audit", "append_with_counts")
+    assert ids == (["m-first", "m-late"] if appends else ["m-first"])
     audit = store.read_audit(SID)
     assert len(audit) == (0 if op == "append" else 1)
     if audit and audit[0]["kind"] == "request":

@@ -204,7 +204,8 @@ def test_every_store_write_that_refuses_a_damaged_session_wrote_nothing(
     """Each store operation that writes, on a session with one damage: it either goes
     through or raises CorruptRecordError, and then every key is as it was (a meta
     without its epoch, a non-integer sumver before a restore, and counts written with an
-    audit record by two scripts each wrote first and failed after)."""
+    audit record by two scripts, and a message appended with recounts and a record by
+    two, each wrote first and failed after)."""
     from ctxguard.stores.base import RecordWrite, Summary
 
     purge_after(server)
@@ -224,6 +225,12 @@ def test_every_store_write_that_refuses_a_damaged_session_wrote_nothing(
         "append": lambda: store.append("s", new("a"), core.write_options),
         "append with audit": lambda: store.append_with_audit(
             "s", new("b"), core.write_options, core.write({}, {"kind": "note"})
+        ),
+        "append with counts and a record": lambda: store.append_with_audit(
+            "s",
+            new("d"),
+            core.write_options,
+            RecordWrite(fingerprint, {0: 4}, {"kind": "note"}, 100),
         ),
         "commit on a cached window": lambda: guard.prepare("s", [said("c")]),
         "set counts": lambda: store.set_token_counts("s", fingerprint, {0: 5}),

@@ -287,6 +287,15 @@ async def test_append_reports_the_tokens_before_and_after(store: StoreFacade) ->
     assert audited.token_after == await token_of(store) != after
     assert [r["turn"] for r in await store.read_audit("s")] == [1]
 
+    # with recounts of stored messages: the token after is the one they left
+    audit = request(2).audit
+    write = RecordWrite(counter=COUNTED.counter, counts={0: 7}, audit=audit, retention=10)
+    recounted = await store.append_with_audit("s", [new("d", tokens=1)], COUNTED, write)
+    assert recounted.token_before == audited.token_after
+    assert recounted.token_after == await token_of(store) != audited.token_after
+    assert [m.tokens for m in await store.read("s")] == [7, 1, 1, 1]
+    assert [r["turn"] for r in await store.read_audit("s")] == [1, 2]
+
 
 # -- commit_if_unchanged on the current token with an id already stored -----------------
 
