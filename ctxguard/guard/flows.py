@@ -23,6 +23,7 @@ from ctxguard._frozen import fast_init
 from ctxguard.errors import (
     BudgetError,
     ConflictError,
+    CorruptRecordError,
     CtxGuardError,
     InvalidMessageError,
     MessageTooLongError,
@@ -329,13 +330,17 @@ def _fold(
 def summarize(
     core: GuardCore, session_id: str, request: SummaryRequest
 ) -> Flow[tuple[Summary | None, str | None]]:
-    """Run the summarizer, commit by compare-and-set, audit the outcome; never raise."""
+    """Run the summarizer, commit by compare-and-set, audit the outcome. A summarizer's
+    failure and a lost race are outcomes (returned, and audited); what raises is the
+    store: a damaged session (CorruptRecordError, before anything is written: no
+    failure record goes into it either) and a failed write of the record."""
     start = time.monotonic_ns() if core.observer is not None else 0
     stored: list[StoredMessage] = yield StoreCall(
         "read", (session_id, request.covers_from, request.covers_to)
     )
     summary = None
     committed = False
+    damaged: CorruptRecordError | None = None
     try:
         text = yield CallSummarizer(request.previous_text, tuple(core.summary_inputs(stored)))
         summary = core.accept_summary(text, request, stored)
@@ -343,6 +348,9 @@ def summarize(
             committed = yield StoreCall(
                 "commit_summary", (session_id, summary, request.previous_version)
             )
+        except CorruptRecordError as exc:
+            damaged = exc
+            raise
         except StoreConnectionError:
             # the reply was lost, not necessarily the commit: read back what is stored
             current: Summary | None = yield StoreCall("get_summary", (session_id,))
@@ -352,6 +360,8 @@ def summarize(
         error = None if committed else "lost the compare-and-set race to another writer"
         core.cache.evict(session_id)
     except Exception as exc:  # a summarizer may raise anything; it never becomes content
+        if exc is damaged:
+            raise
         error = f"{type(exc).__name__}: {exc}"
     record = core.summary_record(request, summary, error, committed)
     yield StoreCall("record", (session_id, core.write({}, record)))

@@ -257,3 +257,108 @@ def test_every_store_write_that_refuses_a_damaged_session_wrote_nothing(
     finally:
         client.close()
         guard.close()
+
+
+# -- a prepare that folds a summary in: the summary is a write too ---------------------
+
+
+def _folding_guard(url: str, namespace: str) -> Guard:
+    """A session whose next prepare commits a summary inline, then its request."""
+    guard = Guard(
+        open_store(url, namespace=namespace),
+        counter="approx",
+        limit=300,
+        max_tokens=50,
+        summarizer=lambda previous, messages: "the story so far",
+        summarize_after=2,
+    )
+    guard.append("s", [said("be brief", "system")])
+    for i in range(5):
+        guard.prepare("s", [said(f"question {i} " + "word " * 30)])
+        guard.complete("s", said(f"answer {i} " + "word " * 30, "assistant"))
+    return guard
+
+
+def _the_folding_prepare(guard: Guard) -> Any:
+    return guard.prepare("s", [said("more " * 40)])
+
+
+def test_the_folding_prepare_commits_a_summary_on_a_sound_session(
+    redis_url: str, namespace: str, purge_after: Callable[[str], None]
+) -> None:
+    """The path the next test damages: this prepare commits a summary, then its request."""
+    purge_after(redis_url)
+    guard = _folding_guard(redis_url, namespace)
+    try:
+        before = guard.store.info("s")
+        assert before is not None
+        request = _the_folding_prepare(guard)
+        after = guard.store.info("s")
+        assert after is not None and after.summary_version == before.summary_version + 1
+        assert request.summary_version == after.summary_version
+    finally:
+        guard.close()
+
+
+@pytest.mark.parametrize("corrupt", _damages())
+def test_a_prepare_that_folds_a_summary_into_a_damaged_session_writes_nothing(
+    server: str, namespace: str, purge_after: Callable[[str], None], corrupt: Corruption
+) -> None:
+    """It goes through, or it raises a CtxGuardError and every key is as it was (a
+    ``refused`` audit record at most): the summary it would have folded in included.
+    (It committed the summary and then refused: a trail or rid index of the wrong type
+    refused the summary's record; a count that is not an integer, read as unknown by
+    the fetch, refused the request's recount; a short ``toks`` refused the summary and
+    left a ``summary_failed`` record.)"""
+    from ctxguard.errors import CtxGuardError
+
+    purge_after(server)
+    guard = _folding_guard(server, namespace)
+    keys = dict(zip(SUFFIXES, KeySpace(namespace, "default").session_keys("s"), strict=True))
+    client = raw_client(server)
+    try:
+        corrupt(client, keys)
+        before = {k: client.dump(v) for k, v in keys.items()}
+        try:
+            _the_folding_prepare(guard)
+        except CtxGuardError as exc:
+            assert "\n" not in str(exc)
+            after = {k: client.dump(v) for k, v in keys.items()}
+            changed = [k for k in keys if after[k] != before[k]]
+            if changed:  # only a record of the refusal
+                assert set(changed) <= {"audit", "rids"}, f"refused ({exc}) but wrote {changed}"
+                newest = guard.store.read_audit("s")[-1]
+                assert newest["kind"] == "refused", f"refused ({exc}) but wrote {newest}"
+    finally:
+        client.close()
+        guard.close()
+
+
+def test_a_summary_refused_by_a_damaged_session_raises_and_records_nothing(
+    redis_url: str, namespace: str, purge_after: Callable[[str], None]
+) -> None:
+    """``Guard.summarize`` on a session the summary's commit refuses (fewer counts than
+    messages): CorruptRecordError, and no ``summary_failed`` record goes into the damaged
+    session (it was written, and the failure returned as an outcome)."""
+    from ctxguard.guard.plan import SummaryRequest
+
+    purge_after(redis_url)
+    guard = Guard(
+        open_store(redis_url, namespace=namespace),
+        counter="approx",
+        limit=4000,
+        summarizer=lambda previous, messages: "the story so far",
+    )
+    keys = dict(zip(SUFFIXES, KeySpace(namespace, "default").session_keys("s"), strict=True))
+    client = raw_client(redis_url)
+    try:
+        guard.append("s", [said(f"message {i}") for i in range(6)])
+        client.rpop(keys["toks"])
+        before = {k: client.dump(v) for k, v in keys.items()}
+        with pytest.raises(CorruptRecordError) as caught:
+            guard.summarize("s", SummaryRequest(None, 0, 0, 4))
+        assert caught.value.key == keys["toks"]
+        assert {k: client.dump(v) for k, v in keys.items()} == before
+    finally:
+        client.close()
+        guard.close()

@@ -2,7 +2,9 @@
 -- ARGV: 1 expected current version, 2 summary JSON, 3 new version, 4 covers_to, 5 ttl
 -- Returns: 1 committed (now, or already: the same summary JSON is the current one),
 --          0 lost the race (version moved) or range beyond the history.
-local bad = check_types(K_META, K_MSGS, K_SUM)
+-- (and the keys the summary's audit record goes to next: a trail or rid index of the
+-- wrong type would refuse that record after the summary was committed)
+local bad = check_types(K_META, K_MSGS, K_SUM, K_AUDIT, K_RIDS)
 if bad then return redis.error_reply(bad) end
 if redis.call('EXISTS', KEYS[K_META]) == 0 then return 0 end
 bad = check_meta_and_lengths()

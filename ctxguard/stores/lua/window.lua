@@ -115,11 +115,19 @@ if commit then  -- a commit read the fields a write uses: the rest of them too
   bad = check_meta({'updated', 'sumver'}, st.meta)
   if bad then return redis.error_reply(bad) end
 end
-local len = st.len or must(K_MSGS, redis.pcall('LLEN', KEYS[K_MSGS]))
+local len = st.len  -- a commit's check_for_append compared the two lengths
+if not len then
+  len = must(K_MSGS, redis.pcall('LLEN', KEYS[K_MSGS]))
+  local t = must(K_TOKS, redis.pcall('LLEN', KEYS[K_TOKS]))
+  if t ~= len then
+    return redis.error_reply(corrupt(K_TOKS, 'holds ' .. t .. ' counts for ' .. len .. ' messages'))
+  end
+end
 local pins
 pins, bad = check_pins(len)
 if bad then return redis.error_reply(bad) end
 
+local NOT_A_COUNT = corrupt(K_TOKS, 'holds a count that is not an integer')
 local budget = tonumber(ARGV[4])
 local same_counter = counter == '' or st.meta.counter == counter
 local length = len + #fresh
@@ -153,7 +161,10 @@ while hi >= 0 do
   local recs = nil
   local stop = false
   for i = hi - lo + 1, 1, -1 do
-    local c = tonumber(toks[i]) or -1
+    -- a count the walk reads is an integer ('-1': unknown), as every write requires (a
+    -- word read as unknown would be recounted, and the recount refused after a summary)
+    if not is_integer(toks[i]) then return redis.error_reply(NOT_A_COUNT) end
+    local c = tonumber(toks[i])
     if not same_counter then c = -1 end
     local cost = c
     if cost < 0 then
@@ -185,7 +196,9 @@ for _, s in ipairs(pins) do
   if seq < first then
     p_seqs[#p_seqs + 1] = seq
     p_recs[#p_recs + 1] = redis.call('LINDEX', KEYS[K_MSGS], seq)
-    local c = tonumber(must(K_TOKS, redis.pcall('LINDEX', KEYS[K_TOKS], seq))) or -1
+    local c = must(K_TOKS, redis.pcall('LINDEX', KEYS[K_TOKS], seq))
+    if not is_integer(c) then return redis.error_reply(NOT_A_COUNT) end
+    c = tonumber(c)
     if not same_counter then c = -1 end
     p_counts[#p_counts + 1] = c
   end
