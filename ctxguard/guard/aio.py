@@ -167,8 +167,11 @@ class AsyncGuard(GuardBase):
     async def aclose(self) -> None:
         """Wait for background summaries, write pending audit records, then release the
         connections of the store this guard opened from a URL (a store passed in is left
-        open: it is the caller's to close)."""
+        open: it is the caller's to close). A held record that cannot be written is
+        raised, after the connections are released."""
         await self.wait_for_summaries()
-        await self._run(flows.flush(self.core))
-        if self._owns_store:
-            await self.store.close()
+        try:
+            await self._run(flows.flush(self.core))
+        finally:
+            if self._owns_store:
+                await self.store.close()

@@ -191,10 +191,13 @@ class Guard(GuardBase):
     def close(self) -> None:
         """Wait for background summaries, write pending audit records, then release the
         connections of the store this guard opened from a URL (a store passed in is left
-        open: it is the caller's to close)."""
+        open: it is the caller's to close). A held record that cannot be written is
+        raised, after the connections are released."""
         self.wait_for_summaries()
-        self._run(flows.flush(self.core))
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._owns_store:
-            self.store.close()
+        try:
+            self._run(flows.flush(self.core))
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+            if self._owns_store:
+                self.store.close()

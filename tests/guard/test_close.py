@@ -70,3 +70,59 @@ async def test_async_store_passed_in_survives_and_opened_one_is_closed(
     assert connected(owned.store) >= 1
     await owned.aclose()
     assert connected(owned.store) == 0
+
+
+def _damage_the_trail(url: str, namespace: str) -> None:
+    from ctxguard.stores.keys import SUFFIXES, KeySpace
+    from tests.conftest import raw_client
+
+    keys = dict(zip(SUFFIXES, KeySpace(namespace, "default").session_keys("s"), strict=True))
+    raw = raw_client(url)
+    try:
+        raw.delete(keys["audit"])
+        raw.set(keys["audit"], "not a list")  # the held record cannot be written
+    finally:
+        raw.close()
+
+
+def test_close_releases_the_connections_when_the_held_records_cannot_be_written(
+    redis_url: str, namespace: str
+) -> None:
+    """audit_mode="with_reply" holds a request's record until complete; close writes
+    what is still held. When that write fails, close raises it (the records are lost)
+    and has still released the connections (the pool went with the error before)."""
+    from ctxguard.errors import CorruptRecordError
+
+    guard = Guard(
+        redis_url,
+        namespace=namespace,
+        counter="approx",
+        limit=400,
+        max_tokens=50,
+        audit_mode="with_reply",
+    )
+    guard.prepare("s", HI)  # its record is held: no complete comes
+    _damage_the_trail(redis_url, namespace)
+    with pytest.raises(CorruptRecordError):
+        guard.close()
+    assert connected(guard.store) == 0
+
+
+async def test_aclose_releases_the_connections_when_the_held_records_cannot_be_written(
+    redis_url: str, namespace: str
+) -> None:
+    from ctxguard.errors import CorruptRecordError
+
+    guard = AsyncGuard(
+        redis_url,
+        namespace=namespace,
+        counter="approx",
+        limit=400,
+        max_tokens=50,
+        audit_mode="with_reply",
+    )
+    await guard.prepare("s", HI)
+    _damage_the_trail(redis_url, namespace)
+    with pytest.raises(CorruptRecordError):
+        await guard.aclose()
+    assert connected(guard.store) == 0
