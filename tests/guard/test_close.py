@@ -72,6 +72,15 @@ async def test_async_store_passed_in_survives_and_opened_one_is_closed(
     assert connected(owned.store) == 0
 
 
+# audit_mode="with_reply": a request's record is held until its complete
+HOLDING: dict[str, Any] = {
+    "counter": "approx",
+    "limit": 400,
+    "max_tokens": 50,
+    "audit_mode": "with_reply",
+}
+
+
 def _damage_the_trail(url: str, namespace: str) -> None:
     from ctxguard.stores.keys import SUFFIXES, KeySpace
     from tests.conftest import raw_client
@@ -93,14 +102,7 @@ def test_close_releases_the_connections_when_the_held_records_cannot_be_written(
     and has still released the connections (the pool went with the error before)."""
     from ctxguard.errors import CorruptRecordError
 
-    guard = Guard(
-        redis_url,
-        namespace=namespace,
-        counter="approx",
-        limit=400,
-        max_tokens=50,
-        audit_mode="with_reply",
-    )
+    guard = Guard(redis_url, namespace=namespace, **HOLDING)
     guard.prepare("s", HI)  # its record is held: no complete comes
     _damage_the_trail(redis_url, namespace)
     with pytest.raises(CorruptRecordError):
@@ -113,14 +115,7 @@ async def test_aclose_releases_the_connections_when_the_held_records_cannot_be_w
 ) -> None:
     from ctxguard.errors import CorruptRecordError
 
-    guard = AsyncGuard(
-        redis_url,
-        namespace=namespace,
-        counter="approx",
-        limit=400,
-        max_tokens=50,
-        audit_mode="with_reply",
-    )
+    guard = AsyncGuard(redis_url, namespace=namespace, **HOLDING)
     await guard.prepare("s", HI)
     _damage_the_trail(redis_url, namespace)
     with pytest.raises(CorruptRecordError):
