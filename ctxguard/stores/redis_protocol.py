@@ -201,6 +201,14 @@ def _ttl_arg(options: WriteOptions) -> int:
     return int(options.ttl_seconds or 0)
 
 
+def _count_pairs(counts: Mapping[int, int]) -> list[str | int]:
+    """Token counts as script arguments: (seq, tokens) pairs in seq order."""
+    pairs: list[str | int] = []
+    for seq, value in sorted(counts.items()):
+        pairs += [int(seq), int(value)]
+    return pairs
+
+
 def _now_arg() -> str:
     """The caller's clock in microseconds: the scripts that append make the meta's
     ``updated``, the state token's stamp and a new session's epoch from it (no ``TIME``
@@ -260,9 +268,7 @@ class RedisProtocol:
         if not (write.counts and write.counter):
             return call
         args = [*call.args, "counts", write.counter, len(write.counts)]
-        for seq, value in sorted(write.counts.items()):
-            args += [int(seq), int(value)]
-        return Call(call.script, call.keys, args)
+        return Call(call.script, call.keys, args + _count_pairs(write.counts))
 
     def window_call(
         self,
@@ -292,9 +298,7 @@ class RedisProtocol:
         ]
         counts: list[str | int] = [0]
         if write is not None and write.counts and options.counter and expect is not None:
-            counts = [len(write.counts)]
-            for seq, value in sorted(write.counts.items()):
-                counts += [int(seq), int(value)]
+            counts = [len(write.counts), *_count_pairs(write.counts)]
         return Call("window", self.keys(session_id), head + _message_args(new) + counts)
 
     def read_call(self, session_id: str, start: int, stop: int | None) -> Call:
@@ -305,9 +309,7 @@ class RedisProtocol:
     def set_counts_call(
         self, session_id: str, counter: str, counts: Mapping[int, int], ttl: int
     ) -> Call:
-        args: list[str | int] = [counter, ttl]
-        for seq, value in sorted(counts.items()):
-            args += [int(seq), int(value)]
+        args: list[str | int] = [counter, ttl, *_count_pairs(counts)]
         return Call("set_counts", self.keys(session_id), args)
 
     def retract_call(self, session_id: str, count: int, expected: int | None, ttl: int) -> Call:
@@ -375,9 +377,8 @@ class RedisProtocol:
                 write.ttl,
                 audit_arg(write.audit),
                 max(0, write.retention),
+                *_count_pairs(write.counts),
             ]
-            for seq, value in sorted(write.counts.items()):
-                args += [int(seq), int(value)]
             return Call("record", self.keys(session_id), args)
         if counts:
             return self.set_counts_call(session_id, write.counter or "", write.counts, write.ttl)
