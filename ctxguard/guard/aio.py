@@ -12,7 +12,7 @@ from typing import Any
 
 from ctxguard.errors import SummarizerError
 from ctxguard.guard import flows
-from ctxguard.guard.base import GuardBase
+from ctxguard.guard.base import GuardBase, report_background_failure
 from ctxguard.guard.config import GuardConfig, is_async_callable
 from ctxguard.guard.core import Tools
 from ctxguard.guard.events import Observer
@@ -138,6 +138,8 @@ class AsyncGuard(GuardBase):
         def done(finished: asyncio.Task[Any]) -> None:
             self._background.discard(finished)
             self._summarizing.discard(op.session_id)
+            if not finished.cancelled():  # (retrieved: no "never retrieved" at collection)
+                report_background_failure(op.session_id, finished.exception())
 
         task.add_done_callback(done)
         return None

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from ctxguard import _validate as v
+from ctxguard._secrets import describe
 from ctxguard.errors import ConfigError, InvalidMessageError
 from ctxguard.guard import flows
 from ctxguard.guard.config import GuardConfig
@@ -20,6 +22,20 @@ from ctxguard.messages import Message, record_of, to_message
 from ctxguard.tokens._protocol import TokenCounter
 
 _SETTINGS = frozenset(f.name for f in dataclasses.fields(GuardConfig))
+log = logging.getLogger("ctxguard.guard")
+
+
+def report_background_failure(session_id: str, exc: BaseException | None) -> None:
+    """A background summary that raised (a damaged session, a record that could not be
+    written): nobody awaits it, so it is logged here (one redacted line; an observer
+    also sees the operation's error). A summarizer's own failure does not raise: it is
+    a ``summary_failed`` record."""
+    if exc is not None:
+        log.warning(
+            "background summary of session %r failed: %s",
+            session_id,
+            describe(exc),
+        )
 
 
 class GuardBase:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ctxguard._frozen import fast_init
+from ctxguard._secrets import describe
 from ctxguard.errors import (
     BudgetError,
     ConflictError,
@@ -362,7 +363,7 @@ def summarize(
     except Exception as exc:  # a summarizer may raise anything; it never becomes content
         if exc is damaged:
             raise
-        error = f"{type(exc).__name__}: {exc}"
+        error = describe(exc)  # the summarizer's text, redacted: it goes into the trail
     record = core.summary_record(request, summary, error, committed)
     yield StoreCall("record", (session_id, core.write({}, record)))
     if core.observer is not None:

@@ -17,7 +17,7 @@ from typing import Any
 from ctxguard._validate import check_timeout
 from ctxguard.errors import SummarizerError
 from ctxguard.guard import flows
-from ctxguard.guard.base import GuardBase
+from ctxguard.guard.base import GuardBase, report_background_failure
 from ctxguard.guard.config import GuardConfig, is_async_callable
 from ctxguard.guard.core import Tools
 from ctxguard.guard.events import Observer
@@ -180,6 +180,8 @@ class Guard(GuardBase):
             with self._lock:
                 self._background.discard(f)
                 self._summarizing.discard(session_id)
+            if not f.cancelled():
+                report_background_failure(session_id, f.exception())
 
         future.add_done_callback(done)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import re
 import threading
 import time
 import uuid
@@ -34,6 +33,7 @@ from ctxguard import (
     load_counter,
 )
 from ctxguard._http import KEEPALIVE_EXPIRY
+from ctxguard._secrets import redact_text
 from ctxguard.errors import (
     ConfigError,
     ConflictError,
@@ -53,7 +53,6 @@ from ctxguard.stores.urls import redact_url
 P = ParamSpec("P")
 T = TypeVar("T")
 PREPARE_ATTEMPTS = 4
-_BEARER = re.compile(r"(?i)(bearer\s+)[^\s\"',;]+")  # a credential the upstream echoes
 
 
 class Gateway:
@@ -124,12 +123,12 @@ class Gateway:
 
     def scrub(self, text: str) -> str:
         """``text`` (anything the upstream said) without the upstream API key, raw or
-        JSON-escaped, and without any bearer credential."""
+        JSON-escaped, any bearer credential or any URL's password."""
         key = self.config.upstream_api_key
         if key:
             for form in {key, json.dumps(key)[1:-1]}:
                 text = text.replace(form, "***")
-        return _BEARER.sub(r"\1***", text)
+        return redact_text(text)
 
     def upstream_headers(self) -> dict[str, str]:
         key = self.config.upstream_api_key

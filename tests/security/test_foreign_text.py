@@ -1,0 +1,196 @@
+"""Text that other code wrote never carries a secret into a record, an event or a log.
+
+A summarizer is the user's code: what it raises becomes the ``summary_failed``
+record's ``error`` and the observer's :class:`SummaryEvent` ``error``; a background
+summary that raises (a user's store that fails, a damaged session) is logged, since
+nobody awaits it. Each of those texts goes through :func:`ctxguard._secrets.redact_text`:
+every store URL form of ``test_secret_property`` (passwords from every URL-special
+character, raw and encoded, in the userinfo and the query, cluster URLs) in every way a
+message wraps a URL, and bearer credentials, leave no piece of the secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ctxguard import Message, OperationEvent, StoreConnectionError
+from ctxguard._secrets import describe, redact_text
+from ctxguard.guard import AsyncGuard, Guard
+from ctxguard.stores.base import RecordWrite
+from ctxguard.stores.memory import AsyncMemoryStore, MemoryStore
+from security.test_secret_property import SETTINGS, leaks, passwords, url_forms
+
+WRAPS = [
+    "cannot reach {}",
+    "ConnectionError('{}')",
+    'error: "{}", retrying',
+    "url={}, attempt 2",
+    "(see {})",
+    "{}.",
+    "first {} then {}",  # two URLs on one line
+    "line one\n{}\nline three",
+    "glued{}",
+]
+
+
+def wrapped(wrap: str, url: str) -> str:
+    return wrap.format(*[url] * wrap.count("{}"))
+
+
+@SETTINGS
+@given(password=passwords, form=st.integers(0, 9), wrap=st.sampled_from(WRAPS))
+def test_no_piece_of_a_url_password_survives_redaction(password: str, form: int, wrap: str) -> None:
+    text = wrapped(wrap, url_forms(password, "10.0.0.7:6380")[form])
+    shown = redact_text(text)
+    assert not leaks(shown, password), (text, shown)
+    assert "10.0.0.7" in shown or "@" in text.split("10.0.0.7")[-1]  # the host is kept
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Authorization: Bearer QJsk-ZXW0123456789",
+        "HTTP 401 (bearer QJsk-ZXW0123456789)",
+        "Authorization: Basic QJdXNlcjpwZXW=",
+        "https://user:QJ-secret-ZXW@api.example.com/v1/chat?x=1",
+        "https://api.example.com/v1?api_key=QJ-secret-ZXW&model=m",
+        "unix://:QJ-secret-ZXW@/var/run/redis.sock",
+        "HTTPS://USER:QJ-secret-ZXW@API.EXAMPLE.COM",
+        "averyveryveryverylongwordredis://:QJ-secret-ZXW@h:1",
+    ],
+)
+def test_credentials_in_other_forms_are_hidden(text: str) -> None:
+    shown = redact_text(text)
+    assert "QJ" not in shown and "ZXW" not in shown, shown
+
+
+def test_text_without_a_secret_is_kept() -> None:
+    text = "see https://docs.example.com/errors#limit (redis://127.0.0.1:6380/0 is down)"
+    assert redact_text(text) == text
+    assert redact_text("x" * 1000, limit=10) == "x" * 9 + "…"
+    assert describe(RuntimeError("model overloaded")) == "RuntimeError: model overloaded"
+
+
+SECRET = "QJpw:/@ZXW"
+LEAKY = f"upstream refused: redis://:{SECRET}@10.0.0.7:6380/0 (Authorization: Bearer {SECRET})"
+
+
+def leaky(_: str | None, __: Sequence[Message]) -> str:
+    raise RuntimeError(LEAKY + " " + "padding " * 20_000)
+
+
+def settings(summarizer: Any, mode: str = "inline") -> dict[str, Any]:
+    return dict(
+        counter="approx",
+        limit=400,
+        max_tokens=50,
+        summarizer=summarizer,
+        summarize_after=4,
+        summary_mode=mode,
+        summary_timeout=5.0,
+    )
+
+
+def turn(i: int) -> tuple[list[dict[str, str]], dict[str, str]]:
+    ask = [{"role": "user", "content": f"question {i} " + "about things " * 8}]
+    return ask, {"role": "assistant", "content": f"answer {i} " + "it depends " * 8}
+
+
+def test_a_summarizers_error_is_recorded_and_reported_redacted_and_cut() -> None:
+    events: list[OperationEvent] = []
+    guard = Guard(f"memory://{uuid.uuid4().hex}", observer=events.append, **settings(leaky))
+    for i in range(8):
+        ask, answer = turn(i)
+        guard.prepare("s", ask)
+        guard.complete("s", answer)
+    failed = [r for r in guard.store.read_audit("s") if r["kind"] == "summary_failed"]
+    reported = [s.error or "" for e in events for s in e.summaries if s.outcome == "failed"]
+    assert failed and reported
+    for text in [r["error"] for r in failed] + reported:
+        assert text.startswith("RuntimeError: upstream refused: redis://")
+        assert not leaks(text, SECRET), text[:300]
+        assert len(text) <= 520  # 160 KB raised; the record keeps a line's worth
+    guard.close()
+
+
+class FailingRecords(MemoryStore):
+    """A user's store whose summary records cannot be written, with a secret in the error."""
+
+    def record(self, session_id: str, write: RecordWrite) -> int:
+        if write.audit is not None and str(write.audit.get("kind")).startswith("summary"):
+            raise StoreConnectionError(LEAKY)
+        return super().record(session_id, write)
+
+
+class AsyncFailingRecords(AsyncMemoryStore):
+    async def record(self, session_id: str, write: RecordWrite) -> int:
+        if write.audit is not None and str(write.audit.get("kind")).startswith("summary"):
+            raise StoreConnectionError(LEAKY)
+        return await super().record(session_id, write)
+
+
+def background_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == "ctxguard.guard" and "background summary" in r.getMessage()
+    ]
+
+
+def assert_logged_once_redacted(caplog: pytest.LogCaptureFixture) -> None:
+    (warning,) = background_warnings(caplog)  # one summary ran, one line
+    text = warning.getMessage()
+    assert warning.levelno == logging.WARNING
+    assert text.startswith("background summary of session 's' failed: StoreConnectionError:")
+    assert "\n" not in text and not leaks(caplog.text, SECRET), caplog.text
+
+
+def test_a_background_summary_that_raises_is_logged_redacted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    guard = Guard(FailingRecords(), **settings(lambda _p, _m: "short summary", "background"))
+    for i in range(6):  # the first summary is asked for by the 6th prepare
+        ask, answer = turn(i)
+        guard.prepare("s", ask)
+        guard.complete("s", answer)
+    guard.wait_for_summaries(timeout=10)
+    deadline = time.monotonic() + 10  # (a future's callbacks run just after its waiters wake)
+    while not background_warnings(caplog) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert_logged_once_redacted(caplog)
+    guard.close()
+
+
+async def test_a_background_summary_that_raises_is_logged_and_retrieved(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    unhandled: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: unhandled.append(ctx))
+    guard = AsyncGuard(
+        AsyncFailingRecords(), **settings(lambda _p, _m: "short summary", "background")
+    )
+    for i in range(6):
+        ask, answer = turn(i)
+        await guard.prepare("s", ask)
+        await guard.complete("s", answer)
+    # not wait_for_summaries: its gather would retrieve the error; nobody awaits the task
+    deadline = time.monotonic() + 10
+    while not background_warnings(caplog) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0)
+    gc.collect()  # a task whose error nobody retrieved complains when it is collected
+    assert [c.get("message") for c in unhandled] == []
+    assert_logged_once_redacted(caplog)
+    await guard.aclose()
