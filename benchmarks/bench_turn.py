@@ -23,7 +23,9 @@ Redis with the same tokenizer (tiktoken cl100k_base, the OpenAI cookbook rule:
 
 Around every turn the run counts the packets sent (round trips), the commands in
 them, and INFO commandstats deltas (server time, every command Redis ran), outside
-the timed region; see ``_turn/meters.py``.
+the timed region; see ``_turn/meters.py``. After the timed phase, each floor-min and
+ctxguard row's server time is measured again over blocks of turns with no INFO between
+them (``--blocks``, ``--block-turns``; ``_turn/blocks.py``), and judged as well.
 
 Run: ``python benchmarks/bench_turn.py [--redis-url URL] [--sizes 100,1000,10000]
 [--turns N] [--quick] [--systems a,b]``. Prints the tables and writes
@@ -54,9 +56,10 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _synthetic import HistoryGenerator, length_summary
+from _turn.blocks import server_in_blocks
 from _turn.meters import RoundTrips, TurnCost, commandstats
 from _turn.peers import LangChain, LlamaIndex
-from _turn.report import OBSERVED, SYSTEMS, evaluate, render
+from _turn.report import BLOCK_SYSTEMS, OBSERVED, SYSTEMS, evaluate, render
 from _turn.server import bench_url
 from _turn.systems import (
     CtxGuardAsync,
@@ -224,6 +227,32 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         meter.uninstall()
     timed_seconds = time.perf_counter() - t_timed
 
+    def block_turn(name: str, size: int) -> Any:
+        nonlocal pool_at
+        sessions = datas[size].sessions[name]
+        k = cursor.get((name, size), 0)
+        cursor[(name, size)] = k + 1
+        user, reply = turn_pool[pool_at % len(turn_pool)]
+        pool_at += 1
+        system = systems[name]
+        session = sessions[k % len(sessions)]
+        return (
+            system.aturn(session, user, reply)
+            if system.is_async
+            else system.turn(session, user, reply)
+        )
+
+    blocks: dict[tuple[str, int], dict[str, float]] = {}
+    if args.blocks > 0:
+        rows = [key for key in samples if key[0] in BLOCK_SYSTEMS]
+        meter.install()
+        try:
+            blocks = await server_in_blocks(
+                rows, block_turn, admin, meter, rng, args.blocks, args.block_turns
+            )
+        finally:
+            meter.uninstall()
+
     for system in systems.values():
         if system.is_async:
             await system.aclose()
@@ -275,6 +304,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "results": results,
         "checks": {f"{n}@{s}": {**c.__dict__, "ok": c.ok} for (n, s), c in sorted(checks.items())},
+        "server_blocks": {f"{n}@{s}": v for (n, s), v in blocks.items()},
         "costs": {
             f"{n}@{s}": c.summary()
             for (n, s), c in sorted(
@@ -305,6 +335,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="about 2 minutes")
     parser.add_argument("--systems", default=",".join(s for s in SYSTEMS if s not in OBSERVED))
     parser.add_argument("--seed", type=int, default=20261)
+    parser.add_argument(
+        "--blocks", type=int, default=8, help="rounds of server time in blocks (0: none)"
+    )
+    parser.add_argument("--block-turns", type=int, default=50, help="turns per block")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     with bench_url(args.redis_url) as args.redis_url:

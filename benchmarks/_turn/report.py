@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ FLOORS = ("floor-min", "floor-min-async", "floor", "floor-async")
 # issue 15: not run by default
 OBSERVED = ("ctxguard-observed", "ctxguard-observed-all", "ctxguard-observed-inline")
 SYSTEMS = (*FLOORS, *CTXGUARD_SYSTEMS, "ctxguard-prefix", *OBSERVED, "langchain", "llamaindex")
+# the rows whose server time is also measured in blocks of turns (_turn/blocks.py)
+BLOCK_SYSTEMS = (*FLOORS[:2], *CTXGUARD_SYSTEMS)
 # what each row is divided by, first one that ran
 BASES_SYNC = ("floor-min", "floor")
 BASES_ASYNC = ("floor-min-async", "floor-min", "floor-async", "floor")
@@ -42,6 +45,10 @@ def evaluate(report: dict[str, Any]) -> dict[str, Any]:
     p50 = {(r["system"], r["size"]): r["p50_ms"] for r in report["results"]}
     cost = {tuple(k.split("@")): v for k, v in report["costs"].items()}
     server = {(n, int(s)): c["server_us_per_turn"] for (n, s), c in cost.items()}
+    blocks: dict[tuple[str, int], float] = {}
+    for key, block in report.get("server_blocks", {}).items():
+        name, size = key.split("@")
+        blocks[(name, int(size))] = block["median"]
     sizes = sorted({r["size"] for r in report["results"]})
     ran = set(p50)
     targets: list[dict[str, Any]] = []
@@ -71,6 +78,12 @@ def evaluate(report: dict[str, Any]) -> dict[str, Any]:
                     server[(name, size)] / server[(base, size)],
                     TARGET_SERVER if judged else None,
                 )
+            if (name, size) in blocks and blocks.get((base, size)):
+                line(
+                    f"{name} server time in blocks / {base}'s at {size:,}",
+                    blocks[(name, size)] / blocks[(base, size)],
+                    TARGET_SERVER if judged else None,
+                )
         lo, hi = min(sizes), max(sizes)
         if lo != hi and (name, lo) in p50 and (name, hi) in p50:
             scaling = p50[(name, hi)] / p50[(name, lo)]
@@ -88,6 +101,21 @@ def evaluate(report: dict[str, Any]) -> dict[str, Any]:
     report["targets"] = targets
     report["info"] = info
     return report
+
+
+def _against_base(
+    table: dict[str, dict[str, Any]], sizes: list[int], ran: set[tuple[str, int]], value: str
+) -> Iterator[tuple[str, int, dict[str, Any], float]]:
+    """Each row of ``table`` (keyed ``name@size``) in SYSTEMS order, with its ``value``
+    over its base's (nan without one)."""
+    for name in SYSTEMS:
+        for s in sizes:
+            row = table.get(f"{name}@{s}")
+            if row is None:
+                continue
+            base = baseline(name, s, ran)
+            b = table.get(f"{base}@{s}") if base else None
+            yield name, s, row, row[value] / b[value] if b and b[value] else float("nan")
 
 
 def render(report: dict[str, Any], output: Path) -> None:
@@ -146,23 +174,26 @@ def render(report: dict[str, Any], output: Path) -> None:
         f"{'x base':>8}{'in Lua us':>11}"
     )
     costs = report["costs"]
-    for name in SYSTEMS:
-        for s in sizes:
-            c = costs.get(f"{name}@{s}")
-            if c is None:
-                continue
-            base = baseline(name, s, ran)
-            bc = costs.get(f"{base}@{s}") if base else None
-            ratio = (
-                c["server_us_per_turn"] / bc["server_us_per_turn"]
-                if bc and bc["server_us_per_turn"]
-                else float("nan")
-            )
+    for name, s, c, ratio in _against_base(costs, sizes, ran, "server_us_per_turn"):
+        print(
+            f"  {f'{name}@{s}':<26}{c['round_trips_per_turn']:>5.2f}"
+            f"{c['commands_per_turn']:>7.1f}{c['sent_per_turn']:>6.2f}"
+            f"{c['server_us_per_turn']:>11.1f}{c['server_us_p50']:>8}{ratio:>7.2f}x"
+            f"{c['script_inner_us_per_turn']:>11.1f}"
+        )
+    blocks = report.get("server_blocks", {})
+    if blocks:
+        print()
+        first = next(iter(blocks.values()))
+        print(
+            f"Server time per turn in blocks ({first['blocks']} blocks per row, interleaved; "
+            "INFO only around each block, not between turns; _turn/blocks.py):"
+        )
+        print(f"  {'system@H':<26}{'median us':>10}{'min':>8}{'max':>8}{'x base':>8}")
+        for name, s, block, ratio in _against_base(blocks, sizes, ran, "median"):
             print(
-                f"  {f'{name}@{s}':<26}{c['round_trips_per_turn']:>5.2f}"
-                f"{c['commands_per_turn']:>7.1f}{c['sent_per_turn']:>6.2f}"
-                f"{c['server_us_per_turn']:>11.1f}{c['server_us_p50']:>8}{ratio:>7.2f}x"
-                f"{c['script_inner_us_per_turn']:>11.1f}"
+                f"  {f'{name}@{s}':<26}{block['median']:>10.1f}{block['min']:>8.1f}"
+                f"{block['max']:>8.1f}{ratio:>7.2f}x"
             )
     print()
     print("Where the p50 turn goes: client CPU (this thread's user + system time around each")
