@@ -25,14 +25,18 @@ _BEARER = re.compile(r"(?i)\b(bearer|basic)(\s+)[^\s\"',;)\]}]+")  # an Authoriz
 def _redact_urls(text: str) -> str:
     """Each URL's user information hidden: everything from its ``://`` to the last
     ``@`` on its line (a raw password may hold spaces, ``://`` and ``@``; hiding too
-    much is the safe way to be wrong), and its secret-looking query values."""
+    much is the safe way to be wrong), and its secret-looking query values. Linear in
+    the text: each line's last ``@`` is found once."""
     out: list[str] = []
     at = 0
+    line_end = last_at = -1
     while (found := _URL.search(text, at)) is not None:
         start, body = found.start(), found.end()
-        line_end = text.find("\n", body)
-        line_end = len(text) if line_end < 0 else line_end
-        cred = text.rfind("@", body, line_end)
+        if body > line_end:  # a new line: its end and its last "@", once
+            line_end = text.find("\n", body)
+            line_end = len(text) if line_end < 0 else line_end
+            last_at = text.rfind("@", body, line_end)
+        cred = last_at if last_at >= body else -1
         space = _SPACE.search(text, cred + 1 if cred >= 0 else body, line_end)
         end = line_end if space is None else space.start()
         core = text[start:end].rstrip(_TRAILING)
@@ -42,6 +46,21 @@ def _redact_urls(text: str) -> str:
         at = start + len(core)
     out.append(text[at:])
     return "".join(out)
+
+
+def _cut(text: str, size: int) -> str:
+    """The first ``size`` characters. When the cut line goes on to an "@", a URL's
+    credentials on it may reach past the cut (to the line's last "@"): then nothing of
+    the line from its first URL on is kept."""
+    if len(text) <= size:
+        return text
+    head = text[:size]
+    line_end = text.find("\n", size)
+    if text.find("@", size, len(text) if line_end < 0 else line_end) >= 0:
+        found = _URL.search(head, head.rfind("\n") + 1)
+        if found is not None:
+            head = head[: found.start()]
+    return head + "…"
 
 
 def _redact_url(url: str) -> str:
@@ -54,6 +73,8 @@ def _redact_url(url: str) -> str:
 def redact_text(text: str, limit: int | None = None) -> str:
     """``text`` with every URL's credentials and every bearer/basic credential as
     ``***``; cut to ``limit`` characters (with an ellipsis) when given."""
+    if limit is not None:  # the work bounded too: a message may be megabytes
+        text = _cut(text, max(8 * limit, 4096))
     text = _redact_urls(_BEARER.sub(r"\1\2***", text))  # (a credential may hold "@")
     if limit is not None and len(text) > limit:
         text = text[: limit - 1] + "…"
@@ -63,4 +84,8 @@ def redact_text(text: str, limit: int | None = None) -> str:
 def describe(exc: BaseException, limit: int = 500) -> str:
     """``"<class>: <message>"`` of an exception from code that is not ours, redacted and
     cut to ``limit`` characters of message (what a record or a log line keeps of it)."""
-    return f"{type(exc).__name__}: {redact_text(str(exc), limit)}"
+    try:
+        text = str(exc)
+    except Exception:  # an exception class whose __str__ fails is still reported
+        text = "<its text could not be made>"
+    return f"{type(exc).__name__}: {redact_text(text, limit)}"

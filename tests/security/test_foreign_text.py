@@ -81,6 +81,38 @@ def test_text_without_a_secret_is_kept() -> None:
     assert describe(RuntimeError("model overloaded")) == "RuntimeError: model overloaded"
 
 
+@SETTINGS
+@given(password=passwords, form=st.integers(0, 9), into=st.integers(1, 50))
+def test_a_cut_never_shows_a_piece_of_a_password(password: str, form: int, into: int) -> None:
+    """The text is cut before it is redacted (the work bounded: 4,096 characters here),
+    and the cut may fall inside a URL whose "@" lies past it. Its line comes into view
+    when a long credential before it shrinks to ``***``: no piece of the password shows."""
+    url = url_forms(password, "10.0.0.7:6380")[form]
+    first = "a://u:" + "z" * 4036 + "@h\n"  # 4,045 characters, shown as a://***@h
+    text = first + "y" * (51 - into) + f" {url} more"  # the cut: `into` characters in
+    shown = redact_text(text, limit=512)
+    assert shown.startswith("a://***@h\n")
+    assert not leaks(shown, password), shown
+
+
+@pytest.mark.timeout(30)
+def test_redaction_is_linear_in_the_text() -> None:
+    """50,000 URLs, then 20 MB more of their line with no "@": each line's last "@" is
+    looked for once (looking again from every URL scans a terabyte)."""
+    text = "redis://:pw@h:1 " + "a://b " * 50_000 + "." * 20_000_000
+    shown = redact_text(text)
+    assert shown.startswith("redis://:***@h:1 ") and shown.count("a://b") == 50_000
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+def test_an_exception_whose_text_fails_is_still_described() -> None:
+    assert describe(Unprintable()) == "Unprintable: <its text could not be made>"
+
+
 SECRET = "QJpw:/@ZXW"
 LEAKY = f"upstream refused: redis://:{SECRET}@10.0.0.7:6380/0 (Authorization: Bearer {SECRET})"
 
