@@ -4,8 +4,11 @@ ctxguard's own messages are built from redacted parts (``stores.urls``); text th
 other code wrote (an exception from a callable the user handed us, a body an upstream
 answered) may hold a credential in any form. :func:`redact_text` hides the forms we can
 recognise without knowing the secret: every URL's user information and secret-looking
-query values (through :func:`~ctxguard.stores.urls.redact_url`), and the credential
-after ``Bearer`` or ``Basic``.
+query values (through :func:`~ctxguard.stores.urls.redact_url`), the credential after
+``Bearer`` or ``Basic``, a whole ``Authorization`` value, and the value of anything
+named like a secret (``api_key``, ``x-api-key``, ``token``, ``password``, ``secret``, a
+URL's ``?key=``) as a header, a dict entry, a keyword or a query parameter. Callers
+that know a secret (an upstream API key) remove it themselves first.
 """
 
 from __future__ import annotations
@@ -20,6 +23,15 @@ _URL = re.compile(r"(?i)[a-z][a-z0-9+.-]{0,19}://")
 _SPACE = re.compile(r"\s")
 _TRAILING = "'\".,;:)]}>"  # punctuation around a URL in prose or a repr, kept outside it
 _BEARER = re.compile(r"(?i)\b(bearer|basic)(\s+)[^\s\"',;)\]}]+")  # an Authorization credential
+# a whole Authorization header's value, whatever its scheme ("Token abc", "Digest ...")
+_AUTH_HEADER = re.compile(r"(?i)\b((?:proxy-)?authorization['\"]?\s*[:=]\s*['\"]?)[^'\"\r\n}]+")
+# a named secret, as a header, a JSON or repr'd dict entry, a keyword or a query
+# parameter of a URL shown without its scheme ("...:generateContent?key=AIza...")
+# (a ":" only after a quoted name or before white space: "tiktoken:cl100k_base" is a name)
+_NAMED = re.compile(
+    r"(?i)((?:\b[\w.-]*(?:api[_-]?key|apikey|access[_-]?key|secret|token|password|passwd)"
+    r"|[?&]key|[?&]sig)(?:['\"]\s*:\s*['\"]?|:\s+['\"]?|['\"]?\s*=\s*['\"]?))[^\s'\",;&}]+"
+)
 
 
 def _redact_urls(text: str) -> str:
@@ -70,12 +82,19 @@ def _redact_url(url: str) -> str:
         return "<a URL, hidden>"
 
 
+def redact_urls(text: str) -> str:
+    """Only the URLs in ``text`` redacted (a token counter spec: ``vllm:http://u:p@h``)."""
+    return _redact_urls(text)
+
+
 def redact_text(text: str, limit: int | None = None) -> str:
     """``text`` with every URL's credentials and every bearer/basic credential as
     ``***``; cut to ``limit`` characters (with an ellipsis) when given."""
     if limit is not None:  # the work bounded too: a message may be megabytes
         text = _cut(text, max(8 * limit, 4096))
-    text = _redact_urls(_BEARER.sub(r"\1\2***", text))  # (a credential may hold "@")
+    text = _BEARER.sub(r"\1\2***", text)
+    text = _NAMED.sub(r"\1***", _AUTH_HEADER.sub(r"\1***", text))
+    text = _redact_urls(text)  # (after them: a credential may hold "@")
     if limit is not None and len(text) > limit:
         text = text[: limit - 1] + "…"
     return text

@@ -40,6 +40,7 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ctxguard._secrets import redact_text
 from ctxguard.adapters._shared import require
 from ctxguard.errors import ConfigError, CtxGuardError, InvalidIdError
 from ctxguard.guard.prepared import PreparedRequest
@@ -52,7 +53,6 @@ from ctxguard.serve.gateway import Gateway, reply_not_stored
 from ctxguard.serve.inbound import parse_chat
 from ctxguard.serve.openai_errors import ApiError, from_ctxguard
 from ctxguard.serve.sse import ReplyAssembler, reply_of
-from ctxguard.stores.urls import redact_url
 
 require("litellm", "the LiteLLM guardrail", "litellm")
 
@@ -290,7 +290,7 @@ def _config(settings: dict[str, Any]) -> ServeConfig:
     try:
         return ServeConfig(upstream=upstream or _NO_UPSTREAM, **settings)
     except TypeError as exc:
-        raise ConfigError(f"bad ctxguard guardrail setting: {redact_url(str(exc))}") from None
+        raise ConfigError(f"bad ctxguard guardrail setting: {redact_text(str(exc))}") from None
 
 
 def _headers(data: Mapping[str, Any]) -> dict[str, str]:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ctxguard._frozen import fast_init
+from ctxguard._secrets import redact_urls
 from ctxguard.errors import (
     BudgetError,
     CtxGuardError,
@@ -81,7 +82,8 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
         self, counter: TokenCounter, config: GuardConfig, counter_spec: str | None = None
     ) -> None:
         self.counter = counter
-        self.counter_spec = counter_spec
+        # as each request record names it: a vllm: spec's URL may carry credentials
+        self.counter_spec = None if counter_spec is None else redact_urls(counter_spec)
         super().__init__()
         self.config = config
         self.policy = WindowPolicy(

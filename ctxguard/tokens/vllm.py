@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from ctxguard import _http
+from ctxguard._secrets import redact_text
 from ctxguard._validate import check_http_url
 from ctxguard.errors import TemplateRefusedError, TokenizerError
 from ctxguard.stores.urls import redact_url
@@ -48,6 +49,11 @@ class VLLMRenderer:
         self.where = redact_url(self.root)
         self.timeout = timeout
         self._client = _http.client(timeout=timeout, headers=dict(headers or {}))
+        # what the server's answers must not echo back into an error: the headers we send
+        # (an API key, raw and after its scheme), longest first
+        values = {v for v in (headers or {}).values() if isinstance(v, str)}
+        values |= {v.split(None, 1)[-1] for v in values}
+        self._secrets = sorted((v for v in values if len(v) >= 4), key=len, reverse=True)
 
     def render(self, conversation: Sequence[dict[str, Any]], tools: Tools | None = None) -> int:
         body: dict[str, Any] = {"messages": list(conversation), "add_generation_prompt": True}
@@ -78,26 +84,32 @@ class VLLMRenderer:
                 "and that the server runs with its tokenizer endpoint enabled"
             ) from None
         if response.status_code == 400:
-            raise TemplateRefusedError(f"{self.where} refused the request: {_message(response)}")
+            message = self._message(response)
+            raise TemplateRefusedError(f"{self.where} refused the request: {message}")
         if response.status_code != 200:
             raise TokenizerError(
-                f"{self.where}/tokenize answered HTTP {response.status_code}: {_message(response)}"
+                f"{self.where}/tokenize answered HTTP {response.status_code}: "
+                f"{self._message(response)}"
             )
         try:
             return int(response.json()["count"])
         except (ValueError, KeyError, TypeError):
             raise TokenizerError(f"{self.where}/tokenize returned no 'count'") from None
 
-
-def _message(response: _http.Reply) -> str:
-    try:
-        data = response.json()
-    except ValueError:
-        return response.text[:200]
-    error = data.get("error", data) if isinstance(data, dict) else data
-    if isinstance(error, dict):
-        return str(error.get("message", error))[:300]
-    return str(error)[:300]
+    def _message(self, response: _http.Reply) -> str:
+        """The server's reason, as it says it, less any credential it echoes (ours by
+        value, any other by form: :func:`~ctxguard._secrets.redact_text`)."""
+        try:
+            data = response.json()
+        except ValueError:
+            text, limit = response.text, 200
+        else:
+            error = data.get("error", data) if isinstance(data, dict) else data
+            text = str(error.get("message", error) if isinstance(error, dict) else error)
+            limit = 300
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return redact_text(text, limit)
 
 
 def load_vllm_counter(

@@ -16,19 +16,21 @@ import gc
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from local_http import JsonServer
 
-from ctxguard import Message, OperationEvent, StoreConnectionError
+from ctxguard import CtxGuardError, Message, OperationEvent, StoreConnectionError, load_counter
 from ctxguard._secrets import describe, redact_text
 from ctxguard.guard import AsyncGuard, Guard
 from ctxguard.stores.base import RecordWrite
 from ctxguard.stores.memory import AsyncMemoryStore, MemoryStore
-from security.test_secret_property import SETTINGS, leaks, passwords, url_forms
+from security.test_secret_property import SETTINGS, every_text, leaks, passwords, url_forms
 
 WRAPS = [
     "cannot reach {}",
@@ -74,9 +76,30 @@ def test_credentials_in_other_forms_are_hidden(text: str) -> None:
     assert "QJ" not in shown and "ZXW" not in shown, shown
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Max retries exceeded with url: /v1beta/models/g:generateContent?key=QJ-ZXW (Caused by",
+        "{'api_key': 'QJ-secret-ZXW', 'model': 'm'}",
+        '{"password": "QJ-secret-ZXW"}',
+        "x-api-key: QJ-secret-ZXW",
+        "Authorization: Token QJ-secret ZXW",
+        "Proxy-Authorization: Digest QJ-secret, ZXW",
+        "access_token=QJ-secret-ZXW&scope=x",
+        "client(secret='QJ-secret-ZXW')",
+    ],
+)
+def test_named_secrets_are_hidden(text: str) -> None:
+    shown = redact_text(text)
+    assert "QJ" not in shown and "ZXW" not in shown, shown
+
+
 def test_text_without_a_secret_is_kept() -> None:
     text = "see https://docs.example.com/errors#limit (redis://127.0.0.1:6380/0 is down)"
     assert redact_text(text) == text
+    kept = ["max_tokens: 512", "the primary key: id", "tiktoken:cl100k_base", "hf:/m/token:x"]
+    for plain in kept:
+        assert redact_text(plain) == plain
     assert redact_text("x" * 1000, limit=10) == "x" * 9 + "…"
     assert describe(RuntimeError("model overloaded")) == "RuntimeError: model overloaded"
 
@@ -226,3 +249,56 @@ async def test_a_background_summary_that_raises_is_logged_and_retrieved(
     assert [c.get("message") for c in unhandled] == []
     assert_logged_once_redacted(caplog)
     await guard.aclose()
+
+
+KEY = "sk-QJ-upstream-ZXW"
+
+
+@pytest.fixture
+def refusing_vllm() -> Iterator[tuple[JsonServer, dict[str, Any]]]:
+    """A /tokenize that counts (for the counter's probes) until told to refuse, then
+    echoes what it was sent, as servers and proxies do in their errors."""
+    mode: dict[str, Any] = {"status": 200, "shape": "error"}
+
+    def answer(path: str, body: Any, headers: Mapping[str, str]) -> tuple[int, Any]:
+        if mode["status"] == 200:
+            return 200, {"count": 7 * len(body.get("messages", [])) + 3}
+        echo = (
+            f"invalid key {KEY} in {headers.get('Authorization')} for "
+            f"https://user:{SECRET}@proxy.example/v1 (x-api-key: {SECRET})"
+        )
+        return mode["status"], {"error": {"message": echo}} if mode["shape"] == "error" else echo
+
+    server = JsonServer(answer)
+    yield server, mode
+    server.close()
+
+
+@pytest.mark.parametrize("status", [400, 401, 500])
+@pytest.mark.parametrize("shape", ["error", "text"])
+def test_a_model_servers_refusal_is_shown_without_credentials(
+    refusing_vllm: tuple[JsonServer, dict[str, Any]], status: int, shape: str
+) -> None:
+    server, mode = refusing_vllm
+    counter = load_counter(f"vllm:{server.url}", headers={"Authorization": f"Bearer {KEY}"})
+    mode.update(status=status, shape=shape)
+    with pytest.raises(CtxGuardError) as caught:
+        counter.count_request([Message(role="user", content="hi")])
+    text = every_text(caught.value)
+    assert "invalid key" in text  # the server's reason is shown
+    assert not leaks(text, SECRET) and "QJ-upstream" not in text, text
+
+
+def test_a_counter_spec_is_recorded_without_its_credentials(
+    refusing_vllm: tuple[JsonServer, dict[str, Any]],
+) -> None:
+    server, _ = refusing_vllm
+    host = server.url.removeprefix("http://")
+    password = quote(SECRET, safe="")  # as a URL must carry it
+    guard = Guard(
+        f"memory://{uuid.uuid4().hex}", counter=f"vllm:http://user:{password}@{host}", limit=1000
+    )
+    guard.prepare("s", [{"role": "user", "content": "hi"}], max_tokens=10)
+    (record,) = guard.store.read_audit("s")
+    assert record["counter_spec"] == f"vllm:http://***@{host}"
+    guard.close()
