@@ -88,9 +88,9 @@ def redact_urls(text: str) -> str:
 
 
 def redact_text(text: str, limit: int | None = None) -> str:
-    """``text`` with every URL's credentials and every bearer/basic credential as
-    ``***``; cut to ``limit`` characters (with an ellipsis) when given."""
-    if limit is not None:  # the work bounded too: a message may be megabytes
+    """``text`` with every credential of the forms in the module's docstring as ``***``;
+    cut to ``limit`` characters (with an ellipsis) when given, the work bounded too."""
+    if limit is not None:  # a message may be megabytes
         text = _cut(text, max(8 * limit, 4096))
     text = _BEARER.sub(r"\1\2***", text)
     text = _NAMED.sub(r"\1***", _AUTH_HEADER.sub(r"\1***", text))
