@@ -2,18 +2,21 @@
 
 ctxguard's own messages are built from redacted parts (``stores.urls``); text that
 other code wrote (an exception from a callable the user handed us, a body an upstream
-answered) may hold a credential in any form. :func:`redact_text` hides the forms we can
-recognise without knowing the secret: every URL's user information and secret-looking
-query values (through :func:`~ctxguard.stores.urls.redact_url`), the credential after
-``Bearer`` or ``Basic``, a whole ``Authorization`` value, and the value of anything
-named like a secret (``api_key``, ``x-api-key``, ``token``, ``password``, ``secret``, a
-URL's ``?key=``) as a header, a dict entry, a keyword or a query parameter. Callers
-that know a secret (an upstream API key) remove it themselves first.
+answered) may hold a credential in any form. :func:`forget` takes out the secrets the
+caller knows (a store's password, which a server may quote back), and
+:func:`redact_text` hides the forms we can recognise without knowing the secret: every
+URL's user information and secret-looking query values (through
+:func:`~ctxguard.stores.urls.redact_url`), the credential after ``Bearer`` or ``Basic``,
+a whole ``Authorization`` value, and the value of anything named like a secret
+(``api_key``, ``x-api-key``, ``token``, ``password``, ``secret``, a URL's ``?key=``) as
+a header, a dict entry, a keyword or a query parameter. Callers that know a secret (an
+upstream API key) remove it themselves first.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 
 from ctxguard.stores.urls import redact_url
 
@@ -98,6 +101,43 @@ def redact_text(text: str, limit: int | None = None) -> str:
     if limit is not None and len(text) > limit:
         text = text[: limit - 1] + "…"
     return text
+
+
+def forget(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with each of ``secrets`` (the longest first, as given) as ``***``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def forget_in_chain(exc: BaseException, secrets: Sequence[str]) -> None:
+    """Each exception under ``exc`` (its causes and contexts, what a traceback or an
+    error tracker shows) whose text holds one of ``secrets`` keeps that text without it:
+    its ``args`` become the one forgotten line (an exception whose text cannot be made
+    has each of its string arguments forgotten instead)."""
+    if not secrets:
+        return
+    seen: list[BaseException] = []
+    item: BaseException | None = exc
+    while item is not None and all(item is not s for s in seen):
+        seen.append(item)
+        try:
+            text: str | None = str(item)
+        except Exception:  # its __str__ fails: what a repr shows still counts
+            text = None
+        if text is not None and any(s in text for s in secrets if s):
+            if isinstance(item, OSError):  # its text is made from these, not from args
+                for name in ("strerror", "filename", "filename2"):
+                    value = getattr(item, name)
+                    if isinstance(value, str):
+                        setattr(item, name, forget(value, secrets))
+            item.args = (forget(text, secrets),)
+        elif text is None:
+            args = tuple(forget(a, secrets) if isinstance(a, str) else a for a in item.args)
+            if args != item.args:
+                item.args = args
+        item = item.__cause__ or item.__context__
 
 
 def describe(exc: BaseException, limit: int = 500) -> str:

@@ -14,7 +14,6 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any, NoReturn, ParamSpec, TypeVar
-from urllib.parse import quote, quote_plus
 
 import click
 from click.core import ParameterSource
@@ -22,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ctxguard._secrets import forget
 from ctxguard._validate import MAX_INT
 from ctxguard.errors import (
     BudgetError,
@@ -104,19 +104,12 @@ def scrub(text: str, url: str | None) -> str:
     """
     if not url:
         return text
-    secrets: list[str] = []
     try:
-        parsed = parse_store_url(url)
+        secrets = parse_store_url(url).secret_values
     except ConfigError:
         head = url.partition("://")[2].rpartition("@")[0]
-        secrets += [head, head.partition(":")[2]]
-    else:
-        for value in (parsed.password, *(v for _, v in parsed.secret_options)):
-            if value:
-                secrets += [value, quote(value, safe=""), quote_plus(value, safe="")]
-    for secret in sorted(filter(None, secrets), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text.replace(url, redact_url(url))
+        secrets = tuple(sorted(filter(None, [head, head.partition(":")[2]]), key=len))[::-1]
+    return forget(text, secrets).replace(url, redact_url(url))
 
 
 def fail(message: str, exit_code: int) -> NoReturn:

@@ -18,9 +18,11 @@ from redis.exceptions import (
     ClusterDownError,
     RedisClusterException,
     RedisError,
+    ResponseError,
     TryAgainError,
 )
 
+from ctxguard._secrets import forget, forget_in_chain, redact_text
 from ctxguard.errors import ConnectionPhase, StoreConnectionError, StoreError
 from ctxguard.stores.urls import StoreURL
 
@@ -35,8 +37,13 @@ def wrap_error(
     attempts: int = 1,
 ) -> StoreError:
     # RedisClusterException is redis-py's "no node of the cluster can be reached".
-    # redis-py's texts for these errors hold host:port at most (never the URL),
-    # but the messages below are ctxguard's own: they never quote the backend.
+    # redis-py's own texts hold host:port at most (never the URL), and the messages
+    # below are ctxguard's own; but a server's answer may quote what it was sent: one
+    # that knows no AUTH (Redis 5 answering HELLO, a proxy) sends the password back,
+    # into this error, the chain under it (a traceback) and an error tracker.
+    secrets = url.secret_values if url is not None else ()
+    forget_in_chain(exc, secrets)
+    said = redact_text(forget(str(exc), secrets), limit=300)
     if isinstance(exc, AuthenticationError):
         return StoreConnectionError(
             f"{what} failed: {where} refused the credentials ({type(exc).__name__}); "
@@ -49,7 +56,15 @@ def wrap_error(
         return StoreConnectionError(
             f"{what} failed: {_connection_problem(exc, phase, where, url)}{tried}", phase=phase
         )
-    return StoreError(f"{what} failed on {where}: {type(exc).__name__}: {exc}")
+    if isinstance(exc, ResponseError) and connection_phase(exc) == "connect":
+        # the handshake (AUTH, HELLO, SELECT) was refused: our command never went out
+        return StoreConnectionError(
+            f"{what} failed: {where} refused the connection handshake (AUTH, HELLO or "
+            f"SELECT: {said.strip()}); is it a Redis server that takes these, with that "
+            "database? nothing was sent, safe to retry",
+            phase="connect",
+        )
+    return StoreError(f"{what} failed on {where}: {type(exc).__name__}: {said}")
 
 
 # redis-py runs these while it opens a connection (TCP, TLS, AUTH/HELLO/SELECT):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, quote, unquote
+from urllib.parse import parse_qsl, quote, quote_plus, unquote
 
 from ctxguard._validate import MAX_SECONDS, is_seconds, show
 from ctxguard.errors import ConfigError
@@ -135,6 +135,19 @@ class StoreURL:
         query = "&".join(f"{k}={quote(v, safe='')}" for k, v in keep)
         db = "" if self.cluster else f"/{self.db}"
         return f"{scheme}://{_hostport(host, port)}{db}" + (f"?{query}" if query else "")
+
+    @property
+    def secret_values(self) -> tuple[str, ...]:
+        """The password and secret options' values, as given and percent-encoded, the
+        longest first: what to take out of text another program wrote (a server may
+        quote a command's arguments back: ``_secrets.forget``)."""
+        values = {
+            form
+            for value in (self.password, *(v for _, v in self.secret_options))
+            if value
+            for form in (value, quote(value, safe=""), quote_plus(value, safe=""))
+        }
+        return tuple(sorted(values, key=lambda v: (-len(v), v)))
 
     def client_kwargs(self) -> dict[str, object]:
         """Credentials, secret options and timeouts as redis-py keyword arguments."""

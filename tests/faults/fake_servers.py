@@ -8,6 +8,9 @@
   a connection that was made and is then stalled or lost mid-operation.
 * ``backlog_full``: listens but never accepts, with its accept queue filled,
   so new connections are never established (a connect timeout).
+* ``echoing``: answers every command as Redis 5 answers one it does not know, quoting
+  its arguments (``ERR unknown command `AUTH`, with args beginning with: `pw`, ``): a
+  server or proxy that knows neither ``HELLO`` nor ``AUTH`` sends the password back.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from contextlib import contextmanager, suppress
 from typing import Literal
 
 Behaviour = Literal[
-    "silent", "closing", "handshake_then_silent", "handshake_then_close", "backlog_full"
+    "silent", "closing", "handshake_then_silent", "handshake_then_close", "backlog_full", "echoing"
 ]
 HANDSHAKE = {b"CLIENT", b"HELLO", b"AUTH", b"SELECT", b"PING"}
 
@@ -96,10 +99,16 @@ class FakeServer:
                 continue
             buffer += data
             while True:
-                command, buffer = _take_command(buffer)
-                if command is None:
+                args, buffer = _take_args(buffer)
+                if not args:
                     break
-                if command.upper() == b"HELLO":  # a RESP3 map, as a Redis 7 server answers
+                command = args[0]
+                if self.behaviour == "echoing":  # Redis 5's words, its first 128 bytes an arg
+                    quoted = "".join(f"`{a[:128].decode(errors='replace')}`, " for a in args[1:])
+                    name = command.decode(errors="replace")
+                    line = f"-ERR unknown command `{name}`, with args beginning with: {quoted}"
+                    conn.sendall(line.replace("\r", " ").replace("\n", " ").encode() + b"\r\n")
+                elif command.upper() == b"HELLO":  # a RESP3 map, as a Redis 7 server answers
                     conn.sendall(b"%1\r\n$5\r\nproto\r\n:3\r\n")
                 elif command.upper() in HANDSHAKE:
                     conn.sendall(b"+OK\r\n")
@@ -118,31 +127,31 @@ class FakeServer:
             thread.join(2)
 
 
-def _take_command(buffer: bytes) -> tuple[bytes | None, bytes]:
-    """The first command name of a RESP array in ``buffer``, and what follows it."""
+def _take_args(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """The first command of a RESP array in ``buffer`` (its name and arguments; none
+    while it is incomplete), and what follows it."""
     if not buffer.startswith(b"*"):
         end = buffer.find(b"\r\n")  # an inline command
         if end < 0:
-            return None, buffer
-        return (buffer[:end].split(b" ", 1)[0] or None), buffer[end + 2 :]
+            return [], buffer
+        return [a for a in buffer[:end].split(b" ") if a], buffer[end + 2 :]
     head_end = buffer.find(b"\r\n")
     if head_end < 0:
-        return None, buffer
+        return [], buffer
     count = int(buffer[1:head_end])
     pos = head_end + 2
-    name = None
+    args: list[bytes] = []
     for _ in range(count):
         len_end = buffer.find(b"\r\n", pos)
         if len_end < 0:
-            return None, buffer
+            return [], buffer
         length = int(buffer[pos + 1 : len_end])
         start = len_end + 2
         if len(buffer) < start + length + 2:
-            return None, buffer
-        if name is None:
-            name = buffer[start : start + length]
+            return [], buffer
+        args.append(buffer[start : start + length])
         pos = start + length + 2
-    return name, buffer[pos:]
+    return args, buffer[pos:]
 
 
 @contextmanager

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from faults.fake_servers import fake_server
 
-from ctxguard.errors import BudgetError, ConfigError, StoreError, TenantBudgetError
+from ctxguard.errors import (
+    BudgetError,
+    ConfigError,
+    StoreConnectionError,
+    StoreError,
+    TenantBudgetError,
+)
 from ctxguard.guard import Guard
 from ctxguard.observe import fan_out
 from ctxguard.observe.tenant_budget import TenantBudget
@@ -92,6 +99,28 @@ def test_corrupt_key_is_a_store_error(redis_url: str, namespace: str) -> None:
     finally:
         client.close()
         budget.close()
+
+
+def test_a_server_that_sends_the_password_back_is_typed_and_redacted() -> None:
+    """A server that knows no AUTH quotes the password in its refusal: not in the
+    error, nor in any exception under it."""
+    with fake_server("echoing") as echoing:
+        budget = TenantBudget(
+            f"redis://:hunter2@127.0.0.1:{echoing.port}/0", tokens=10, window_seconds=1
+        )
+        try:
+            with pytest.raises(StoreConnectionError) as err:
+                budget.charge(1)
+        finally:
+            budget.close()
+    chain: list[BaseException] = []
+    item: BaseException | None = err.value
+    while item is not None:
+        chain.append(item)
+        item = item.__cause__ or item.__context__
+    assert len(chain) > 1 and err.value.never_reached
+    assert all("hunter2" not in f"{e} {e!r}" for e in chain)
+    assert "`***`" in str(err.value)  # what it sent back, without the password
 
 
 def test_unreachable_redis_is_typed_and_redacted() -> None:

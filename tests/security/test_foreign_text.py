@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from local_http import JsonServer
 
 from ctxguard import CtxGuardError, Message, OperationEvent, StoreConnectionError, load_counter
-from ctxguard._secrets import describe, redact_text
+from ctxguard._secrets import describe, forget_in_chain, redact_text
 from ctxguard.guard import AsyncGuard, Guard
 from ctxguard.stores.base import RecordWrite
 from ctxguard.stores.memory import AsyncMemoryStore, MemoryStore
@@ -150,6 +150,34 @@ def settings(summarizer: Any, mode: str = "inline") -> dict[str, Any]:
 def turn(i: int) -> tuple[list[dict[str, str]], dict[str, str]]:
     ask = [{"role": "user", "content": f"question {i} " + "about things " * 8}]
     return ask, {"role": "assistant", "content": f"answer {i} " + "it depends " * 8}
+
+
+def test_a_known_secret_leaves_every_exception_of_a_chain() -> None:
+    """``forget_in_chain``: causes and contexts (a cycle too) lose the secret, in every
+    form given; an exception without it, or whose text fails, is left as it was."""
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    top, cause, context, plain = (
+        RuntimeError("top pw%3A1"),
+        ValueError("AUTH `pw:1`"),
+        OSError(5, "pw:1 refused"),
+        KeyError("nothing here"),
+    )
+    odd = Unprintable("pw:1")
+    top.__cause__, cause.__context__, context.__context__ = cause, context, odd
+    odd.__context__ = plain
+    plain.__context__ = top  # a cycle: it ends
+    forget_in_chain(top, ("pw%3A1", "pw:1"))
+    assert [str(e) for e in (top, cause, context, plain)] == [
+        "top ***",
+        "AUTH `***`",
+        "[Errno 5] *** refused",
+        "'nothing here'",
+    ]
+    assert plain.args == ("nothing here",) and odd.args == ("***",)
 
 
 def test_a_summarizers_error_is_recorded_and_reported_redacted_and_cut() -> None:

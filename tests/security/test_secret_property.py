@@ -24,6 +24,7 @@ from urllib.parse import quote, quote_plus
 
 import pytest
 from click.testing import CliRunner
+from faults.fake_servers import FakeServer, fake_server
 from faults.servers import RedisServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -162,6 +163,55 @@ def test_no_piece_of_the_password_on_any_error_path(
     url = url_forms(password, "127.0.0.1:1")[form]
     text = drive_closed_port(url) + debug_logs.text
     assert not leaks(text, password), (url, leaks(text, password), text[:2000])
+
+
+@pytest.fixture(scope="module")
+def echoing_server() -> Iterator[FakeServer]:
+    with fake_server("echoing") as server:
+        yield server
+
+
+@SETTINGS
+@given(password=passwords, form=st.sampled_from([0, 1, 2, 4, 5, 7, 8]))  # (no TLS: it has
+def test_no_piece_of_the_password_when_the_server_sends_it_back(  # no handshake to answer)
+    password: str, form: int, echoing_server: FakeServer, debug_logs: pytest.LogCaptureFixture
+) -> None:
+    """A server or proxy that knows no ``AUTH`` answers it, as Redis 5 answers any command
+    it does not know, with the password quoted: every entry point, the exception chain
+    under each error (what a traceback or an error tracker shows) and the logs too."""
+    debug_logs.clear()
+    url = url_forms(password, f"127.0.0.1:{echoing_server.port}")[form]
+    text = drive_closed_port(url) + debug_logs.text
+    assert "`***`" in text or "cluster" in url  # it was sent back, and hidden
+    assert not leaks(text, password), (url, leaks(text, password), text[:2000])
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_refused_handshake_is_a_typed_connection_error(
+    asynchronous: bool, echoing_server: FakeServer
+) -> None:
+    """What a server that refuses AUTH (or SELECT) is: never reached, retrying is safe,
+    and the one line says which server and what to check."""
+    url = f"redis://:QJ%3AZXW@127.0.0.1:{echoing_server.port}/0"
+
+    async def read_async() -> None:
+        store = open_async_store(url, retry=ONE_TRY)
+        try:
+            await store.info("s")
+        finally:
+            await store.close()
+
+    with pytest.raises(StoreConnectionError) as info:
+        if asynchronous:
+            asyncio.run(read_async())
+        else:
+            open_store(url, retry=ONE_TRY).info("s")
+    error = info.value
+    assert error.phase == "connect" and error.never_reached
+    text = str(error)
+    assert "\n" not in text and "refused the connection handshake" in text
+    assert f"127.0.0.1:{echoing_server.port}" in text and "safe to retry" in text
+    assert not leaks(every_text(error), "QJ:ZXW")
 
 
 @SETTINGS

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from faults.fake_servers import fake_server
 from faults.servers import RedisServer, free_port
 
 from ctxguard import open_store
@@ -216,6 +217,31 @@ def test_redis_down_is_a_503_and_nothing_is_forwarded(
     health = httpx.get(gateway + "/health", timeout=30)
     assert health.status_code == 503
     assert "hunter2" not in health.text
+    assert "hunter2" not in caplog.text and "sk-upstream-secret" not in caplog.text
+
+
+def test_a_store_that_sends_the_password_back_is_a_503_without_it(
+    start_gateway: Callable[..., str],
+    vllm: FakeVLLM,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server that knows no AUTH quotes it (and the password) in its refusal: the
+    gateway's answers, its health check and its logs hold neither form of it."""
+    caplog.set_level(logging.DEBUG)
+    with fake_server("echoing") as echoing:
+        url = f"redis://:hunter2%40secret@127.0.0.1:{echoing.port}/0"
+        gateway = start_gateway(url=url, upstream_api_key="sk-upstream-secret")
+        for stream in (False, True):
+            response = chat(gateway, "hello", stream=stream)
+            assert response.status_code == 503
+            error = error_of(response)
+            assert error["code"] == "store_unavailable"
+            assert "refused the connection handshake" in error["message"]
+            assert "hunter2" not in response.text
+        health = httpx.get(gateway + "/health", timeout=30)
+    assert health.status_code == 503
+    assert "hunter2" not in health.text
+    assert vllm.requests == []
     assert "hunter2" not in caplog.text and "sk-upstream-secret" not in caplog.text
 
 
