@@ -31,9 +31,12 @@ _AUTH_HEADER = re.compile(r"(?i)\b((?:proxy-)?authorization['\"]?\s*[:=]\s*['\"]
 # a named secret, as a header, a JSON or repr'd dict entry, a keyword or a query
 # parameter of a URL shown without its scheme ("...:generateContent?key=AIza...")
 # (a ":" only after a quoted name or before white space: "tiktoken:cl100k_base" is a name)
+# (a name may go on after a word that always means a secret, "secret_key",
+# "aws_secret_access_key", "private_key_pem"; not after "token": "max_tokens: 512")
 _NAMED = re.compile(
-    r"(?i)((?:\b[\w.-]*(?:api[_-]?key|apikey|access[_-]?key|secret|token|password|passwd)"
-    r"|[?&]key|[?&]sig)(?:['\"]\s*:\s*['\"]?|:\s+['\"]?|['\"]?\s*=\s*['\"]?))[^\s'\",;&}]+"
+    r"(?i)((?:\b[\w.-]*(?:(?:api[_-]?key|apikey|access[_-]?key|private[_-]?key|secret|password"
+    r"|passwd)[\w-]*|token)|[?&]key|[?&]sig)"
+    r"(?:['\"]\s*:\s*['\"]?|:\s+['\"]?|['\"]?\s*=\s*['\"]?))[^\s'\",;&}]+"
 )
 
 

@@ -78,6 +78,11 @@ def test_no_piece_of_a_url_password_survives_redaction(password: str, form: int,
         "Proxy-Authorization: Digest QJ-secret, ZXW",
         "access_token=QJ-secret-ZXW&scope=x",
         "client(secret='QJ-secret-ZXW')",
+        # a name that goes on after a word that always means a secret
+        "secret_key: QJ-secret-ZXW",
+        "aws_secret_access_key=QJ-secret-ZXW",
+        "{'private_key_pem': 'QJ-secret-ZXW'}",
+        "SMTP_PASSWORD_FILE_CONTENTS: QJ-secret-ZXW",
     ],
 )
 def test_credentials_in_other_forms_are_hidden(text: str) -> None:
@@ -88,7 +93,15 @@ def test_credentials_in_other_forms_are_hidden(text: str) -> None:
 def test_text_without_a_secret_is_kept() -> None:
     text = "see https://docs.example.com/errors#limit (redis://127.0.0.1:6380/0 is down)"
     assert redact_text(text) == text
-    kept = ["max_tokens: 512", "the primary key: id", "tiktoken:cl100k_base", "hf:/m/token:x"]
+    kept = [
+        "max_tokens: 512",
+        "tokens: 4096",
+        "completion_tokens=12",
+        "the primary key: id",
+        "tiktoken:cl100k_base",
+        "hf:/m/token:x",
+        "secrets_manager:aws",
+    ]
     for plain in kept:
         assert redact_text(plain) == plain
     assert redact_text("x" * 1000, limit=10) == "x" * 9 + "…"
