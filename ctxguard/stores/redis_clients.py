@@ -61,9 +61,22 @@ def _no_retry(asynchronous: bool) -> Any:
     return (AsyncRetry if asynchronous else Retry)(NoBackoff(), 0)
 
 
+# RESP2, asked for by name: redis-py 8 otherwise opens every connection with HELLO 3 and,
+# where the server or a proxy knows no HELLO (Redis 5, twemproxy), pays a refused
+# command and logs a warning per connection before it falls back; and the connection
+# shelf's fast path holds only where nothing arrives unasked (no RESP3 push messages).
+# Every reply ctxguard reads is the same in both (the scripts answer arrays and strings).
+PROTOCOL = 2
+
+
 def _client_kwargs(url: StoreURL, asynchronous: bool) -> dict[str, Any]:
     """Credentials and timeouts go as arguments: the URL redis-py parses holds neither."""
-    return {"retry": _no_retry(asynchronous), "decode_responses": False, **url.client_kwargs()}
+    return {
+        "retry": _no_retry(asynchronous),
+        "decode_responses": False,
+        "protocol": PROTOCOL,
+        **url.client_kwargs(),
+    }
 
 
 class RedisStoreBase:
@@ -130,8 +143,10 @@ async def asend(conn: Any, packed: Any) -> None:
 
 
 def _resp2(pool: Any) -> bool:
-    """RESP2 (redis-py's default): no push messages, so nothing arrives unasked."""
-    return pool.connection_kwargs.get("protocol") in (None, 2, "2")
+    """RESP2 (what ctxguard asks for: :data:`PROTOCOL`): no push messages, so nothing
+    arrives unasked. No protocol named is RESP2 only before redis-py 8."""
+    protocol = pool.connection_kwargs.get("protocol")
+    return protocol in (2, "2") or (protocol is None and _REDIS_MAJOR < 8)
 
 
 def _has_internals(pool: Any) -> bool:
@@ -145,6 +160,9 @@ def _has_internals(pool: Any) -> bool:
         and isinstance(getattr(pool, "_in_use_connections", None), set)
         and all(callable(getattr(conn, name, None)) for name in ("can_read", "should_reconnect"))
     )
+
+
+_REDIS_MAJOR = int(redis.__version__.split(".", 1)[0])
 
 
 class ConnectionShelf:
@@ -307,6 +325,7 @@ def _cluster_kwargs(url: StoreURL, asynchronous: bool) -> dict[str, Any]:
     kwargs.update(url.client_kwargs())
     kwargs["ssl"] = url.tls
     kwargs["retry"] = _no_retry(asynchronous)
+    kwargs["protocol"] = PROTOCOL
     return kwargs
 
 

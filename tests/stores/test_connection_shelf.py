@@ -131,9 +131,13 @@ def test_a_pool_laid_out_otherwise_is_used_through_redis_pys_own_calls() -> None
     class Other(redis.ConnectionPool):  # a pool type of its own: not the plain one
         pass
 
-    plain = redis.ConnectionPool()
+    plain = redis.ConnectionPool(protocol=2)  # as the stores make it
     assert ConnectionShelf(plain)._fast is True
-    assert ConnectionShelf(Other())._fast is False
+    assert ConnectionShelf(Other(protocol=2))._fast is False
+    # RESP3 (push messages may arrive unasked): asked for, or redis-py 8's default
+    assert ConnectionShelf(redis.ConnectionPool(protocol=3))._fast is False
+    default_is_resp3 = int(redis.__version__.split(".")[0]) >= 8
+    assert ConnectionShelf(redis.ConnectionPool())._fast is not default_is_resp3
     calls: list[str] = []
 
     class Moved(redis.ConnectionPool):
@@ -150,6 +154,58 @@ def test_a_pool_laid_out_otherwise_is_used_through_redis_pys_own_calls() -> None
     assert shelf._fast is False
     shelf.give(shelf.take())
     assert calls == ["get", "release conn"]
-    relaid = redis.ConnectionPool()  # the plain type, its idle list not a list
+    relaid = redis.ConnectionPool(protocol=2)  # the plain type, its idle list not a list
     relaid._available_connections = ()  # type: ignore[assignment]
     assert ConnectionShelf(relaid)._fast is False
+
+
+def _resp(client: Any) -> list[bytes]:
+    """The ``resp=`` field of CLIENT INFO, per node answering (a cluster: each one)."""
+    info = client.execute_command("CLIENT", "INFO")
+    texts = info.values() if isinstance(info, dict) else [info]
+    return [t.split(b" resp=")[1][:1] for t in texts]
+
+
+@pytest.mark.cluster
+def test_the_cluster_stores_speak_resp2(cluster_url: str) -> None:
+    store = open_store(cluster_url)
+    try:
+        store.info("s")
+        assert set(_resp(store.client)) == {b"2"}  # type: ignore[attr-defined]
+    finally:
+        store.close()
+
+    async def run() -> None:
+        astore = open_async_store(cluster_url)
+        try:
+            await astore.info("s")
+            info = await astore.client.execute_command("CLIENT", "INFO")  # type: ignore[attr-defined]
+            assert b" resp=2" in info
+        finally:
+            await astore.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.redis
+def test_the_stores_speak_resp2_and_send_no_hello(redis_url: str) -> None:
+    """Asked for by name (redis-py 8 would open with HELLO 3 and, where a server or a
+    proxy knows no HELLO, pay a refused command and a warning per connection)."""
+    store = open_store(redis_url)
+    try:
+        store.info("s")
+        assert _resp(store.client) == [b"2"]  # type: ignore[attr-defined]
+        assert store._shelf._fast  # type: ignore[attr-defined]
+    finally:
+        store.close()
+
+    async def run() -> None:
+        astore = open_async_store(redis_url)
+        try:
+            await astore.info("s")
+            info = await astore.client.execute_command("CLIENT", "INFO")  # type: ignore[attr-defined]
+            assert b" resp=2" in info
+        finally:
+            await astore.close()
+
+    asyncio.run(run())
