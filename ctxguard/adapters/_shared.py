@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
 from ctxguard import _validate
+from ctxguard.adapters._loops import PerLoop
 from ctxguard.errors import (
     ConfigError,
     InvalidInputError,
@@ -57,15 +59,6 @@ class _NoLimit:
         )
 
 
-def forget_closed_loops(per_loop: dict[Any, Any]) -> None:
-    """Drop what was kept for event loops that have closed (each ``asyncio.run`` or
-    ``Runner.run_sync`` makes a new one). A WeakKeyDictionary cannot do it: an async
-    guard's connections and an ``asyncio.Lock`` refer to their loop, so the key never
-    died and every closed loop kept a guard and its sockets (one per call)."""
-    for loop in [loop for loop in per_loop if loop.is_closed()]:
-        del per_loop[loop]
-
-
 class GuardRef:
     """The guard an adapter works through, given as a Guard, an AsyncGuard or a store URL.
 
@@ -86,9 +79,9 @@ class GuardRef:
     ) -> None:
         self._sync: Guard | None = None
         self._async: AsyncGuard | None = None
-        self._async_loop: object = None
-        self._by_loop: dict[Any, AsyncGuard] = {}
         self._options: dict[str, Any] = {}
+        self._opening = threading.Lock()
+        self.per_loop: PerLoop[AsyncGuard] = PerLoop(self._open_async, AsyncGuard.aclose)
         if isinstance(guard_or_url, Guard):
             self._sync = guard_or_url
         elif isinstance(guard_or_url, AsyncGuard):
@@ -115,35 +108,29 @@ class GuardRef:
                     "this adapter wraps an AsyncGuard: use its async methods, "
                     "or pass a Guard or a store URL"
                 )
-            self._sync = Guard(**self._options)
+            with self._opening:  # two threads' first calls open one Guard, not two
+                if self._sync is None:
+                    self._sync = Guard(**self._options)
         return self._sync
 
     def aio(self) -> AsyncGuard | None:
-        """The async guard, or None when only a sync Guard was given.
+        """The async guard, or None when only a sync Guard was given (call it from a
+        coroutine).
 
-        Opened from a URL, each event loop gets its own AsyncGuard (an async
-        Redis connection belongs to the loop that opened it; frameworks call one
-        session from several loops, e.g. ``Runner.run_sync`` in threads).
+        Opened from a URL, each event loop gets its own AsyncGuard (an async Redis
+        connection belongs to the loop that opened it; frameworks call one session
+        from several loops, e.g. ``Runner.run_sync`` in threads), closed when that
+        loop shuts down (see :mod:`ctxguard.adapters._loops`).
         """
         if not self._options:
             return self._async
-        try:
-            loop: object = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if self._async is not None and self._async_loop is loop:
-            return self._async
-        guard = self._by_loop.get(loop) if loop is not None else None
-        if guard is None:
-            guard = AsyncGuard(**self._options)
-            if loop is not None:
-                forget_closed_loops(self._by_loop)
-                self._by_loop[loop] = guard
-        self._async, self._async_loop = guard, loop
-        return guard
+        return self.per_loop.get()
+
+    def _open_async(self) -> AsyncGuard:
+        return AsyncGuard(**self._options)
 
     def any_guard(self) -> Guard | AsyncGuard:
-        return self._sync or self._async or self.sync()
+        return self._sync or self._async or self.per_loop.latest() or self.sync()
 
 
 # -- argument checks at the adapters' doors (one-line typed errors, before any I/O) ------

@@ -38,6 +38,7 @@ from ctxguard.adapters._llamaindex_convert import (
     to_ctxguard,
     to_llamaindex,
 )
+from ctxguard.adapters._loops import PerLoop
 from ctxguard.adapters._shared import GuardRef
 from ctxguard.errors import MissingDependencyError
 from ctxguard.guard.aio import AsyncGuard
@@ -61,7 +62,9 @@ class CtxGuardChatStore(BaseChatStore):
 
     _ref: GuardRef = PrivateAttr()
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-    _alock: asyncio.Lock = PrivateAttr(default_factory=asyncio.Lock)
+    # one asyncio.Lock per event loop: a lock shared by loops binds to the first that
+    # waits on it and raises RuntimeError in any other (asyncio.run per call, threads)
+    _alocks: PerLoop[asyncio.Lock] = PrivateAttr(default_factory=lambda: PerLoop(asyncio.Lock))
 
     def __init__(
         self, guard_or_url: Guard | AsyncGuard | str = "memory://", **guard_options: Any
@@ -124,7 +127,7 @@ class CtxGuardChatStore(BaseChatStore):
 
     async def aset_messages(self, key: str, messages: list[ChatMessage]) -> None:
         new = _converted(key, messages)
-        async with self._alock:
+        async with self._alocks.get():
             await _shared.areplace(self._ref, key, new)
 
     async def aget_messages(self, key: str) -> list[ChatMessage]:
@@ -136,7 +139,7 @@ class CtxGuardChatStore(BaseChatStore):
 
     async def adelete_messages(self, key: str) -> list[ChatMessage] | None:
         _key(key)
-        async with self._alock:
+        async with self._alocks.get():
             found = await _shared.aread_all(self._ref, key)
             await _shared.aclear(self._ref, key)
         return [to_llamaindex(m) for m in found] or None
@@ -144,7 +147,7 @@ class CtxGuardChatStore(BaseChatStore):
     async def adelete_message(self, key: str, idx: int) -> ChatMessage | None:
         _key(key)
         _shared.check_index(idx, "idx")
-        async with self._alock:
+        async with self._alocks.get():
             removed = await _shared.apop_tail(self._ref, key, idx)
             if not removed:
                 return None
@@ -154,7 +157,7 @@ class CtxGuardChatStore(BaseChatStore):
 
     async def adelete_last_message(self, key: str) -> ChatMessage | None:
         _key(key)
-        async with self._alock:
+        async with self._alocks.get():
             removed = await _shared.apop_newest(self._ref, key)
         return to_llamaindex(removed) if removed else None
 

@@ -41,6 +41,7 @@ from typing import Any
 
 from ctxguard._validate import check_json, check_tools, one_line, show, type_name
 from ctxguard.adapters import _compaction, _shared
+from ctxguard.adapters._loops import PerLoop
 from ctxguard.adapters._shared import GuardRef
 from ctxguard.errors import (
     ConfigError,
@@ -279,17 +280,12 @@ class CtxGuardSession:
         self.compaction = _compaction.Folding(compact_keep_turns, compact_threshold)
         self.ref = GuardRef(guard_or_url, **guard_options)
         self.last_prepared: PreparedRequest | None = None
-        self._locks: dict[Any, asyncio.Lock] = {}
+        self._locks: PerLoop[asyncio.Lock] = PerLoop(asyncio.Lock)
 
     def _lock(self) -> asyncio.Lock:
         """This session's lock on the running loop (an asyncio.Lock serves one loop; a
         session used from several, as ``Runner.run_sync`` in threads does, keeps one each)."""
-        loop = asyncio.get_running_loop()
-        lock = self._locks.get(loop)
-        if lock is None:
-            _shared.forget_closed_loops(self._locks)
-            lock = self._locks[loop] = asyncio.Lock()
-        return lock
+        return self._locks.get()
 
     async def get_items(self, limit: int | None = None, *, wrapper: Any = None) -> list[Item]:
         if limit is not None and type(limit) is not int:
