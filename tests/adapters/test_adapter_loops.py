@@ -37,13 +37,19 @@ def open_sockets() -> int:
     return count
 
 
+def started(session_id: str, redis_url: str, namespace: str) -> CtxGuardSession:
+    """An Agents session over the test Redis that has run once (its first connection)."""
+    session = CtxGuardSession(session_id, f"{redis_url}?namespace={namespace}", limit=4096)
+    asyncio.run(session.add_items([{"role": "user", "content": "first"}]))
+    gc.collect()
+    return session
+
+
 @pytest.mark.redis
 def test_a_session_called_from_a_new_loop_each_time_keeps_one_guard(
     redis_url: str, namespace: str
 ) -> None:
-    session = CtxGuardSession("loops", f"{redis_url}?namespace={namespace}", limit=4096)
-    asyncio.run(session.add_items([{"role": "user", "content": "first"}]))
-    gc.collect()
+    session = started("loops", redis_url, namespace)
     before = open_sockets()
     for i in range(CALLS):
         asyncio.run(session.add_items([{"role": "user", "content": f"turn {i}"}]))
@@ -124,7 +130,6 @@ def test_threads_that_each_run_loops_share_one_session(
 
 
 def _open_sockets_after(work: Callable[[], Any]) -> int:
-    gc.collect()
     before = open_sockets()
     gc.disable()  # what closes the sockets is the loop's shutdown, not a collection
     try:
@@ -138,8 +143,7 @@ def _open_sockets_after(work: Callable[[], Any]) -> int:
 def test_asyncio_run_closes_its_loops_guard_before_it_returns(
     redis_url: str, namespace: str
 ) -> None:
-    session = CtxGuardSession("closed", f"{redis_url}?namespace={namespace}", limit=4096)
-    asyncio.run(session.add_items([{"role": "user", "content": "first"}]))
+    session = started("closed", redis_url, namespace)
     for i in range(3):
         added = _open_sockets_after(
             lambda i=i: asyncio.run(session.add_items([{"role": "user", "content": f"{i}"}]))
