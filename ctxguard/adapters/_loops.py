@@ -70,7 +70,8 @@ class PerLoop(Generic[T]):
 
     def get(self) -> T:
         """This loop's value (call it from a coroutine: it needs a running loop)."""
-        return self.get_for(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        return self._get(loop, here=loop)
 
     def get_for(self, loop: asyncio.AbstractEventLoop) -> T:
         """``loop``'s value; the close hook is registered only when ``loop`` is the
@@ -80,6 +81,9 @@ class PerLoop(Generic[T]):
             here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             here = None
+        return self._get(loop, here)
+
+    def _get(self, loop: asyncio.AbstractEventLoop, here: asyncio.AbstractEventLoop | None) -> T:
         with self._lock:
             kept = self._kept.get(loop)
             if kept is not None:
