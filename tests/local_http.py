@@ -29,9 +29,16 @@ class QuietHandler(BaseHTTPRequestHandler):
         pass
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5: forty clients connecting at once on a
+    # loaded machine overflowed it, the kernel dropped their SYNs, and the retries'
+    # backoff (1, 2, 4, 8, 16 s) could outlast a test's wait (a CI run saw it)
+    request_queue_size = 128
+
+
 def serve_in_thread(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
     """A server on a free port of 127.0.0.1, serving from a daemon thread."""
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd = _Server(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     return httpd
 
