@@ -224,7 +224,7 @@ class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
             if turn is not None:
                 assembler.add_chunk(_as_dict(chunk))
             yield chunk
-        if turn is not None:
+        if turn is not None and assembler.finished:  # a stream cut short stores no reply
             await self._store(turn, assembler.message(), assembler.usage)
 
     async def async_post_call_failure_hook(

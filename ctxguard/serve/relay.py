@@ -4,7 +4,9 @@ Each complete event goes to the client as soon as it arrives (the usage-only chu
 held back when the gateway, not the client, asked for it). A client that goes away
 cancels the relay: the upstream response is closed (so the model server stops
 generating) and the finish callback runs shielded from the cancellation, with the
-reason (``None`` when the reply finished).
+reason (``None`` when the reply finished). A stream that ends unfinished (an error event
+from the upstream, a cut, a timeout, a body that is not SSE) ends with the gateway's own
+error event and no ``[DONE]``, so the client never takes a partial reply for a whole one.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from ctxguard.serve.openai_errors import ApiError
-from ctxguard.serve.sse import EventSplitter, ReplyAssembler, event_data
+from ctxguard.serve.sse import EventSplitter, ReplyAssembler, error_of, event_data
 
 log = logging.getLogger("ctxguard.serve")
 
@@ -33,20 +35,31 @@ class StreamRelay:
     the reply is assembled after the stream (nothing but a substring test per event on the
     way, so relaying costs little more than copying)."""
 
-    def __init__(self, upstream: httpx.Response, drop_usage: bool) -> None:
+    def __init__(
+        self, upstream: httpx.Response, drop_usage: bool, scrub: Callable[[str], str] = str
+    ) -> None:
         self.upstream = upstream
         self.drop_usage = drop_usage
+        self.scrub = scrub  # for what the upstream says in an error event
         self.events: list[bytes] = []  # every event as received, parsed only on demand
         self.splitter = EventSplitter()
         self.attempt = uuid.uuid4().hex
         self.held = b""
+        self.failed = False  # the upstream put an error in the stream: nothing more is sent
         self._assembler: ReplyAssembler | None = None
         self._folded = 0
 
     def events_of(self, data: bytes) -> list[bytes]:
-        """The events to forward from one upstream read."""
+        """The events to forward from one upstream read. An error event (generation failed
+        after the stream started) is not forwarded as it came: the stream ends with the
+        gateway's own error event in its place (the upstream's text scrubbed), and no
+        ``[DONE]``."""
         out: list[bytes] = []
         for event in self.splitter.feed(data):
+            if self.failed:
+                break
+            if b'"error"' in event and self._error(event):
+                break
             self.events.append(event)
             if b"[DONE]" in event or (self.drop_usage and b'"usage"' in event):
                 payload = event_data(event)
@@ -58,6 +71,35 @@ class StreamRelay:
                         continue
             out.append(event)
         return out
+
+    def _error(self, event: bytes) -> bool:
+        payload = event_data(event)
+        try:
+            chunk = json.loads(payload) if payload is not None else None
+        except ValueError:
+            return False
+        message = error_of(chunk) if isinstance(chunk, dict) else None
+        if message is None:
+            return False
+        self.failed = True
+        self.held = _error_event(
+            f"the model server failed mid-stream: {self.scrub(message)[:300]}; the reply "
+            "was not stored, send the request again",
+            "upstream_error",
+        )
+        return True
+
+    def end(self, reason: str) -> None:
+        """The stream ended unfinished (``reason``): it ends with an error event in place
+        of whatever it left unfinished (a partial event, or a body that was not SSE)."""
+        self.splitter.rest()
+        if not self.failed and not self.held:
+            what = "ended the stream" if self.events else "answered with no event stream"
+            self.held = _error_event(
+                f"the model server {what} before the reply finished; the reply was not "
+                "stored, send the request again",
+                reason,
+            )
 
     @property
     def assembler(self) -> ReplyAssembler:
@@ -141,16 +183,25 @@ class RelayResponse(Response):
                 if events:
                     body = events[0] if len(events) == 1 else b"".join(events)
                     await send({"type": "http.response.body", "body": body, "more_body": True})
+                if relay.failed:
+                    relay.end("upstream_error")
+                    return "upstream_error"
         except httpx.HTTPError as exc:
             timed_out = isinstance(exc, httpx.TimeoutException)
             reason = "upstream_timeout" if timed_out else "upstream_lost"
             relay.held = _error_event(
-                f"the model server stopped mid-stream ({type(exc).__name__})", reason
+                f"the model server stopped mid-stream ({type(exc).__name__}); the reply was "
+                "not stored, send the request again",
+                reason,
             )
+            relay.end(reason)
             return reason
         if relay.held:  # [DONE] came: finished, and no chunk needs parsing here
             return None
-        return None if relay.assembler.finished else "upstream_ended"
+        if relay.assembler.finished:
+            return None
+        relay.end("upstream_ended")
+        return "upstream_ended"
 
 
 def _error_event(message: str, code: str) -> bytes:

@@ -63,6 +63,7 @@ class ReplyAssembler:
         self.done = False
         self.response_id: str | None = None
         self.model: str | None = None
+        self.error: str | None = None  # what an error chunk said (the reply did not finish)
 
     def add(self, data: str) -> dict[str, Any] | None:
         """Fold one event's data in; returns the parsed chunk (None for ``[DONE]``/junk)."""
@@ -79,7 +80,12 @@ class ReplyAssembler:
         return chunk
 
     def add_chunk(self, chunk: dict[str, Any]) -> None:
-        """Fold one parsed chunk in."""
+        """Fold one parsed chunk in (an error chunk, see :func:`error_of`, ends the reply
+        unfinished)."""
+        error = error_of(chunk)
+        if error is not None:
+            self.error = error
+            return
         self.chunks += 1
         self.response_id = self.response_id or _str(chunk.get("id"))
         self.model = self.model or _str(chunk.get("model"))
@@ -116,7 +122,7 @@ class ReplyAssembler:
 
     @property
     def finished(self) -> bool:
-        return self.done or self.finish_reason is not None
+        return self.error is None and (self.done or self.finish_reason is not None)
 
     def message(self) -> dict[str, Any]:
         """The reply as an OpenAI assistant message."""
@@ -130,6 +136,19 @@ class ReplyAssembler:
 
     def text_chars(self) -> int:
         return sum(len(c) for c in self.content)
+
+
+def error_of(chunk: dict[str, Any]) -> str | None:
+    """The message of an error a server put in its stream (what vLLM does when generation
+    fails after the stream started: ``{"error": {...}}``, or the older shape
+    ``{"object": "error", ...}``), else None. Foreign text: the caller scrubs it."""
+    error = chunk.get("error")
+    if error is None and chunk.get("object") == "error":
+        error = chunk
+    if error is None:
+        return None
+    message = error.get("message") if isinstance(error, dict) else error
+    return str(message) if message not in (None, "") else "no message"
 
 
 def reply_of(data: Any) -> dict[str, Any]:

@@ -130,3 +130,43 @@ async def test_a_request_over_the_servers_limit_never_reaches_it(
     assert "1024" in caught.value.message
     assert vllm.requests == []
     assert stored("big") == []
+
+
+@pytest.mark.parametrize("mode", ["CUT", "ERRSTREAM"])
+async def test_a_stream_that_does_not_finish_stores_no_reply(
+    guardrail: CtxGuardGuardrail, vllm: FakeVLLM, stored: Any, mode: str
+) -> None:
+    """A stream cut before its finish, or with an error event in it, is LiteLLM's error
+    to the caller; the partial text is not stored as the reply. (LiteLLM drops the older
+    ``{"object": "error"}`` event shape and ends such a stream with ``stop`` itself: not
+    visible to a hook.)"""
+    data = await pre_call(guardrail, request("part", [{"role": "user", "content": mode}]))
+    stream = await complete(vllm, data, stream=True)
+    chunks: list[Any] = []
+    with pytest.raises(litellm.exceptions.MidStreamFallbackError):
+        async for c in guardrail.async_post_call_streaming_iterator_hook(
+            user_api_key_dict=UserAPIKeyAuth(), response=stream, request_data=data
+        ):
+            chunks.append(c)
+    assert [c.choices[0].delta.content for c in chunks] == ["", "echo:"]
+    assert [m["content"] for m in stored("part")] == [mode]
+
+
+async def test_a_stream_with_no_finish_reason_stores_no_reply(
+    guardrail: CtxGuardGuardrail, stored: Any
+) -> None:
+    """(a stream that ended without a finish_reason was stored as a whole reply)"""
+    data = await pre_call(guardrail, request("nofin", [{"role": "user", "content": "hi"}]))
+
+    async def chunks() -> Any:
+        for text in ("half ", "a reply"):
+            yield {"choices": [{"index": 0, "delta": {"content": text}}]}
+
+    seen = [
+        c
+        async for c in guardrail.async_post_call_streaming_iterator_hook(
+            user_api_key_dict=UserAPIKeyAuth(), response=chunks(), request_data=data
+        )
+    ]
+    assert len(seen) == 2
+    assert [m["content"] for m in stored("nofin")] == ["hi"]

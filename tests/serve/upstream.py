@@ -16,6 +16,10 @@ reached the "GPU" fit. What the reply does is scripted by the last user message:
 - ``STALL``     -> streams two chunks, then waits until the client goes away
 - ``BATCH``     -> streams the whole reply in one write (events arrive together)
 - ``CUT``       -> streams the first word, then ends the stream cleanly (no finish, no [DONE])
+- ``ERRSTREAM`` -> streams the first word, then an error event quoting the request's
+  Authorization header (as vLLM reports a failure mid-stream), then ``[DONE]``;
+  ``ERROLDSTREAM`` the same with the older ``{"object": "error"}`` shape
+- ``JSONSTREAM`` -> answers a streaming request with a plain JSON completion
 - anything else -> ``echo: <text>``, streamed word by word
 """
 
@@ -151,7 +155,7 @@ class FakeVLLM:
             }
             if "CALL_TWICE" in text:
                 reply["tool_calls"] *= 2
-        if not body.get("stream"):
+        if not body.get("stream") or "JSONSTREAM" in text:
             return JSONResponse(
                 {
                     "id": "chatcmpl-fake",
@@ -176,6 +180,12 @@ class FakeVLLM:
             events = _in_one_write(events)
         if "CUT" in text:
             events = _first_two(events)
+        if "ERRSTREAM" in text or "ERROLDSTREAM" in text:
+            said = f"CUDA out of memory (request had {request.headers.get('authorization')})"
+            error: dict[str, Any] = {"message": said, "type": "InternalServerError"}
+            error.update(param=None, code=500)
+            shaped = {"error": error} if "ERRSTREAM" in text else {"object": "error", **error}
+            events = _then(_first_two(events), shaped)
         return StreamingResponse(events, media_type="text/event-stream")
 
     async def stream(
@@ -242,6 +252,13 @@ async def _first_two(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         count += 1
         if count == 2:
             return
+
+
+async def _then(events: AsyncIterator[bytes], error: dict[str, Any]) -> AsyncIterator[bytes]:
+    async for event in events:
+        yield event
+    yield b"data: " + json.dumps(error).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
 
 
 def free_socket() -> socket.socket:
