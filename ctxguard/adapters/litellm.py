@@ -178,8 +178,9 @@ class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
         metadata = data.get("metadata")
         if metadata is not None and not isinstance(metadata, Mapping):
             metadata = None
+        named = identity.header(_headers(data), identity.SESSION_HEADER, "X-Session-Id")
         candidates: list[tuple[object, str]] = [
-            (_headers(data).get(identity.SESSION_HEADER), "X-Session-Id"),
+            (named, "X-Session-Id"),
             (data.get("litellm_session_id"), "litellm_session_id"),
             ((metadata or {}).get("session_id"), "metadata.session_id"),
         ]

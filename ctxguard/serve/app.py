@@ -58,8 +58,22 @@ async def tokenize(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
+    """200 while the store answers, else 503 (the gateway's own dependency). The model
+    server's tokenizer is reported (``counter``), not required: a liveness probe must not
+    restart every gateway while vLLM restarts."""
     gw: Gateway = request.app.state.gateway
-    status = await gw.check_ready()
+    status: dict[str, Any] = {"status": "ok"}
+    try:
+        store = await gw.run(gw.health_store)
+        await gw.run(store.info, "ctxguard-health-probe")
+        status["store"] = "ok"
+    except CtxGuardError as exc:
+        status.update(status="unavailable", store=type(exc).__name__)
+    try:
+        await gw.run(gw.counter)
+        status["counter"] = "ok"
+    except CtxGuardError as exc:
+        status["counter"] = type(exc).__name__
     return JSONResponse(status, 200 if status["status"] == "ok" else 503)
 
 

@@ -31,6 +31,7 @@ from ctxguard import (
     StaticLimit,
     TokenCounter,
     load_counter,
+    open_store,
 )
 from ctxguard._http import KEEPALIVE_EXPIRY
 from ctxguard._secrets import redact_text
@@ -48,6 +49,7 @@ from ctxguard.serve import identity
 from ctxguard.serve.config import ServeConfig
 from ctxguard.serve.metrics import make_metrics
 from ctxguard.serve.openai_errors import ApiError
+from ctxguard.stores import SessionStore
 from ctxguard.stores.urls import redact_url
 
 P = ParamSpec("P")
@@ -68,6 +70,7 @@ class Gateway:
         self._counter: TokenCounter | None = None
         self._guards: dict[str | None, Guard] = {}
         self._stateless: Guard | None = None
+        self._health: SessionStore | None = None
         self.limit_source: LimitSource = (
             StaticLimit(config.limit)
             if config.limit is not None
@@ -287,16 +290,13 @@ class Gateway:
             limit = await self.run(self.limit_source.resolve)
         return int(limit.tokens)
 
-    async def check_ready(self) -> dict[str, Any]:
-        """For /health: the store answers and the counter is loaded."""
-        status: dict[str, Any] = {"status": "ok"}
-        try:
-            guard = await self.run(self.guard, self.config.tenant)
-            await self.run(guard.store.info, "ctxguard-health-probe")
-            status["store"] = "ok"
-        except CtxGuardError as exc:
-            status.update(status="unavailable", store=type(exc).__name__)
-        return status
+    def health_store(self) -> SessionStore:
+        """A store for /health's probe, opened once (blocking: call it in a thread); it
+        needs no counter, so a model server that is down does not fail the probe."""
+        with self._lock:
+            if self._health is None:
+                self._health = open_store(self.config.url, namespace=self.config.namespace)
+            return self._health
 
     async def aclose(self) -> None:
         if self._background:
@@ -305,6 +305,8 @@ class Gateway:
         for guard in [*self._guards.values(), self._stateless]:
             if guard is not None:
                 await self.run(guard.close)
+        if self._health is not None:
+            await self.run(self._health.close)
         if self.metrics is not None:
             self.metrics.close()
 

@@ -26,16 +26,52 @@ TENANT_HEADER = "x-tenant"
 IDEMPOTENCY_HEADER = "idempotency-key"
 
 
+def header(headers: Mapping[str, str], name: str, shown: str) -> str | None:
+    """A header's value as the client wrote it (UTF-8), or None when absent.
+
+    ASGI servers hand header bytes to Python as Latin-1 (Starlette decodes them so), which
+    turns ``séssion`` into ``sÃ©ssion``: the bytes are read again as UTF-8 here, and a
+    value that is not UTF-8 is a 400. A value holding characters Latin-1 has not was
+    decoded already (headers built in Python, as LiteLLM's tests do) and is kept."""
+    value = headers.get(name)
+    if value is None:
+        return None
+    try:
+        raw = value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise bad_request(
+            f"the {shown} header is not valid UTF-8; send it as UTF-8 text",
+            param=shown,
+            code="invalid_header",
+        ) from None
+
+
 def session_id_of(headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str | None, str]:
     """The session id and where it came from (for error messages); (None, "") if stateless.
 
-    Every source present is checked, even when a higher one wins."""
+    Every source present is checked, even when a higher one wins. An ``X-Session-Id`` or
+    ``metadata.session_id`` that is present but empty is a 400: a client that meant a
+    session and sent none would otherwise lose its history without a word."""
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, Mapping):
         raise bad_request("'metadata' must be an object of strings", param="metadata")
+    named = header(headers, SESSION_HEADER, "X-Session-Id")
+    given = (metadata or {}).get("session_id")
+    for value, where in ((named, "X-Session-Id"), (given, "metadata.session_id")):
+        if isinstance(value, str) and not value.strip():
+            raise ApiError(
+                400,
+                f"{where} is empty; send a session id, or leave it out for a stateless request",
+                param=where,
+                code="invalid_session_id",
+            )
     candidates: list[tuple[object, str]] = [
-        (headers.get(SESSION_HEADER), "X-Session-Id"),
-        ((metadata or {}).get("session_id"), "metadata.session_id"),
+        (named, "X-Session-Id"),
+        (given, "metadata.session_id"),
         (body.get("user"), "user"),
     ]
     return pick_session_id(candidates)
@@ -73,7 +109,7 @@ def tenant_of(
                 code="invalid_api_key",
             )
         return tenant
-    raw = headers.get(TENANT_HEADER)
+    raw = header(headers, TENANT_HEADER, "X-Tenant")
     if raw is None or raw == "":
         return default
     try:
@@ -83,7 +119,7 @@ def tenant_of(
 
 
 def idempotency_key_of(headers: Mapping[str, str]) -> str | None:
-    raw = headers.get(IDEMPOTENCY_HEADER)
+    raw = header(headers, IDEMPOTENCY_HEADER, "Idempotency-Key")
     if raw is None or raw == "":
         return None
     try:

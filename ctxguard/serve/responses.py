@@ -322,6 +322,6 @@ async def get_response(request: Request) -> Response:
     except CtxGuardError as exc:
         raise from_ctxguard(exc) from None
     for item in reversed(stored):
-        if item.message.id == reply:
+        if item.message.id == reply and item.message.role == "assistant":
             return JSONResponse(response_object(item.message, value))
     raise ApiError(404, f"no response {value!r} is stored", code="not_found")

@@ -202,6 +202,67 @@ def test_session_id_sources_in_order(gateway: str, stored: Stored) -> None:
     assert stored("u") == [] and stored("m") == []
 
 
+def test_header_ids_are_read_as_utf8(gateway: str, stored: Stored) -> None:
+    """(ASGI hands header bytes over as Latin-1: ``séssion-ü`` was stored as
+    ``sÃ©ssion-Ã¼``, another session than the same id in ``metadata.session_id``, and a
+    UTF-8 Idempotency-Key was refused for a control character it does not hold)"""
+    url = f"{gateway}/v1/chat/completions"
+    headers = {
+        "X-Session-Id": "séssion-ü".encode(),
+        "X-Tenant": b"acme",
+        "Idempotency-Key": "ключ".encode(),
+    }
+    body = {"model": "m", "messages": [{"role": "user", "content": "héllo"}]}
+    first = httpx.post(url, json=body, headers=headers, timeout=30)
+    assert first.status_code == 200, first.text
+    again = httpx.post(url, json=body, headers=headers, timeout=30)
+    assert again.headers["idempotent-replayed"] == "true"
+    assert [m["content"] for m in stored("séssion-ü", "acme")] == ["héllo", "echo: héllo"]
+    body = {"model": "m", "messages": [{"role": "user", "content": "more"}]}
+    body["metadata"] = {"session_id": "séssion-ü"}
+    assert httpx.post(url, json=body, headers={"X-Tenant": b"acme"}).status_code == 200
+    assert len(stored("séssion-ü", "acme")) == 4
+    # a tenant name is ASCII: the refusal shows the name the client wrote
+    refused = httpx.post(url, json=body, headers={"X-Tenant": "tenänt".encode()}, timeout=30)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"].startswith("tenant (X-Tenant) 'tenänt' is not")
+
+
+@pytest.mark.parametrize("name", ["X-Session-Id", "X-Tenant", "Idempotency-Key"])
+def test_a_header_that_is_not_utf8_is_a_400(gateway: str, stored: Stored, name: str) -> None:
+    response = chat(gateway, "latin-1", headers={name: "séssion".encode("latin-1")})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_header", name)
+    assert error["message"] == f"the {name} header is not valid UTF-8; send it as UTF-8 text"
+    assert stored("s1") == [] and stored("séssion") == []
+
+
+@pytest.mark.parametrize(
+    ("headers", "metadata", "where"),
+    [
+        ({"X-Session-Id": ""}, None, "X-Session-Id"),
+        ({}, {"session_id": ""}, "metadata.session_id"),
+        ({}, {"session_id": " "}, "metadata.session_id"),
+    ],
+)
+def test_an_empty_session_id_is_a_400_not_a_stateless_request(
+    gateway: str, vllm: FakeVLLM, headers: dict[str, str], metadata: Any, where: str
+) -> None:
+    """(an empty X-Session-Id or metadata.session_id made the request stateless: the
+    client's history was silently not kept)"""
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    if metadata is not None:
+        body["metadata"] = metadata
+    url = f"{gateway}/v1/chat/completions"
+    response = httpx.post(url, json=body, headers=headers, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_session_id", where)
+    assert "is empty; send a session id, or leave it out" in error["message"]
+    assert vllm.requests == []
+
+
 def test_tenants_are_separate(gateway: str, stored: Stored) -> None:
     chat(gateway, "for acme", headers={"X-Tenant": "acme"})
     chat(gateway, "for globex", headers={"X-Tenant": "globex"})

@@ -200,6 +200,21 @@ def test_upstream_down_is_a_502_and_nothing_is_duplicated(
     assert [m["content"] for m in stored("s1")] == ["anyone there?"]
 
 
+def test_health_follows_the_store_and_reports_the_model_server(
+    start_gateway: Callable[..., str], redis_url: str, namespace: str, vllm: FakeVLLM
+) -> None:
+    """(/health answered 503 "store": "TokenizerError" while only the model server's
+    /tokenize was down: a liveness probe would restart every gateway while vLLM restarts)"""
+    dead = f"http://127.0.0.1:{free_port()}"
+    for upstream, counter in ((dead, "TokenizerError"), (vllm.url, "ok")):
+        gateway = start_gateway(
+            upstream=upstream, counter=f"vllm:{upstream}", url=redis_url, namespace=namespace
+        )
+        health = httpx.get(gateway + "/health", timeout=30)
+        assert health.status_code == 200, health.text
+        assert health.json() == {"status": "ok", "store": "ok", "counter": counter}
+
+
 def test_redis_down_is_a_503_and_nothing_is_forwarded(
     start_gateway: Callable[..., str],
     vllm: FakeVLLM,

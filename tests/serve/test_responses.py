@@ -144,6 +144,23 @@ def test_a_previous_response_id_that_names_nothing_stored_is_a_404_and_stores_no
     assert len(vllm.requests) == 4
 
 
+def test_retrieving_a_stored_message_that_is_no_response_is_a_404(
+    gateway: str, client: openai.OpenAI, stored: Stored
+) -> None:
+    """(GET /v1/responses/<session>.<id of the user's message> answered the user's own
+    text as an assistant response)"""
+    first = client.responses.create(model=MODEL, input="my own words")
+    session = first.id[5:].partition(".")[0]
+    user_id, reply_id = stored_ids(stored, first.id)
+    assert (
+        client.responses.retrieve(f"resp_{session}.{reply_id}").output_text == "echo: my own words"
+    )
+    response = httpx.get(f"{gateway}/v1/responses/resp_{session}.{user_id}", timeout=30)
+    assert response.status_code == 404, response.text
+    assert response.json()["error"]["code"] == "not_found"
+    assert "my own words" not in response.text
+
+
 def _session(response_id: str) -> str:
     import base64
 
