@@ -183,6 +183,20 @@ class _Body:
 _BROKEN = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
+def _build(
+    http: httpx.Client | httpx.AsyncClient, method: str, url: str, kwargs: dict[str, Any]
+) -> tuple[httpx.Request, httpx.Auth | None]:
+    """The request, with a URL's user and password moved into Basic auth (what httpx
+    would send for them): httpx logs every request's URL, and each of its exceptions keeps
+    the request, so a password left in the URL would reach logs and error trackers."""
+    request = http.build_request(method, url, **kwargs)
+    if not request.url.userinfo:
+        return request, None
+    auth = httpx.BasicAuth(request.url.username, request.url.password)
+    bare = request.url.copy_with(username=None, password=None)
+    return http.build_request(method, bare, **kwargs), auth
+
+
 def request(
     http: httpx.Client,
     method: str,
@@ -205,15 +219,19 @@ def request(
     token = _DEADLINE.set(end)
     kwargs.setdefault("timeout", seconds)  # also bounds the wait for a free pooled connection
     try:
+        built, auth = _build(http, method, url, kwargs)
         for attempt in (1, 2):
             try:
-                with http.stream(method, url, **kwargs) as response:
+                response = http.send(built, auth=auth or httpx.USE_CLIENT_DEFAULT, stream=True)
+                try:
                     body = _Body(shown, error)
                     for chunk in response.iter_bytes():
                         if time.monotonic() >= end:
                             raise error(_expired(shown, seconds))
                         body.add(chunk)
                     return body.reply(response)
+                finally:
+                    response.close()
             except _BROKEN:
                 if not idempotent or attempt == 2 or time.monotonic() >= end:
                     raise
@@ -237,12 +255,16 @@ async def arequest(
     **kwargs: Any,
 ) -> Reply:
     """The asyncio twin of :func:`request`: the whole call under ``asyncio.timeout``."""
+    built, auth = _build(http, method, url, kwargs)
     try:
         async with asyncio.timeout(seconds):
-            async with http.stream(method, url, **kwargs) as response:
+            response = await http.send(built, auth=auth or httpx.USE_CLIENT_DEFAULT, stream=True)
+            try:
                 body = _Body(shown, error)
                 async for chunk in response.aiter_bytes():
                     body.add(chunk)
                 return body.reply(response)
+            finally:
+                await response.aclose()
     except TimeoutError:
         raise error(_expired(shown, seconds)) from None

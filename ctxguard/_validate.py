@@ -455,8 +455,9 @@ def check_record(record: object) -> None:
         )
 
 
-def check_http_url(url: object, what: str) -> str:
-    """``url`` if it is an ``http(s)://host[:port][/path]`` URL, else ConfigError.
+def check_http_url(url: object, what: str, base: bool = True) -> str:
+    """``url`` if it is an ``http(s)://host[:port][/path]`` URL, else ConfigError; a
+    ``base`` URL (paths are added to it) takes no query string or fragment.
 
     Checked when an object that will call the URL is made, so a typo (``ftp://``,
     ``localhost:8000`` without a scheme, a bad port) fails at once and not at the first
@@ -476,6 +477,9 @@ def check_http_url(url: object, what: str) -> str:
             problem = "only http:// and https:// are supported"
         elif not parts.hostname:
             problem = "it names no host"
+        elif base and (parts.query or parts.fragment):
+            # paths are added after it, and a key in a query would be logged with every call
+            problem = "leave out the query string (?...) and fragment; send a key as a header"
     if problem is not None:
         from ctxguard.kv.server import redact
 

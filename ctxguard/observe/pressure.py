@@ -218,7 +218,7 @@ class PressureLimit:
             raise ConfigError("need 0 < waiting_lower <= waiting_refuse")
         if not 0 < lowered_fraction <= 1 or timeout <= 0:
             raise ConfigError("lowered_fraction must be in (0, 1] and timeout positive")
-        check_http_url(metrics_url, "PressureLimit metrics_url")
+        check_http_url(metrics_url, "PressureLimit metrics_url", base=False)
         self.inner = make_limit(limit)
         self.monitor = monitor_for(metrics_url, interval, timeout)
         self.lower_at, self.refuse_at = lower_at, refuse_at

@@ -109,7 +109,7 @@ class VLLMRenderer:
             limit = 300
         for secret in self._secrets:
             text = text.replace(secret, "***")
-        return redact_text(text, limit)
+        return redact_text(" ".join(text.split()), limit)  # on one line: an HTML page has many
 
 
 def load_vllm_counter(

@@ -321,6 +321,30 @@ def test_a_model_servers_refusal_is_shown_without_credentials(
     assert not leaks(text, SECRET) and "QJ-upstream" not in text, text
 
 
+@pytest.mark.parametrize("status", [400, 502])
+def test_a_model_servers_many_line_refusal_is_shown_on_one_line(status: int) -> None:
+    """(a proxy's HTML error page came through line for line: an error of four lines)"""
+    mode = {"status": 200}
+    page = "<html>\r\n<body>\n  <h1>502 Bad Gateway</h1>\r\n</body>\n</html>\n"
+
+    def answer(path: str, body: Any, headers: Mapping[str, str]) -> tuple[int, Any]:
+        if mode["status"] == 200:
+            return 200, {"count": 7 * len(body.get("messages", [])) + 3}
+        return mode["status"], page
+
+    server = JsonServer(answer)
+    try:
+        counter = load_counter(f"vllm:{server.url}")
+        mode["status"] = status
+        with pytest.raises(CtxGuardError) as caught:
+            counter.count_request([Message(role="user", content="hi")])
+    finally:
+        server.close()
+    message = str(caught.value)
+    assert "\n" not in message and "\r" not in message, message
+    assert "<html> <body> <h1>502 Bad Gateway</h1> </body> </html>" in message
+
+
 def test_a_counter_spec_is_recorded_without_its_credentials(
     refusing_vllm: tuple[JsonServer, dict[str, Any]],
 ) -> None:
