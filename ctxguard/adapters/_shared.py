@@ -302,23 +302,37 @@ async def apop_newest(ref: GuardRef, session_id: str) -> Message | None:
 def replace(guard: Guard, session_id: str, messages: Sequence[Message]) -> None:
     """Replace a session's whole history (a framework's ``set_messages``): delete, then append.
 
-    Only for "replace everything" calls; removing single messages goes through
-    :func:`pop_tail`, which is atomic and keeps the summary and audit trail.
+    The batch is checked first (:func:`check_appendable`), so a batch the append would
+    refuse leaves the session as it was. Only for "replace everything" calls; removing
+    single messages goes through :func:`pop_tail`, which is atomic and keeps the summary
+    and audit trail.
     """
+    if messages:
+        check_appendable(guard, messages)
     guard.store.delete(session_id)
     if messages:
         guard.append(session_id, messages)
 
 
 async def areplace(ref: GuardRef, session_id: str, messages: Sequence[Message]) -> None:
-    """Async :func:`replace` (same STOPGAP caveats)."""
+    """Async :func:`replace`."""
     guard = ref.aio()
     if guard is None:
         await asyncio.to_thread(replace, ref.sync(), session_id, messages)
         return
+    if messages:
+        await asyncio.to_thread(check_appendable, guard, messages)  # counting may be slow
     await guard.store.delete(session_id)
     if messages:
         await guard.append(session_id, messages)
+
+
+def check_appendable(guard: Guard | AsyncGuard, messages: Sequence[Message]) -> None:
+    """Raise what ``guard.append`` would refuse ``messages`` with, touching no session store:
+    they are appended to a scratch in-memory guard with the same counter and settings."""
+    _scratch(guard, max_stored_messages=guard.config.max_stored_messages).append(
+        FIT_SESSION, messages
+    )
 
 
 def prepare(
@@ -361,8 +375,7 @@ def fit(
     Returns the request and, per window message, the index of the input it came
     from (nothing is summarised here, so every window message has one).
     """
-    config = dataclasses.replace(guard.config, summarizer=None, max_stored_messages=None)
-    scratch = Guard(MemoryStore(), counter=guard.counter, limit=guard.limit_source, config=config)
+    scratch = _scratch(guard)
     tagged = [m.model_copy(update={"id": f"fit-{i}"}) for i, m in enumerate(messages)]
     prepared = scratch.prepare(FIT_SESSION, tagged, max_tokens=max_tokens, tools=tools)
     origins = [int(m.id.removeprefix("fit-")) for m in prepared.messages]
@@ -371,6 +384,15 @@ def fit(
         for m, i in zip(prepared.messages, origins, strict=True)
     )
     return dataclasses.replace(prepared, messages=own_ids), origins
+
+
+def _scratch(guard: Guard | AsyncGuard, max_stored_messages: int | None = None) -> Guard:
+    """A guard over a fresh in-memory store with ``guard``'s counter, limit and settings
+    (no summarizer)."""
+    config = dataclasses.replace(
+        guard.config, summarizer=None, max_stored_messages=max_stored_messages
+    )
+    return Guard(MemoryStore(), counter=guard.counter, limit=guard.limit_source, config=config)
 
 
 async def afit(

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("llama_index.core")
 
-from llama_index.core.base.llms.types import ThinkingBlock, ToolCallBlock
+from llama_index.core.base.llms.types import ImageBlock, ThinkingBlock, ToolCallBlock
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.llms import ChatMessage, ChatResponse, MockLLM, TextBlock
 from llama_index.core.storage.chat_store import SimpleChatStore
@@ -20,6 +20,7 @@ from ctxguard.adapters.llamaindex import (
     to_ctxguard,
     to_llamaindex,
 )
+from ctxguard.errors import CtxGuardError, InvalidMessageError, UncountableContentError
 from ctxguard.guard import AsyncGuard, Guard
 
 from .conftest import RESERVE, assert_fits, assert_prepared_fits
@@ -116,6 +117,50 @@ async def test_chat_store_async(aguard: AsyncGuard) -> None:
     assert await store.adelete_messages("k") == conversation[1:3]
     assert await store.aget_messages("k") == []
     assert await store.adelete_messages("k") is None
+
+
+def refused_batches() -> list[tuple[list[ChatMessage], type[CtxGuardError]]]:
+    """Batches an append refuses: an image for a text counter, one id for two tool calls."""
+    image = ChatMessage(
+        role="user", blocks=[TextBlock(text="see"), ImageBlock(url="http://a/b.png")]
+    )
+    twice = ChatMessage(role="assistant", additional_kwargs={"tool_calls": [call(1), call(1)]})
+    new = ChatMessage(role="user", content="new")
+    return [([new, image], UncountableContentError), ([new, twice], InvalidMessageError)]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("where", ["chat_store", "memory"])
+async def test_a_refused_set_leaves_the_session_unchanged(
+    store_url: str, namespace: str, mode: str, where: str
+) -> None:
+    """set_messages / set / from_defaults(chat_history=) with a batch the append refuses
+    change nothing stored (the whole session was deleted before the append refused)."""
+    options: dict[str, Any] = {"namespace": namespace, "limit": 4000}
+    store = CtxGuardChatStore(store_url, **options)
+    memory = CtxGuardMemory.from_defaults(store_url, session_id="k", **options)
+    kept = [
+        ChatMessage(role="user", content="keep me"),
+        ChatMessage(role="assistant", content="ok"),
+    ]
+    store.set_messages("k", kept)
+    for batch, error in refused_batches():
+        with pytest.raises(error):
+            if where == "chat_store" and mode == "sync":
+                store.set_messages("k", batch)
+            elif where == "chat_store":
+                await store.aset_messages("k", batch)
+            elif mode == "sync":
+                memory.set(batch)
+            else:
+                await memory.aset(batch)
+        if where == "memory" and mode == "sync":
+            with pytest.raises(error):
+                CtxGuardMemory.from_defaults(
+                    store_url, session_id="k", chat_history=batch, **options
+                )
+        assert store.get_messages("k") == kept
+        assert await store.aget_messages("k") == kept
 
 
 def long_history(turns: int) -> list[ChatMessage]:
