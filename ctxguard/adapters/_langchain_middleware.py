@@ -7,14 +7,16 @@ adapter works with ``langchain-core`` alone.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ctxguard._validate import type_name
 from ctxguard.adapters import _served, _shared
 from ctxguard.adapters._langchain_messages import openai_tools, to_ctxguard, to_langchain
 from ctxguard.adapters._shared import GuardRef
-from ctxguard.errors import ConfigError, MissingDependencyError
+from ctxguard.errors import ConfigError, InvalidIdError, MissingDependencyError
 from ctxguard.guard.aio import AsyncGuard
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.sync import Guard
@@ -62,6 +64,22 @@ def _fit(guard: Guard | AsyncGuard, request: Any, max_tokens: int | None) -> _Fi
     if system and window and window[0] is system[0]:
         window = window[1:]
     return _Fitted(request.override(messages=window), prepared)
+
+
+def _thread_session(thread: object) -> str | None:
+    """The session of a run's ``thread_id`` (LangGraph takes any value; an int or a UUID is
+    used as its text), or None when the run has no thread."""
+    if thread is None:
+        return None
+    if isinstance(thread, int | uuid.UUID) and not isinstance(thread, bool):
+        thread = str(thread)
+    if not isinstance(thread, str):
+        raise InvalidIdError(
+            f"thread_id must be a str, an int or a UUID to name a ctxguard session, got "
+            f"{type_name(thread)}; pass one in config={{'configurable': {{'thread_id': ...}}}} "
+            "or give CtxGuardMiddleware a session_id"
+        )
+    return _shared.check_key(thread, "thread_id")
 
 
 def _reply(response: Any) -> AIMessage | None:
@@ -118,12 +136,13 @@ def middleware_class() -> type[Any]:
             self._seen = _served.SeenIds()
 
         def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+            session = self._session(request)  # refused before the model is called
+            guard = None if session is None else self._sync_guard()
             fitted = _fit(self.guard, request, self.max_tokens)
             response = handler(fitted.request)
-            session, reply = self._session(request), _reply(response)
-            if session is not None and reply is not None:
+            reply = _reply(response)
+            if session is not None and guard is not None and reply is not None:
                 seen = self._seen.of(session)
-                guard = self._ref.sync()
                 _served.persist(guard, session, self._unseen(request, seen), seen)
                 if reply.id not in seen:
                     stored = to_ctxguard(reply)
@@ -134,9 +153,10 @@ def middleware_class() -> type[Any]:
         async def awrap_model_call(
             self, request: Any, handler: Callable[[Any], Awaitable[Any]]
         ) -> Any:
+            session = self._session(request)  # refused before the model is called
             fitted = await asyncio.to_thread(_fit, self.guard, request, self.max_tokens)
             response = await handler(fitted.request)
-            session, reply = self._session(request), _reply(response)
+            reply = _reply(response)
             if session is not None and reply is not None:
                 seen = self._seen.of(session)
                 await _served.apersist(self._ref, session, self._unseen(request, seen), seen)
@@ -147,12 +167,19 @@ def middleware_class() -> type[Any]:
                     seen.add(stored.id)
             return response
 
+        def _sync_guard(self) -> Guard:
+            if isinstance(self.guard, AsyncGuard):
+                raise ConfigError(
+                    "CtxGuardMiddleware was given an AsyncGuard, which a sync agent.invoke/"
+                    "stream cannot use: run the agent with ainvoke/astream, or pass a Guard"
+                )
+            return self.guard
+
         def _session(self, request: Any) -> str | None:
             if self.session_id is not None:
                 return self.session_id
             info = getattr(request.runtime, "execution_info", None)
-            thread = getattr(info, "thread_id", None)
-            return _shared.check_key(thread) if isinstance(thread, str) else None
+            return _thread_session(getattr(info, "thread_id", None))
 
         @staticmethod
         def _unseen(request: Any, seen: set[str]) -> list[Message]:

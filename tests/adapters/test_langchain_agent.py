@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import pytest
@@ -38,7 +39,7 @@ from ctxguard.adapters.langchain import (
     to_ctxguard,
     token_counter,
 )
-from ctxguard.errors import ConfigError, CtxGuardError
+from ctxguard.errors import ConfigError, CtxGuardError, InvalidIdError
 from ctxguard.guard import AsyncGuard, Guard
 
 from .conftest import LIMIT, RESERVE, assert_fits, assert_starts_on_user
@@ -194,6 +195,61 @@ def test_an_explicit_session_id_wins(guard: Guard) -> None:
     )
     asyncio.run(run_turns(agent, "sync", 1, thread="other"))
     assert guard.store.info("mine") is not None and guard.store.info("other") is None
+
+
+async def invoke_once(agent: Any, mode: str, thread: object) -> list[Any]:
+    """One turn of ``agent`` under ``thread_id=thread``; the agent's messages after it."""
+    state = {"messages": [HumanMessage("turn 1: weather?")]}
+    config = {"configurable": {"thread_id": thread}}
+    if mode == "sync":
+        done = await asyncio.to_thread(agent.invoke, state, config)
+    else:
+        done = await agent.ainvoke(state, config)
+    messages: list[Any] = done["messages"]
+    return messages
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("thread", [7, uuid.UUID(int=7)], ids=["int", "uuid"])
+async def test_an_int_or_uuid_thread_id_names_the_session(
+    guard: Guard, mode: str, thread: object
+) -> None:
+    """LangGraph takes any thread_id; an int or a UUID names the session by its text (it
+    was taken for no session: nothing stored, no error)."""
+    agent = weather_agent(WeatherModel(), CtxGuardMiddleware(guard, max_tokens=RESERVE))
+    state = await invoke_once(agent, mode, thread)
+    assert list(guard.store.list_sessions()) == [str(thread)]
+    assert [s.message.id for s in guard.store.read(str(thread))] == [m.id for m in state]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("thread", ["a" * 300, "x\ny", 1.5, b"t1"])
+async def test_a_thread_id_ctxguard_refuses_is_refused_before_the_model_call(
+    guard: Guard, mode: str, thread: object
+) -> None:
+    """A thread_id that cannot name a session is an InvalidIdError before the model is
+    called (it was raised after the call: billed, the reply lost)."""
+    model = WeatherModel()
+    agent = weather_agent(model, CtxGuardMiddleware(guard, max_tokens=RESERVE))
+    with pytest.raises(InvalidIdError) as info:
+        await invoke_once(agent, mode, thread)
+    assert "\n" not in str(info.value) and "thread_id" in str(info.value)
+    assert model.seen == []
+    assert list(guard.store.list_sessions()) == []
+
+
+def test_an_async_guard_under_sync_invoke_is_refused_before_the_model_call(
+    aguard: AsyncGuard,
+) -> None:
+    """A sync run with an AsyncGuard is a ConfigError before the model is called (it was
+    raised after the call), saying to use ainvoke/astream or a Guard (not a store URL,
+    which the middleware refuses)."""
+    model = WeatherModel()
+    agent = weather_agent(model, CtxGuardMiddleware(aguard, max_tokens=RESERVE))
+    with pytest.raises(ConfigError) as info:
+        asyncio.run(invoke_once(agent, "sync", "t1"))
+    assert str(info.value).endswith("run the agent with ainvoke/astream, or pass a Guard")
+    assert model.seen == []
 
 
 # -- LangChain's own context tools with ctxguard's exact count ---------------------------
