@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ctxguard._validate import show, type_name
 from ctxguard.adapters import _shared
 from ctxguard.errors import InvalidMessageError, MissingDependencyError
 from ctxguard.messages import FunctionCall, ImagePart, Message, TextPart, ToolCall
@@ -100,7 +101,15 @@ def _tool_calls_in(message: ChatMessage) -> list[ToolCall]:
     if blocks:
         return [_from_block(b) for b in blocks]
     raw = message.additional_kwargs.get("tool_calls") or []
-    return [_from_openai(c.model_dump() if hasattr(c, "model_dump") else c) for c in raw]
+    if not isinstance(raw, list | tuple):
+        raise InvalidMessageError(
+            f"additional_kwargs['tool_calls'] must be a list of OpenAI tool calls, got "
+            f"{type_name(raw)}; wrap one call in a list"
+        )
+    return [
+        _from_openai(c.model_dump() if hasattr(c, "model_dump") else c, i)
+        for i, c in enumerate(raw)
+    ]
 
 
 def _from_block(block: ToolCallBlock) -> ToolCall:
@@ -112,8 +121,24 @@ def _from_block(block: ToolCallBlock) -> ToolCall:
     )
 
 
-def _from_openai(call: dict[str, Any]) -> ToolCall:
+def _from_openai(call: object, index: int) -> ToolCall:
+    where = f"additional_kwargs['tool_calls'][{index}]"
+    if not isinstance(call, dict):
+        raise InvalidMessageError(
+            f"{where} must be an OpenAI tool call (a dict with 'id' and 'function'), "
+            f"got {type_name(call)}"
+        )
     function = call.get("function") or {}
+    if not isinstance(function, dict):
+        raise InvalidMessageError(
+            f"{where}['function'] must be a dict with 'name' and 'arguments', "
+            f"got {type_name(function)}"
+        )
+    if not call.get("id"):
+        raise InvalidMessageError(
+            f"{where} ({show(function.get('name'))}) has no id; providers pair results by "
+            "id, so give each tool call its 'id'"
+        )
     return ToolCall(
         id=call["id"],
         function=FunctionCall(

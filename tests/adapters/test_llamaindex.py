@@ -72,6 +72,29 @@ def test_sdk_tool_call_objects_come_back_as_their_json() -> None:
     assert back.blocks == message.blocks
 
 
+@pytest.mark.parametrize(
+    "tool_calls",
+    [
+        [{"type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        {"id": "c1", "function": {"name": "f", "arguments": "{}"}},
+        ["c1"],
+        [{"id": "c1", "function": "f"}],
+    ],
+    ids=["no-id", "a-dict", "strings", "function-str"],
+)
+def test_malformed_tool_calls_are_invalid_message_errors(tool_calls: Any) -> None:
+    """additional_kwargs['tool_calls'] that are not a list of OpenAI tool calls with ids
+    are a one-line InvalidMessageError (they were a bare KeyError or AttributeError)."""
+    message = ChatMessage(role="assistant", additional_kwargs={"tool_calls": tool_calls})
+    with pytest.raises(InvalidMessageError) as info:
+        to_ctxguard(message)
+    assert "\n" not in str(info.value) and "tool_calls" in str(info.value)
+    store = CtxGuardChatStore("memory://")
+    with pytest.raises(InvalidMessageError):
+        store.add_message("k", message)
+    assert store.get_messages("k") == []
+
+
 @pytest.fixture
 def chat_store(guard: Guard) -> CtxGuardChatStore:
     return CtxGuardChatStore(guard)
