@@ -10,10 +10,11 @@ Imported by :mod:`ctxguard.adapters.langchain`, which re-exports the public name
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ctxguard._validate import check_tools, one_line
+from ctxguard._secrets import describe
+from ctxguard._validate import check_tools, one_line, show
 from ctxguard.adapters import _shared
 from ctxguard.adapters._shared import Tools
 from ctxguard.errors import InvalidInputError, InvalidMessageError, MissingDependencyError
@@ -28,6 +29,7 @@ try:
         HumanMessage,
         SystemMessage,
         ToolMessage,
+        convert_to_messages,
         message_chunk_to_message,
     )
     from langchain_core.prompt_values import PromptValue
@@ -236,12 +238,38 @@ def openai_tools(tools: Sequence[Any] | None) -> Tools | None:
     return schemas
 
 
-def as_messages(value: Any) -> list[BaseMessage]:
-    """What a chain hands on (prompt value, message list, a string) as a message list."""
-    if isinstance(value, PromptValue):
-        return value.to_messages()
+def as_messages(value: Any, what: str = "messages") -> list[BaseMessage]:
+    """What a chat model takes as input, as a message list: a prompt value, a string, a
+    message, or a list of message-likes (messages, ``(role, content)`` tuples,
+    ``{"role": ..., "content": ...}`` dicts, strings), converted by LangChain's
+    ``convert_to_messages``. The messages given are returned as they are (the same objects).
+    """
     if isinstance(value, str):
         return [HumanMessage(content=value)]
     if isinstance(value, BaseMessage):
         return [value]
-    return list(value)
+    if isinstance(value, PromptValue):
+        return value.to_messages()
+    if isinstance(value, Mapping | bytes | bytearray) or not isinstance(value, Iterable):
+        hint = (
+            " (pass its 'messages' list)"
+            if isinstance(value, Mapping) and "messages" in value
+            else ""
+        )
+        raise InvalidMessageError(
+            f"{what}: expected a prompt value, a string or a list of messages, got "
+            f"{show(value)}{hint}"
+        )
+    out: list[BaseMessage] = []
+    for index, item in enumerate(value):
+        try:
+            out.extend(convert_to_messages([item]))
+        except (ValueError, TypeError, KeyError, AttributeError, NotImplementedError) as exc:
+            raise InvalidMessageError(
+                one_line(
+                    f"{what}[{index}] is {show(item)}, not a message LangChain can convert: pass "
+                    "a BaseMessage, a (role, content) tuple, a {'role': ..., 'content': ...} "
+                    f"dict or a string ({describe(exc, 120)})"
+                )
+            ) from None
+    return out

@@ -46,6 +46,7 @@ from ctxguard.tokens._protocol import TokenCounter
 
 try:
     from langchain_core.chat_history import BaseChatMessageHistory
+    from langchain_core.language_models import LanguageModelInput
     from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, convert_to_messages
     from langchain_core.runnables import Runnable, RunnableLambda
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
@@ -184,29 +185,37 @@ def _check_text_or(message: object, kind: type[BaseMessage]) -> None:
 
 def fit_messages(
     guard: Guard | AsyncGuard,
-    messages: Sequence[BaseMessage],
+    messages: LanguageModelInput | BaseMessage,
     *,
     max_tokens: int | None = None,
     tools: Sequence[Any] | None = None,
 ) -> list[BaseMessage]:
-    """``messages`` cut to the guard's budget by its policies; the objects are the caller's own."""
+    """``messages`` cut to the guard's budget by its policies; the messages given are
+    returned as they are (the caller's own objects, unless the guard shrank one).
+
+    ``messages`` is what a chat model takes (see :func:`as_messages`): a list of messages,
+    ``(role, content)`` tuples or ``{"role", "content"}`` dicts, a string, a prompt value.
+    """
+    given = as_messages(messages)
     prepared, origins = _shared.fit(
-        guard, [to_ctxguard(m) for m in messages], max_tokens, openai_tools(tools)
+        guard, [to_ctxguard(m) for m in given], max_tokens, openai_tools(tools)
     )
-    return _shared.restore_window(prepared, origins, messages, to_langchain)
+    return _shared.restore_window(prepared, origins, given, to_langchain)
 
 
 async def afit_messages(
     guard: Guard | AsyncGuard,
-    messages: Sequence[BaseMessage],
+    messages: LanguageModelInput | BaseMessage,
     *,
     max_tokens: int | None = None,
     tools: Sequence[Any] | None = None,
 ) -> list[BaseMessage]:
+    """Async :func:`fit_messages` (the counting runs in a thread)."""
+    given = as_messages(messages)
     prepared, origins = await _shared.afit(
-        guard, [to_ctxguard(m) for m in messages], max_tokens, openai_tools(tools)
+        guard, [to_ctxguard(m) for m in given], max_tokens, openai_tools(tools)
     )
-    return _shared.restore_window(prepared, origins, messages, to_langchain)
+    return _shared.restore_window(prepared, origins, given, to_langchain)
 
 
 def window_runnable(
@@ -217,16 +226,16 @@ def window_runnable(
 ) -> Runnable[Any, list[BaseMessage]]:
     """A Runnable (sync and async) that fits a prompt to ``guard``'s budget.
 
-    Put it between the prompt and the model. ``tools`` are the tools bound to
-    the model (their schemas count against the budget); ``max_tokens`` the
-    output to reserve.
+    Put it between the prompt and the model: it takes what the model would (a prompt
+    value, a list of message-likes, a string). ``tools`` are the tools bound to the
+    model (their schemas count against the budget); ``max_tokens`` the output to reserve.
     """
 
     def run(value: Any) -> list[BaseMessage]:
-        return fit_messages(guard, as_messages(value), max_tokens=max_tokens, tools=tools)
+        return fit_messages(guard, value, max_tokens=max_tokens, tools=tools)
 
     async def arun(value: Any) -> list[BaseMessage]:
-        return await afit_messages(guard, as_messages(value), max_tokens=max_tokens, tools=tools)
+        return await afit_messages(guard, value, max_tokens=max_tokens, tools=tools)
 
     return RunnableLambda(run, afunc=arun, name="ctxguard_window")
 

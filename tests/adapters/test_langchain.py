@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 from typing import Any
 
@@ -26,11 +27,13 @@ from pydantic import Field
 
 from ctxguard.adapters.langchain import (
     CtxGuardChatMessageHistory,
+    afit_messages,
     fit_messages,
     to_ctxguard,
     to_langchain,
     window_runnable,
 )
+from ctxguard.errors import InvalidMessageError
 from ctxguard.guard import AsyncGuard, Guard
 from ctxguard.messages import Message
 
@@ -216,6 +219,54 @@ def test_fit_keeps_the_callers_objects_and_tool_pairs(guard: Guard) -> None:
     window = fit_messages(guard, prompt, max_tokens=RESERVE)
     assert all(any(m is p for p in prompt) for m in window)
     check_window(guard, window, prompt[-1].content)  # type: ignore[arg-type]
+
+
+async def fit_all_ways(guard: Guard, value: Any) -> list[list[BaseMessage]]:
+    """``value`` fitted by fit_messages, afit_messages and window_runnable (invoke, ainvoke)."""
+    runnable = window_runnable(guard, max_tokens=RESERVE)
+    return [
+        fit_messages(guard, value, max_tokens=RESERVE),
+        await afit_messages(guard, value, max_tokens=RESERVE),
+        runnable.invoke(value),
+        await runnable.ainvoke(value),
+    ]
+
+
+async def test_fit_takes_what_a_chat_model_takes() -> None:
+    """(role, content) tuples, role/content dicts, strings, a prompt value, mixed with
+    messages, are fitted as a chat model reads them, the messages given returned as
+    themselves (tuples and dicts raised a bare AttributeError)."""
+    guard = Guard("memory://", limit=LIMIT, counter="approx")
+    system, answer = SystemMessage("be terse"), AIMessage("hello")
+    mixed: list[Any] = [system, ("user", "hi"), answer, {"role": "user", "content": "and?"}]
+    expected = [system, HumanMessage("hi"), answer, HumanMessage("and?")]
+    for window in await fit_all_ways(guard, mixed):
+        assert window == expected
+        assert window[0] is system and window[2] is answer
+    for value in ["hi", ["hi"], [("human", "hi")], ChatPromptTemplate([("user", "hi")]).invoke({})]:
+        assert await fit_all_ways(guard, value) == [[HumanMessage("hi")]] * 4
+
+
+@pytest.mark.parametrize(
+    "value",
+    [None, 5, {"messages": [HumanMessage("hi")]}, b"hi", [5], [("user",)], [{"content": "x"}]],
+    ids=["none", "int", "state-dict", "bytes", "int-item", "one-tuple", "no-role"],
+)
+async def test_fit_refuses_what_a_chat_model_refuses(value: Any) -> None:
+    """Input a chat model cannot read is a one-line InvalidMessageError (it was a bare
+    TypeError, AttributeError or NotImplementedError)."""
+    guard = Guard("memory://", limit=LIMIT, counter="approx")
+    runnable = window_runnable(guard, max_tokens=RESERVE)
+    calls = [
+        lambda: fit_messages(guard, value, max_tokens=RESERVE),
+        lambda: asyncio.run(afit_messages(guard, value, max_tokens=RESERVE)),
+        lambda: runnable.invoke(value),
+        lambda: asyncio.run(runnable.ainvoke(value)),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidMessageError) as info:
+            await asyncio.to_thread(call)
+        assert "\n" not in str(info.value) and "messages" in str(info.value)
 
 
 def test_fit_counts_tools(guard: Guard) -> None:
