@@ -15,8 +15,9 @@ import os
 import uuid
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
+from ctxguard._validate import one_line, show
 from ctxguard.adapters import _shared
 from ctxguard.adapters._llamaindex_convert import _checked_one, _converted, to_llamaindex
 from ctxguard.adapters._shared import GuardRef
@@ -31,7 +32,7 @@ from ctxguard.stores.urls import redact_url
 
 try:
     from llama_index.core.base.llms.types import ChatMessage
-    from llama_index.core.bridge.pydantic import Field, PrivateAttr
+    from llama_index.core.bridge.pydantic import Field, PrivateAttr, ValidationError
     from llama_index.core.memory.types import BaseMemory
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxguard.adapters.llamaindex", "llamaindex") from exc
@@ -75,6 +76,26 @@ class CtxGuardMemory(BaseMemory):
     )
     _ref: GuardRef | None = PrivateAttr(default=None)
     _last: PreparedRequest | None = PrivateAttr(default=None)
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _refusal(exc) from None
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate(obj, *args, **kwargs)
+        except ValidationError as exc:
+            raise _refusal(exc) from None
+
+    @classmethod
+    def model_validate_json(cls, json_data: Any, *args: Any, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate_json(json_data, *args, **kwargs)
+        except ValidationError as exc:
+            raise _refusal(exc) from None
 
     def model_post_init(self, context: Any, /) -> None:
         _shared.check_key(self.session_id)
@@ -224,6 +245,25 @@ class CtxGuardMemory(BaseMemory):
     def _window(self, prepared: PreparedRequest) -> list[ChatMessage]:
         self._last = prepared
         return [to_llamaindex(m) for m in prepared.messages]
+
+
+def _refusal(exc: ValidationError) -> InvalidInputError:
+    """The error a refused set of fields answers: the ctxguard error a check raised (pydantic
+    wraps it, with the input, in a ValidationError of many lines), else pydantic's first
+    complaint on one line."""
+    errors = exc.errors()
+    for error in errors:
+        found = (error.get("ctx") or {}).get("error")
+        if isinstance(found, InvalidInputError):
+            return found
+    first = errors[0] if errors else {"loc": (), "msg": str(exc)}
+    where = ".".join(str(part) for part in first["loc"]) or "fields"
+    return InvalidInputError(
+        one_line(
+            f"CtxGuardMemory {where}: {first['msg']} (got {show(first.get('input'))}); "
+            "pass the fields CtxGuardMemory documents, or build it with from_defaults()"
+        )
+    )
 
 
 def _describe(guard_or_url: Guard | AsyncGuard | str, options: dict[str, Any]) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pydantic
 import pytest
 
 pytest.importorskip("llama_index.core")
@@ -19,6 +20,7 @@ from pydantic import Field
 from ctxguard import ConfigError
 from ctxguard.adapters import _llamaindex_memory
 from ctxguard.adapters.llamaindex import CtxGuardMemory, to_ctxguard
+from ctxguard.errors import InvalidIdError, InvalidInputError
 from ctxguard.guard import Guard
 
 from .conftest import assert_fits
@@ -89,6 +91,38 @@ def test_bad_fields_are_refused(fields: dict[str, Any]) -> None:
     with pytest.raises(ConfigError if fields.get("store", 1) is None else Exception):
         memory = CtxGuardMemory(**fields)
         _ = memory.ref
+
+
+BUILDS = {
+    "direct": lambda fields: CtxGuardMemory(**fields),
+    "from_dict": lambda fields: CtxGuardMemory.from_dict(fields),
+    "model_validate": lambda fields: CtxGuardMemory.model_validate(fields),
+    "model_validate_json": lambda fields: CtxGuardMemory.model_validate_json(json.dumps(fields)),
+}
+
+
+@pytest.mark.parametrize("build", sorted(BUILDS))
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"session_id": ""}, InvalidIdError),
+        ({"session_id": "x\ny"}, InvalidIdError),
+        ({"limit": -1}, InvalidInputError),
+        ({"max_tokens": -1}, InvalidInputError),
+        ({"session_id": 5}, InvalidInputError),
+        ({"settings": "no"}, InvalidInputError),
+    ],
+    ids=["empty-id", "newline-id", "limit", "max_tokens", "int-id", "settings-str"],
+)
+def test_bad_fields_raise_the_ctxguard_error_itself(
+    build: str, fields: dict[str, Any], error: type[Exception]
+) -> None:
+    """Built directly, from_dict or model_validate(_json), a bad field is the ctxguard
+    error on one line (it was a pydantic ValidationError of many lines wrapping it)."""
+    with pytest.raises(error) as info:
+        BUILDS[build](fields)
+    assert not isinstance(info.value, pydantic.ValidationError)
+    assert "\n" not in str(info.value)
 
 
 async def test_function_agent_state_round_trips(store_url: str, namespace: str) -> None:
