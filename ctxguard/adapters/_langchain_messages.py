@@ -70,8 +70,8 @@ def to_ctxguard(message: BaseMessage) -> Message:
         fields["name"] = message.name
     if isinstance(message, AIMessage) and message.tool_calls:
         fields["tool_calls"] = [_tool_call_in(c) for c in message.tool_calls]
-    if message.id and _valid_id(message.id):
-        fields["id"] = message.id
+    if message.id:
+        fields["id"] = stored_id(message.id)
     base = Message(**fields)
     meta = _extra_fields(message, base)
     return base.model_copy(update={"metadata": {META_KEY: meta}}) if meta else base
@@ -111,12 +111,14 @@ def _role(message: BaseMessage) -> str:
     return _ROLE_OF[message.type]
 
 
-def _valid_id(value: str) -> bool:
+def stored_id(value: str) -> str:
+    """The ctxguard id of a LangChain message id: itself, or, when ctxguard cannot take it
+    (too long, a control character), an id derived from it, the same every time (so a
+    message passed again is recognised and stored once; its own id rides in metadata)."""
     try:
-        validate_id(value)
+        return validate_id(value)
     except ValueError:
-        return False
-    return True
+        return _shared.digest_id(value, "lc-")
 
 
 def _tool_call_in(call: Any) -> ToolCall:

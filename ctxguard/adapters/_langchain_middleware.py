@@ -14,7 +14,12 @@ from typing import Any
 
 from ctxguard._validate import type_name
 from ctxguard.adapters import _served, _shared
-from ctxguard.adapters._langchain_messages import openai_tools, to_ctxguard, to_langchain
+from ctxguard.adapters._langchain_messages import (
+    openai_tools,
+    stored_id,
+    to_ctxguard,
+    to_langchain,
+)
 from ctxguard.adapters._shared import GuardRef
 from ctxguard.errors import ConfigError, InvalidIdError, MissingDependencyError
 from ctxguard.guard.aio import AsyncGuard
@@ -144,7 +149,7 @@ def middleware_class() -> type[Any]:
             if session is not None and guard is not None and reply is not None:
                 seen = self._seen.of(session)
                 _served.persist(guard, session, self._unseen(request, seen), seen)
-                if reply.id not in seen:
+                if stored_id(str(reply.id)) not in seen:  # (_reply gave it an id)
                     stored = to_ctxguard(reply)
                     _served.complete(guard, session, stored, fitted.prepared, _reported(reply))
                     seen.add(stored.id)
@@ -160,7 +165,7 @@ def middleware_class() -> type[Any]:
             if session is not None and reply is not None:
                 seen = self._seen.of(session)
                 await _served.apersist(self._ref, session, self._unseen(request, seen), seen)
-                if reply.id not in seen:
+                if stored_id(str(reply.id)) not in seen:  # (_reply gave it an id)
                     stored = to_ctxguard(reply)
                     reported = _reported(reply)
                     await _served.acomplete(self._ref, session, stored, fitted.prepared, reported)
@@ -186,6 +191,6 @@ def middleware_class() -> type[Any]:
             """The agent's messages (its state, as the checkpointer keeps them) not stored."""
             state = request.state.get("messages") if isinstance(request.state, dict) else None
             history = state if isinstance(state, list) else request.messages
-            return [to_ctxguard(m) for m in history if not m.id or m.id not in seen]
+            return [to_ctxguard(m) for m in history if not m.id or stored_id(m.id) not in seen]
 
     return CtxGuardMiddleware

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeGuard, cast
 
 import pydantic
 
+from ctxguard.adapters import _shared
 from ctxguard.errors import InvalidMessageError, MissingDependencyError
 from ctxguard.messages import FunctionCall, Message, TextPart, ToolCall
 
@@ -111,10 +111,7 @@ def content_id(data: Any) -> str:
     an id only when they are the same message; a history passed to the next run (or
     a copy of it) is recognised, and nothing is stored twice.
     """
-    text = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return (
-        "pai-" + hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
-    )
+    return _shared.digest_id(data, "pai-")
 
 
 # -- requests ----------------------------------------------------------------------

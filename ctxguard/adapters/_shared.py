@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import importlib
+import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
@@ -176,6 +178,14 @@ def check_message(value: object, kind: type[Any], what: str = "message") -> None
 def check_key(value: object, what: str = "session id") -> str:
     """A session id (a LlamaIndex chat store key, an Agents or LangChain session id)."""
     return validate_id(value, what)
+
+
+def digest_id(data: Any, prefix: str) -> str:
+    """A stable message id made from ``data`` (JSON): ``prefix`` and a digest of its
+    canonical JSON, for a message whose framework gives no usable id of its own."""
+    text = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12)
+    return prefix + digest.hexdigest()
 
 
 def check_index(value: object, what: str) -> int:

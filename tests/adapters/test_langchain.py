@@ -161,6 +161,22 @@ def test_a_retried_message_id_is_stored_once(guard: Guard) -> None:
     assert [m.content for m in history.messages] == ["q", "hi"]
 
 
+@pytest.mark.parametrize("message_id", ["i" * 300, "x\ny"], ids=["300-chars", "newline"])
+async def test_a_message_id_ctxguard_cannot_take_is_stored_once(
+    guard: Guard, message_id: str
+) -> None:
+    """A LangChain id that is no valid ctxguard id gives the same derived id every time,
+    so the message is stored once and reads back with its own id (it got a fresh random
+    id, and was stored again, on every add)."""
+    history = CtxGuardChatMessageHistory(guard, "s1")
+    message = HumanMessage("q", id=message_id)
+    history.add_messages([message])
+    history.add_messages([message])
+    await history.aadd_messages([message])
+    assert history.messages == [message]
+    assert to_ctxguard(message).id == to_ctxguard(message).id != message_id
+
+
 def test_async_guard_refuses_sync_calls(aguard: AsyncGuard) -> None:
     history = CtxGuardChatMessageHistory(aguard, "s1")
     with pytest.raises(Exception, match="AsyncGuard"):

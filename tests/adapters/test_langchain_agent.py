@@ -37,6 +37,7 @@ from ctxguard.adapters.langchain import (
     model_profile,
     openai_tools,
     to_ctxguard,
+    to_langchain,
     token_counter,
 )
 from ctxguard.errors import ConfigError, CtxGuardError, InvalidIdError
@@ -250,6 +251,23 @@ def test_an_async_guard_under_sync_invoke_is_refused_before_the_model_call(
         asyncio.run(invoke_once(agent, "sync", "t1"))
     assert str(info.value).endswith("run the agent with ainvoke/astream, or pass a Guard")
     assert model.seen == []
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_message_id_ctxguard_cannot_take_is_stored_once(guard: Guard, mode: str) -> None:
+    """A message whose LangChain id is no valid ctxguard id (300 characters) is stored once
+    over the run's model calls and turns, and reads back with its own id (it got a fresh
+    random id each time, so was stored again on every model call)."""
+    agent = weather_agent(WeatherModel(), CtxGuardMiddleware(guard, max_tokens=RESERVE))
+    config = {"configurable": {"thread_id": "t"}}
+    for turn, message_id in enumerate(["u" * 300, "v" * 300]):
+        state = {"messages": [HumanMessage(f"turn {turn}: weather?", id=message_id)]}
+        if mode == "sync":
+            await asyncio.to_thread(agent.invoke, state, config)
+        else:
+            await agent.ainvoke(state, config)
+    messages = (await agent.aget_state(config)).values["messages"]
+    assert [to_langchain(s.message) for s in guard.store.read("t")] == messages
 
 
 # -- LangChain's own context tools with ctxguard's exact count ---------------------------
