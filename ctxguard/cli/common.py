@@ -7,10 +7,13 @@ URL never reaches the terminal.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import stat
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any, NoReturn, ParamSpec, TypeVar
@@ -21,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ctxguard._secrets import forget
+from ctxguard._secrets import forget, redact_urls
 from ctxguard._validate import MAX_INT
 from ctxguard.errors import (
     BudgetError,
@@ -73,9 +76,10 @@ class CliFailure(click.ClickException):
 
 
 def failure(message: str, exit_code: int) -> CliFailure:
-    """A CliFailure whose class carries ``exit_code`` (click reads it from the class)."""
+    """A CliFailure whose class carries ``exit_code`` (click reads it from the class); any
+    URL's user and password in ``message`` hidden (a counter spec names a server too)."""
     kind: type[CliFailure] = type(f"CliFailure{exit_code}", (CliFailure,), {"exit_code": exit_code})
-    return kind(message)
+    return kind(redact_urls(message))
 
 
 def exit_code_for(exc: CtxGuardError) -> int:
@@ -189,16 +193,49 @@ def opened_store(url: str, namespace: str | None, tenant: str | None) -> Iterato
 
 @contextmanager
 def writable_output(path: str) -> Iterator[IO[str]]:
-    """``path`` opened for text output (``-`` is stdout); an OS error exits 2 in one line."""
+    """``path`` opened for text output (``-`` is stdout); an OS error exits 2 in one line.
+
+    A file is written whole or not at all: into a temporary file beside it, moved over
+    ``path`` once everything is written and synced (a full disk, a size limit or a failure
+    half-way left a cut file in place of the old one). A device or a pipe is written to as
+    the output comes."""
     if path == "-":
         with click.open_file("-", "w", encoding="utf-8") as out:
             yield out
         return
     try:
-        with open(path, "w", encoding="utf-8") as handle:
+        target = os.path.realpath(path) if os.path.basename(path) else ""
+        if not target or (os.path.exists(target) and not os.path.isfile(target)):
+            with open(path, "w", encoding="utf-8") as handle:
+                yield handle
+            return
+        with _replacing(target) as handle:
             yield handle
     except OSError as exc:
         fail(f"cannot write {path}: {exc.strerror or exc}", EXIT_BAD_INPUT)
+
+
+@contextmanager
+def _replacing(target: str) -> Iterator[IO[str]]:
+    if os.path.exists(target):
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    else:
+        umask = os.umask(0o022)  # read it (os has no other way), then put it back
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    name = os.path.basename(target)
+    fd, temp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp, mode)
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
 
 
 def stdout() -> Console:
@@ -216,8 +253,8 @@ def add_row(table: Table, *cells: str | Text) -> None:
 
 
 def note(message: str) -> None:
-    """A progress or warning line on stderr, printed verbatim."""
-    click.echo(message, err=True)
+    """A progress or warning line on stderr, printed verbatim but for any URL's password."""
+    click.echo(redact_urls(message), err=True)
 
 
 def emit_json(data: Any) -> None:

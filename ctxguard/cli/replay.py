@@ -14,6 +14,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
+from ctxguard._secrets import redact_urls
 from ctxguard.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_CODES_HELP,
@@ -165,7 +166,8 @@ def pick_counter(snap: Snapshot, spec: str | None) -> TokenCounter:
         return load_counter(spec)
     except CtxGuardError as exc:
         fail(
-            f"cannot load counter {spec!r} ({exc}); pass --counter with one that loads here",
+            f"cannot load counter {redact_urls(spec)!r} ({exc}); pass --counter with one "
+            "that loads here",
             EXIT_TOKENIZER,
         )
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ctxguard._secrets import redact_urls
 from ctxguard.cli.replay import replay_snapshot
 from ctxguard.cli.snapshot import Snapshot
 from ctxguard.errors import CtxGuardError
@@ -64,7 +65,8 @@ def prefix_columns(snap: Snapshot, counter_spec: str | None) -> PrefixColumns:
     try:
         counter = load_counter(spec)
     except CtxGuardError as exc:
-        why = f"counter {spec!r} does not load here ({type(exc).__name__}); pass --counter"
+        shown = redact_urls(spec)
+        why = f"counter {shown!r} does not load here ({type(exc).__name__}); pass --counter"
         return PrefixColumns(recorded, alternative, from_records, why)
     try:
         turns = replay_snapshot(snap, counter, ReplayOverrides(window_policy=alternative))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from faults.servers import free_port
 
 from ctxguard.guard import Guard
 from ctxguard.stores.base import SessionStore
@@ -48,6 +51,22 @@ def test_unloadable_counter_asks_for_another(run: Cli, sessions: None) -> None:
     result = run("replay", CHAT, "--counter", "nonsense:zzz")
     assert result.exit_code == 6
     assert "--counter" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["replay", "report"])
+def test_a_counter_specs_password_is_never_printed(
+    run: Cli, sessions: None, command: str, tmp_path: Path
+) -> None:
+    """(``cannot load counter 'vllm:http://user:vpass@host'``: the CLI quoted the spec as
+    given, while the library's own part of the message was redacted)"""
+    spec = f"vllm:http://user:vp%40ss-QJ9@127.0.0.1:{free_port()}"
+    args = ["--html", str(tmp_path / "r.html")] if command == "report" else []
+    result = run(command, CHAT, "--counter", spec, *args)
+    text = result.output + result.stderr
+    assert "vllm:http://***@127.0.0.1" in text, text
+    assert "QJ9" not in text and "vp%40ss" not in text, text
+    if command == "report":
+        assert "QJ9" not in (tmp_path / "r.html").read_text()
 
 
 def test_malformed_and_corrupt_sessions_replay_without_a_traceback(

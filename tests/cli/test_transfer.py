@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
+import stat
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +101,63 @@ def test_export_all_refuses_a_session_with_an_undecodable_record(
     result = run("export", "--all", "--out", str(tmp_path / "x.jsonl"))
     assert result.exit_code == 4
     assert CORRUPT in result.stderr and "record 5" in result.stderr
+
+
+def _cli_with_file_size_limit(run: Cli, limit: int, *args: str) -> subprocess.CompletedProcess[str]:
+    """``ctxguard *args`` in a process that may write files of at most ``limit`` bytes
+    (what a full disk or a quota does halfway through)."""
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+    env = {**os.environ, "CTXGUARD_URL": run.url, "CTXGUARD_NAMESPACE": run.namespace}
+    code = "import sys; from ctxguard.cli import main; sys.argv[0] = 'ctxguard'; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        preexec_fn=cap,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_an_export_cut_short_leaves_the_old_file_as_it_was(
+    run: Cli, sessions: None, tmp_path: Path
+) -> None:
+    """(the file was opened for writing at once: a write that failed halfway left a cut
+    file in place of the old one)"""
+    whole = tmp_path / "whole.jsonl"
+    assert run("export", CHAT, TOOLS, "--out", str(whole)).exit_code == 0
+    size = whole.stat().st_size
+    assert size > 8192
+    out = tmp_path / "backup.jsonl"
+    out.write_text("the old backup\n")
+    out.chmod(0o640)
+    result = _cli_with_file_size_limit(run, size // 2, "export", CHAT, TOOLS, "--out", str(out))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error: cannot write {out}: File too large")
+    assert out.read_text() == "the old backup\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["backup.jsonl", "whole.jsonl"]
+    # a whole export replaces it, with the file's own permissions
+    assert run("export", CHAT, TOOLS, "--out", str(out)).exit_code == 0
+    assert out.read_text() == whole.read_text() and (out.stat().st_mode & 0o777) == 0o640
+
+
+def test_an_export_into_a_pipe_is_written_as_it_goes(
+    run: Cli, sessions: None, tmp_path: Path
+) -> None:
+    """A device or a pipe is not replaced by a file: it is written to."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    result = run("export", CHAT, "--out", str(fifo))
+    reader.join(30)
+    assert result.exit_code == 0, result.stderr
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert got and got[0].count("\n") > 10
 
 
 def test_export_to_stdout_and_import_from_stdin(
