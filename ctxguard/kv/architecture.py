@@ -20,8 +20,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from ctxguard._secrets import describe
+from ctxguard._validate import one_line, show
 from ctxguard.errors import ConfigError, MissingDependencyError
-from ctxguard.kv.refusals import derive_max_model_len
+from ctxguard.kv.refusals import check_finite, derive_max_model_len
 
 LayerKind = Literal["full", "sliding", "chunked", "mamba", "none"]
 """full: KV for every token; sliding/chunked: KV bounded by a window; mamba: a fixed
@@ -115,6 +117,18 @@ class KVArchitecture:
             ("head_dim", self.head_dim),
         ):
             _require(value > 0, self.name, f"has {label} = {value}; it must be positive")
+        for label, size in (
+            ("sliding_window", self.sliding_window),
+            ("attention_chunk_size", self.attention_chunk_size),
+            ("kv_lora_rank", self.kv_lora_rank),
+        ):
+            _require(
+                size is None or size > 0, self.name, f"has {label} = {size}; it must be positive"
+            )
+        rope = self.qk_rope_head_dim
+        _require(
+            rope is None or rope >= 0, self.name, f"has qk_rope_head_dim = {rope}; it must be >= 0"
+        )
         _require(self.dtype in DTYPE_BYTES, self.name, f"has unknown dtype {self.dtype!r}")
         if "sliding" in self.layer_kinds:
             _require(bool(self.sliding_window), self.name, "has sliding layers but no window")
@@ -216,8 +230,10 @@ def _first(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
 
 
 def _first_int(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
-    value = _first(cfg, keys)
-    return None if value is None else _as_int(value, keys[0])
+    for key in keys:  # (an error names the field that is there)
+        if cfg.get(key) is not None:
+            return _as_int(cfg[key], key)
+    return None
 
 
 def _optional_int(cfg: Mapping[str, Any], key: str) -> int | None:
@@ -226,8 +242,9 @@ def _optional_int(cfg: Mapping[str, Any], key: str) -> int | None:
 
 
 def _as_int(value: Any, key: str) -> int:
+    check_finite(value, key)
     if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
-        raise ConfigError(f"config field {key!r} must be a whole number, got {value!r}")
+        raise ConfigError(f"config field {key!r} must be a whole number, got {show(value)}")
     return int(value)
 
 
@@ -420,13 +437,16 @@ def load_model_directory(path: str | Path) -> KVArchitecture:
         raise MissingDependencyError("loading a model directory", "hf") from exc
     directory = Path(path)
     try:
-        config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
-    except (OSError, ValueError, KeyError) as exc:
+        data = AutoConfig.from_pretrained(str(directory), local_files_only=True).to_dict()
+    except Exception as exc:  # transformers' own validation errors, or its bugs, on bad values
+        if (directory / "config.json").is_file():
+            load_config_file(directory / "config.json")  # names the bad field when it can
         raise ConfigError(
-            f"transformers could not load {str(directory)!r} offline ({exc}); "
-            "pass the path of its config.json instead"
+            one_line(
+                f"transformers could not load the model directory {show(str(directory), 120)} "
+                f"offline: check its config.json and the values in it ({describe(exc, 120)})"
+            )
         ) from exc
-    data = config.to_dict()
     arch = architecture_from_config(
         data, name=_model_name(data, directory), source=f"{directory} (AutoConfig)"
     )

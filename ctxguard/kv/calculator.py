@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from ctxguard._validate import show
 from ctxguard.errors import ConfigError
 from ctxguard.kv.architecture import DTYPE_BYTES, KVArchitecture, LayerKind
 from ctxguard.kv.refusals import check_tensor_parallel
@@ -78,9 +79,11 @@ class ServingSetup:
                 "disable_hybrid_kv_cache_manager must be True or False, got "
                 f"{self.disable_hybrid_kv_cache_manager!r}"
             )
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+        if type(self.kv_cache_dtype) is not str or self.kv_cache_dtype not in KV_CACHE_DTYPES:
             known = ", ".join(KV_CACHE_DTYPES)
-            raise ConfigError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; use one of {known}")
+            raise ConfigError(
+                f"unknown kv_cache_dtype {show(self.kv_cache_dtype)}; use one of {known}"
+            )
 
 
 def kv_heads_per_rank(arch: KVArchitecture, tensor_parallel: int) -> int:

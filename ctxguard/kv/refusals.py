@@ -15,9 +15,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ctxguard._validate import show
 from ctxguard.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -38,6 +40,14 @@ _UNSCALED_ROPE_TYPES = frozenset({"su", "longrope", "llama3"})
 _TP_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
 
 
+def check_finite(value: Any, key: str) -> None:
+    """A config number that is NaN or infinite (JSON's ``NaN``/``Infinity``) is a ConfigError."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(
+            f"config field {key!r} is {show(value)}, not a finite number; fix it in config.json"
+        )
+
+
 def derive_max_model_len(cfg: Mapping[str, Any]) -> tuple[int, str] | None:
     """vLLM's derived max_model_len for a (language-model) config, with how it was derived."""
     found = [
@@ -47,6 +57,8 @@ def derive_max_model_len(cfg: Mapping[str, Any]) -> tuple[int, str] | None:
     ]
     if not found:
         return None
+    for value, key in found:
+        check_finite(value, key)
     derived, key = min(found)
     if isinstance(cfg.get("model_max_length"), int | float) and cfg["model_max_length"]:
         derived, key = cfg["model_max_length"], "model_max_length"
@@ -79,6 +91,7 @@ def _rope_parameters(cfg: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
 
 
 def _number(value: Any, default: float) -> float:
+    check_finite(value, "rope factor")
     if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
         return float(value)
     return default

@@ -11,6 +11,7 @@ import pytest
 
 from ctxguard.errors import ConfigError, MissingDependencyError
 from ctxguard.kv import (
+    ModelLimit,
     ServingSetup,
     architecture_from_config,
     from_catalogue,
@@ -395,3 +396,53 @@ def test_model_directory_without_transformers(
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(MissingDependencyError, match=r"ctxguard\[hf\]"):
         load_model_directory(tmp_path)
+
+
+_BAD_VALUES = [
+    ({"max_position_embeddings": float("nan")}, "max_position_embeddings"),
+    ({"max_position_embeddings": float("inf")}, "max_position_embeddings"),
+    ({"model_max_length": float("nan")}, "model_max_length"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": float("inf")}}, "rope factor"),
+    ({"num_key_value_heads": float("-inf")}, "num_key_value_heads"),
+    ({"hidden_size": "4096"}, "hidden_size"),
+    ({"hidden_size": float("nan")}, "hidden_size"),
+    ({"num_hidden_layers": True}, "num_hidden_layers"),
+    ({"num_attention_heads": 0}, "attention heads is 0"),
+    ({"kv_lora_rank": 0}, "kv_lora_rank"),
+]
+
+
+@pytest.mark.parametrize("where", ["config.json", "directory"])
+@pytest.mark.parametrize(("change", "named"), _BAD_VALUES)
+def test_bad_config_values_are_one_line_config_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, change: dict[str, Any], named: str
+) -> None:
+    """NaN/Infinity, a string or bool number, zero heads or a zero MLA rank in config.json
+    is a ConfigError naming the field, for a config.json and a model directory (before:
+    ValueError, OverflowError, ZeroDivisionError or transformers' validation error)."""
+    if where == "directory":
+        pytest.importorskip("transformers")
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA_8B, **change}))
+    model = tmp_path / "config.json" if where == "config.json" else tmp_path
+    with pytest.raises(ConfigError) as info:
+        ModelLimit(model, available_kv_gib=20, max_model_len=4096).resolve()
+    text = str(info.value)
+    assert named in text and "\n" not in text and len(text) <= 300
+
+
+def test_a_config_transformers_refuses_is_a_one_line_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model directory whose config.json transformers cannot load is a bounded one-line
+    ConfigError naming the directory (before: IndexError from config.to_dict(), or a
+    multi-line StrictDataclassFieldValidationError)."""
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for change in ({"torch_dtype": ["x"]}, {"max_position_embeddings": 1e300}):
+        (tmp_path / "config.json").write_text(json.dumps({**LLAMA_8B, **change}))
+        with pytest.raises(ConfigError) as info:
+            load_model_directory(tmp_path)
+        text = str(info.value)
+        assert "config.json" in text and str(tmp_path) in text
+        assert "\n" not in text and len(text) <= 300

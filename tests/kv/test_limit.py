@@ -146,3 +146,12 @@ def test_a_limit_outside_one_to_2_63_is_refused(tokens: object) -> None:
     assert "limit" in str(info.value)
     with pytest.raises(ConfigError, match=r"positive integer up to 2\*\*63-1"):
         ContextLimit(tokens, "test")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", [[], {}, None, 3, "x" * 10_000])
+def test_a_bad_kv_cache_dtype_is_a_short_config_error(dtype: object) -> None:
+    """(Before: [] was a bare TypeError, unhashable; a 10,000-character string was echoed
+    whole, a 10,132-character message.)"""
+    with pytest.raises(ConfigError, match="unknown kv_cache_dtype") as info:
+        ModelLimit("llama-3.1-8b", kv_cache_dtype=dtype)  # type: ignore[arg-type]
+    assert len(str(info.value)) <= 300 and "\n" not in str(info.value)
