@@ -19,8 +19,11 @@ Every Redis connection has a connect timeout (5 s) and a read timeout (10 s):
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 
+from ctxguard._validate import one_line, show
+from ctxguard.errors import ConfigError
 from ctxguard.ids import validate_name
 from ctxguard.stores.base import (
     AppendResult,
@@ -38,6 +41,7 @@ from ctxguard.stores.memory import AsyncMemoryStore, MemoryStore
 from ctxguard.stores.urls import StoreURL, parse_store_url, redact_url
 
 _memory: dict[tuple[str, str, str], MemoryStore] = {}
+REDIS_OPTIONS = ("client", "retry")  # what RedisStore and AsyncRedisStore take besides the URL
 _memory_lock = threading.Lock()
 
 
@@ -51,18 +55,31 @@ def _memory_store(name: str, namespace: str, tenant: str) -> MemoryStore:
 
 
 def _parsed(
+    opener: str,
     url: str,
     namespace: str | None,
     tenant: str | None,
     connect_timeout: float | None,
     read_timeout: float | None,
+    options: Mapping[str, Any],
 ) -> StoreURL:
-    """The URL parsed, its namespace and tenant checked (they become key prefixes)."""
+    """The URL parsed, its namespace and tenant checked (they become key prefixes), and
+    the other keyword arguments checked against what this scheme's store takes."""
     parsed = parse_store_url(
         url, namespace, tenant, connect_timeout=connect_timeout, read_timeout=read_timeout
     )
     validate_name(parsed.namespace, "namespace")
     validate_name(parsed.tenant, "tenant")
+    accepted = () if parsed.scheme == "memory" else REDIS_OPTIONS
+    unknown = next((name for name in options if name not in accepted), None)
+    if unknown is not None:
+        takes = ", ".join((*accepted, "namespace", "tenant", "connect_timeout", "read_timeout"))
+        raise ConfigError(
+            one_line(
+                f"{opener}() got an unexpected keyword argument {show(unknown, 40)}; "
+                f"a {parsed.scheme}:// store takes {takes}"
+            )
+        )
     return parsed
 
 
@@ -76,7 +93,7 @@ def open_store(
     **kw: Any,
 ) -> SessionStore:
     """Open a synchronous store for ``url`` (see the module docstring for the table)."""
-    parsed = _parsed(url, namespace, tenant, connect_timeout, read_timeout)
+    parsed = _parsed("open_store", url, namespace, tenant, connect_timeout, read_timeout, kw)
     if parsed.scheme == "memory":
         return _memory_store(parsed.name, parsed.namespace, parsed.tenant)
     from ctxguard.stores.redis import RedisStore
@@ -94,7 +111,7 @@ def open_async_store(
     **kw: Any,
 ) -> AsyncSessionStore:
     """Open an asynchronous store for ``url``; same table as :func:`open_store`."""
-    parsed = _parsed(url, namespace, tenant, connect_timeout, read_timeout)
+    parsed = _parsed("open_async_store", url, namespace, tenant, connect_timeout, read_timeout, kw)
     if parsed.scheme == "memory":
         return AsyncMemoryStore(sync=_memory_store(parsed.name, parsed.namespace, parsed.tenant))
     from ctxguard.stores.redis import AsyncRedisStore

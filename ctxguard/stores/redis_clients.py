@@ -25,6 +25,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from ctxguard._validate import type_name
 from ctxguard.errors import ConfigError, StoreError
 from ctxguard.stores.base import WindowFetch, WindowHit
 from ctxguard.stores.keys import KeySpace
@@ -83,6 +84,10 @@ class RedisStoreBase:
     def __init__(self, url: StoreURL, retry: RetryPolicy | None) -> None:
         self.url = url
         self.protocol = RedisProtocol(KeySpace(url.namespace, url.tenant))
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigError(
+                f"retry must be a RetryPolicy or None (the default policy), got {type_name(retry)}"
+            )
         self.retry_policy = retry or RetryPolicy()
         self.where = url.redacted
 

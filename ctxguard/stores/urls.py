@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, quote, quote_plus, unquote
 
-from ctxguard._validate import MAX_SECONDS, is_seconds, show
+from ctxguard._validate import MAX_INT, MAX_SECONDS, is_seconds, show
 from ctxguard.errors import ConfigError
 
 OWN_PARAMS = ("namespace", "tenant")
@@ -59,6 +59,13 @@ KNOWN_PARAMS = (
     "ssl_min_version",
     "ssl_ciphers",
 )
+MAX_DB = 2**31 - 1  # Redis' "databases" setting (how many there are) is a 32-bit int
+# the whole-number options, checked when the URL is parsed (redis-py checks them only when
+# a connection is made): name -> (lowest, highest, what the number counts)
+_WHOLE_PARAMS = {
+    "max_connections": (1, MAX_INT, " of connections"),
+    "health_check_interval": (0, MAX_SECONDS, " of seconds"),  # (0: no health checks)
+}
 _HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]{0,19}")
 _USAGE = "use memory://, redis://host:6379/0, rediss://... or redis+cluster://h1:p1,h2:p2"
@@ -251,11 +258,12 @@ def parse_store_url(
     username = reading.username if reading.username is not None else _param(params, "username")
     password = reading.password if reading.password is not None else _param(params, "password")
     db_param = _param(params, "db")
-    db = int(reading.path.strip("/") or 0)
+    db = _whole(reading.path.strip("/") or "0", "the database of the store URL", 0, MAX_DB)
     if db_param is not None:
-        if not (db_param.isascii() and db_param.isdigit()):
-            raise ConfigError("the db parameter of the store URL is not a number")
-        db = int(db_param)
+        db = _whole(db_param, "the db parameter of the store URL", 0, MAX_DB)
+    for name, (low, high, unit) in _WHOLE_PARAMS.items():
+        if (text := _param(params, name)) is not None:
+            _whole(text, f"{name} in the store URL", low, high, unit)
     if scheme.endswith("+cluster") and db != 0:
         raise ConfigError("a Redis Cluster has database 0 only; drop the database from the URL")
     if not scheme.startswith("rediss") and any(k.startswith("ssl_") for k, _ in params):
@@ -455,6 +463,15 @@ def _first_timeout(given: float | None, params: list[tuple[str, str]], name: str
             f"{name} in the store URL must be a positive number of seconds, at most {MAX_SECONDS:,}"
         )
     return value
+
+
+def _whole(text: str, what: str, low: int, high: int, unit: str = "") -> int:
+    """``text`` as a whole number from ``low`` to ``high``, else a ConfigError that names
+    ``what`` and the range, never the text (it may hold a piece of an unencoded password)."""
+    number = (text.lstrip("0") or "0") if text.isascii() and text.isdigit() else ""
+    if not number or len(number) > 19 or not low <= int(number) <= high:  # (19: past any bound)
+        raise ConfigError(f"{what} must be a whole number{unit} from {low} to {high:,}")
+    return int(number)
 
 
 def _first(*values: str | None) -> str:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import traceback
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ctxguard import Guard
 from ctxguard.errors import ConfigError, InvalidIdError, StoreConnectionError
 from ctxguard.stores import (
     AsyncMemoryStore,
@@ -306,3 +308,58 @@ def test_the_shown_url_names_the_database_it_uses(url: str, shown: str) -> None:
     parsed = parse_store_url(url)
     assert parsed.redacted == shown
     assert parse_store_url(parsed.backend_url).db == parsed.db
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        ("max_connections=abc", "max_connections in the store URL"),
+        ("max_connections=0", "max_connections in the store URL"),
+        ("health_check_interval=abc", "health_check_interval in the store URL"),
+        ("health_check_interval=-5", "health_check_interval in the store URL"),
+        ("health_check_interval=2.5", "health_check_interval in the store URL"),
+        ("db=99999999999999999999", "db parameter"),
+        ("db=-1", "db parameter"),
+        ("db=" + "0" * 5000 + "1" * 20, "db parameter"),
+    ],
+)
+@pytest.mark.parametrize("base", ["redis://:s3cretPW@127.0.0.1:1/0", "rediss://:s3cretPW@h:1"])
+def test_bad_numeric_url_options_are_config_errors_when_the_url_is_parsed(
+    base: str, option: str, says: str
+) -> None:
+    """(max_connections=abc and health_check_interval=abc failed only at the first Redis
+    call, health_check_interval=-5 as a StoreConnectionError; a 20-digit db was sent)"""
+    url = f"{base}?{option}"
+    for check in (
+        lambda: parse_store_url(url),
+        lambda: open_store(url),
+        lambda: open_async_store(url),
+        lambda: Guard(url, counter="approx", limit=4096),
+    ):
+        with pytest.raises(ConfigError, match=says) as info:
+            check()
+        assert "s3cretPW" not in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_20_digit_database_path_is_refused_but_db_16_is_kept() -> None:
+    """Redis' database count is a server setting: 16 may exist; past 2**31-1 cannot."""
+    with pytest.raises(ConfigError, match="database of the store URL"):
+        parse_store_url("redis://h:1/99999999999999999999")
+    assert parse_store_url("redis://h:1/16").db == 16
+    assert parse_store_url("redis://h:1/0?db=16&max_connections=8&health_check_interval=0").db == 16
+
+
+@pytest.mark.parametrize("url", ["memory://kw", "redis://127.0.0.1:1/0", "redis+cluster://h:1"])
+@pytest.mark.parametrize("opener", [open_store, open_async_store])
+def test_an_unknown_keyword_is_a_config_error_naming_what_the_store_takes(
+    url: str, opener: Any
+) -> None:
+    """(redis URLs: a bare TypeError from RedisStore; memory://: silently ignored)"""
+    with pytest.raises(ConfigError, match=r"unexpected keyword argument 'bogus'.*takes"):
+        opener(url, bogus=1)
+    if url.startswith("memory"):  # a memory store has no client and nothing to retry
+        with pytest.raises(ConfigError, match="'retry'"):
+            opener(url, retry=RetryPolicy())
+    else:
+        with pytest.raises(ConfigError, match="retry must be a RetryPolicy"):
+            opener(url, retry=3)
