@@ -123,6 +123,16 @@ class GuardBase:
             message = to_message(reply)  # type: ignore[arg-type]
         except InvalidMessageError as exc:
             raise InvalidMessageError(f"reply: {exc}") from None
+        if message.role != "assistant":
+            raise InvalidMessageError(
+                f"reply: complete() stores the model's reply, an assistant message; got role "
+                f"{message.role!r} (store other messages with append())"
+            )
+        if message.content is None and not message.tool_calls and not message.extra:
+            raise InvalidMessageError(
+                "reply: an assistant reply needs content or tool_calls (servers refuse one "
+                "with neither on later turns); pass content='' for an empty reply"
+            )
         record = "" if message is reply else record_of(message)
         v.check_prepared(prepared, session)
         v.check_usage(usage)
