@@ -318,8 +318,13 @@ def check_range(start: object, stop: object) -> None:
 
 
 def check_prefix(prefix: object) -> None:
+    """A session id prefix: "" (every session) or text an id could start with."""
     if type(prefix) is not str:
         raise InvalidInputError(f"prefix must be a string, got {type_name(prefix)}")
+    if prefix:
+        from ctxguard.ids import validate_id  # (ids imports this module)
+
+        validate_id(prefix, "prefix")
 
 
 def check_new_messages(messages: object) -> None:

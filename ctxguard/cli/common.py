@@ -258,7 +258,24 @@ def note(message: str) -> None:
 
 
 def emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    click.echo(json_text(data, indent=2))
+
+
+def json_text(data: Any, **options: Any) -> str:
+    """``data`` as strict JSON; a NaN or infinite number (JSON has none: ``json.dumps``
+    would write ``Infinity``, which no JSON reader takes) exits 4 in one line."""
+    try:
+        return json.dumps(data, ensure_ascii=False, default=str, allow_nan=False, **options)
+    except ValueError as exc:
+        fail(
+            f"a stored record holds a number JSON cannot carry ({_first(exc)}); "
+            "nothing was written",
+            EXIT_CORRUPT,
+        )
+
+
+def _first(exc: Exception) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:120]
 
 
 def short(text: str, width: int = 60) -> str:

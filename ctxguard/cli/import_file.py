@@ -17,6 +17,7 @@ file with one line and exit 2 before it writes anything.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from ctxguard.errors import InvalidInputError
 from ctxguard.ids import new_message_id, validate_id
 from ctxguard.messages import Message
+from ctxguard.stores.audit_context import audit_arg
 from ctxguard.stores.base import NewMessage, Summary
 
 FORMAT = "ctxguard-export"
@@ -87,10 +89,13 @@ ExportLine = Annotated[
 _EXPORT_LINE: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ExportLine)
 
 _Count = Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
+_Position = Annotated[StrictInt, Field(ge=0)]
+_Range = Annotated[list[_Position], Field(min_length=2, max_length=2)]
 
 
 class RequestRecord(BaseModel):
-    """The fields of a request record that import, audit and replay compute with."""
+    """The fields of a request record that import, show, audit, replay and report
+    compute with (a stored record that does not fit is reported as damaged)."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -100,18 +105,22 @@ class RequestRecord(BaseModel):
     reserved_output: _Count | None = None
     safety_margin: _Count | None = None
     sent_ids: list[StrictStr] | None = None
-    sent: (
-        list[Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=2, max_length=2)]]
-        | None
-    ) = None
-    summary_at: Annotated[StrictInt, Field(ge=0)] | None = None
+    sent: list[_Range] | None = None
+    dropped: list[_Range] | None = None
+    decisions: list[dict[str, Any]] | None = None
+    policy: dict[str, Any] | None = None
+    counter: StrictStr | None = None
+    counter_spec: StrictStr | None = None
+    message_count: _Count | None = None
+    summary_version: _Position | None = None
+    summary_at: _Position | None = None
     sent_digest: StrictStr | None = None
 
 
 class UsageRecord(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
-    of_turn: Annotated[StrictInt, Field(ge=0)] | None = None
+    of_turn: _Position | None = None
 
 
 _RECORD_MODELS: dict[str, type[BaseModel]] = {"request": RequestRecord, "usage": UsageRecord}
@@ -200,7 +209,7 @@ def _decode(data: bytes, name: str) -> str:
 
 def _json_object(name: str, number: int, line: str) -> dict[str, Any]:
     try:
-        value = json.loads(line, parse_constant=_no_constant)
+        value = json.loads(line, parse_constant=_no_constant, parse_float=_finite)
     except (ValueError, RecursionError) as exc:
         raise ImportFileError(f"{name}: line {number}: not JSON ({_first_line(exc)})") from None
     if not isinstance(value, dict):
@@ -214,19 +223,31 @@ def _no_constant(token: str) -> Any:
     raise ValueError(f"{token} is not a JSON number")
 
 
+def _finite(token: str) -> float:
+    value = float(token)
+    if not math.isfinite(value):  # 1e400: beyond a double, JSON cannot write it back
+        raise ValueError(f"{token} is beyond the range of a JSON number")
+    return value
+
+
 def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0][:160]
 
 
 def _field_error(name: str, number: int, exc: pydantic.ValidationError, skip: int = 0) -> str:
     """One line for the first error: the file, the line, the field and what was wrong."""
+    return f"{name}: line {number}: {_problem(exc, skip)}"
+
+
+def _problem(exc: pydantic.ValidationError, skip: int = 0) -> str:
+    """The first error in one line: the field and what was wrong."""
     err = exc.errors(include_url=False)[0]
     loc = [str(p) for p in err["loc"]][skip:]
     where = f"field {'.'.join(loc)}: " if loc else ""
     value = "" if err["type"] == "missing" else f" (got {_preview(err.get('input'))})"
     more = len(exc.errors()) - 1
     tail = f"; and {more} more problem(s) on this line" if more > 0 else ""
-    return f"{name}: line {number}: {where}{err['msg']}{value}{tail}"
+    return f"{where}{err['msg']}{value}{tail}"
 
 
 def _preview(value: Any) -> str:
@@ -277,6 +298,14 @@ def _read_export(name: str, lines: list[tuple[int, str]]) -> list[Incoming]:
                 raise ImportFileError(
                     f"{name}: line {number}: message id {message.id!r} repeats line {first}"
                 )
+            if item.tokens is not None and incoming.counter is None:
+                # a store keeps counts only with the counter that made them (an export
+                # never writes one without the other): they would be dropped silently
+                raise ImportFileError(
+                    f"{name}: line {number}: field tokens: session {sid!r} has no counter "
+                    f"(line {incoming.line}), so its token counts cannot be kept; set the "
+                    'session line\'s "counter" to the counter that made them, or remove "tokens"'
+                )
             incoming.messages.append(NewMessage(message, item.tokens))
         else:
             incoming.audit.append(_audit_record(name, number, item.record))
@@ -305,16 +334,30 @@ def _audit_record(name: str, number: int, record: dict[str, Any]) -> dict[str, A
         raise ImportFileError(
             f"{name}: line {number}: field record.kind: must be a string (got {_preview(kind)})"
         )
-    model = _RECORD_MODELS.get(kind)
-    if model is not None:
-        try:
-            model.model_validate(record, strict=True)
-        except pydantic.ValidationError as exc:
-            text = _field_error(name, number, exc)
-            raise ImportFileError(
-                text.replace(": field ", f": field record ({kind}).", 1)
-            ) from None
+    problem = record_problem(record)
+    if problem is not None:
+        raise ImportFileError(f"{name}: line {number}: {problem}")
+    try:
+        audit_arg(record)  # what the store checks as it writes (the rid...), checked now
+    except InvalidInputError as exc:
+        raise ImportFileError(f"{name}: line {number}: field record: {exc}") from None
     return record
+
+
+def record_problem(record: dict[str, Any]) -> str | None:
+    """What is wrong with the typed fields of an audit record of a known kind
+    (``field record (request).turn: ...``), or None."""
+    kind = record.get("kind")
+    model = _RECORD_MODELS.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        return None
+    try:
+        model.model_validate(record, strict=True)
+    except pydantic.ValidationError as exc:
+        text = _problem(exc)
+        field_name = text.removeprefix("field ")
+        return f"field record ({kind}).{field_name}" if field_name != text else text
+    return None
 
 
 def _check_summary(name: str, incoming: Incoming) -> None:

@@ -117,9 +117,15 @@ def repair_command(
 
 def _max_turn(store: SessionStore, session: str) -> int:
     """The highest request turn in the audit trail, so the turn counter never goes back."""
+    damaged: list[CorruptRecordError] = []
     try:
-        audit = store.read_audit(session)
+        audit = store.read_audit(session, damaged=damaged)
     except CorruptRecordError:
         return 0
+    for exc in damaged:
+        note(
+            f"warning: session {session!r}: record {exc.position} does not decode; repair "
+            "leaves the audit trail as it is (see `ctxguard audit`)"
+        )
     turns = [r.get("turn") for r in audit if r.get("kind") == "request"]
     return max((t for t in turns if isinstance(t, int)), default=0)

@@ -8,10 +8,12 @@ instead of aborting the read.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from ctxguard.cli.import_file import record_problem
 from ctxguard.errors import CorruptRecordError, StoreConnectionError, StoreError
 from ctxguard.guard.replay import summaries_from_audit
 from ctxguard.guard.sent import SUMMARY_ID_PREFIX, sent_ids, sent_seqs
@@ -97,9 +99,11 @@ def load_snapshot(store: SessionStore, session_id: str) -> Snapshot | None:
     except StoreError as exc:
         if not damaged or isinstance(exc, StoreConnectionError):
             raise
+    damaged_audit: list[CorruptRecordError] = []
     try:
-        snap.audit = store.read_audit(session_id)
-    except CorruptRecordError as exc:
+        audit = store.read_audit(session_id, damaged=damaged_audit)
+        snap.audit = _typed_audit(audit, damaged_audit, snap.corrupt)
+    except CorruptRecordError as exc:  # e.g. the ctx key: no record can be trusted
         snap.corrupt.append(Corrupt(str(exc.position), _detail(exc)))
     except StoreError as exc:
         if not damaged or isinstance(exc, StoreConnectionError):
@@ -133,6 +137,24 @@ def _read_messages(
             out += store.read(session_id, start, exc.position)
             corrupt.append(Corrupt(str(exc.position), _detail(exc)))
             start = exc.position + 1
+
+
+def _typed_audit(
+    audit: list[dict[str, Any]], damaged: list[CorruptRecordError], corrupt: list[Corrupt]
+) -> list[dict[str, Any]]:
+    """The records that decode and whose fields have the types the commands compute
+    with; each one that does not is in ``corrupt`` at its position in the trail."""
+    skipped = {str(exc.position) for exc in damaged}
+    corrupt += [Corrupt(str(exc.position), _detail(exc)) for exc in damaged]
+    positions = (p for p in (f"audit {i}" for i in itertools.count()) if p not in skipped)
+    out = []
+    for record, position in zip(audit, positions, strict=False):
+        problem = record_problem(record)
+        if problem is None:
+            out.append(record)
+        else:
+            corrupt.append(Corrupt(position, problem))
+    return out
 
 
 def _detail(exc: CorruptRecordError) -> str:

@@ -22,7 +22,7 @@ import json
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 import click
 from rich.table import Table
@@ -37,6 +37,7 @@ from ctxguard.cli.common import (
     fail,
     handles_errors,
     json_option,
+    json_text,
     note,
     opened_store,
     scrub,
@@ -105,10 +106,13 @@ def export_command(
     if bool(sessions) == all_sessions:
         fail("give SESSION ids or --all", EXIT_BAD_INPUT)
     with opened_store(url, namespace, tenant) as store:
-        ids = sorted(store.list_sessions("")) if all_sessions else list(sessions)
+        # each session once (the first mention's place): a repeat would make a file its
+        # own import refuses
+        ids = sorted(store.list_sessions("")) if all_sessions else list(dict.fromkeys(sessions))
         snaps = [_exportable(require_snapshot(store, s)) for s in ids]
+    text = json_lines(export_lines(snaps))  # before the file is opened: it may refuse
     with writable_output(out) as handle:
-        write_lines(handle, export_lines(snaps))
+        handle.write(text)
     if out != "-":
         count = sum(len(s.messages) for s in snaps)
         note(f"exported {len(snaps)} session(s), {count} messages to {out}")
@@ -144,9 +148,8 @@ def export_lines(snaps: Iterable[Snapshot]) -> Iterator[dict[str, Any]]:
             yield {"type": "audit", "session_id": snap.session_id, "index": index, "record": record}
 
 
-def write_lines(handle: IO[str], lines: Iterable[dict[str, Any]]) -> None:
-    for line in lines:
-        handle.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
+def json_lines(lines: Iterable[dict[str, Any]]) -> str:
+    return "".join(json_text(line, separators=(",", ":")) + "\n" for line in lines)
 
 
 # -- import -------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 import pydantic
 
 from ctxguard._frozen import fast_init
+from ctxguard.errors import CorruptRecordError
 from ctxguard.messages import Message
 
 UNKNOWN_TOKENS = -1
@@ -247,7 +248,14 @@ class SessionStore(Protocol):
         rid is in the trail already is not written again: its turn is returned."""
         ...
 
-    def read_audit(self, session_id: str) -> list[dict[str, Any]]: ...
+    def read_audit(
+        self, session_id: str, *, damaged: list[CorruptRecordError] | None = None
+    ) -> list[dict[str, Any]]:
+        """The trail, oldest first; an undecodable record raises
+        :class:`CorruptRecordError`, or, when ``damaged`` is a list, is put there and
+        left out."""
+        ...
+
     def record(self, session_id: str, write: RecordWrite) -> int: ...
     def append_with_audit(
         self,
@@ -325,7 +333,9 @@ class AsyncSessionStore(Protocol):
     async def add_audit(
         self, session_id: str, record: Mapping[str, Any], retention: int, ttl: int = 0
     ) -> int: ...
-    async def read_audit(self, session_id: str) -> list[dict[str, Any]]: ...
+    async def read_audit(
+        self, session_id: str, *, damaged: list[CorruptRecordError] | None = None
+    ) -> list[dict[str, Any]]: ...
     async def record(self, session_id: str, write: RecordWrite) -> int: ...
     async def append_with_audit(
         self,

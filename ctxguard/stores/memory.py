@@ -19,7 +19,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ctxguard._validate import check_count, check_prefix, check_range, check_store_args, show
-from ctxguard.errors import ConflictError, InvalidInputError, SessionFullError
+from ctxguard.errors import (
+    ConflictError,
+    CorruptRecordError,
+    InvalidInputError,
+    SessionFullError,
+)
 from ctxguard.ids import validate_id
 from ctxguard.stores.base import (
     REQUEST_RECORD_HEAD,
@@ -34,7 +39,7 @@ from ctxguard.stores.base import (
     WriteOptions,
     audit_rid,
     check_window_args,
-    decode_audit,
+    decode_audits,
     decode_summary,
     encode_audit,
     with_rid,
@@ -439,11 +444,13 @@ class MemoryStore:
                 result = dataclasses.replace(result, token_after=session.state_token)
             return result
 
-    def read_audit(self, session_id: str) -> list[dict[str, Any]]:
+    def read_audit(
+        self, session_id: str, *, damaged: list[CorruptRecordError] | None = None
+    ) -> list[dict[str, Any]]:
         with self._lock:
             session = self._live(session_id)
             raw = [] if session is None else list(session.audit)
-        return [decode_audit(session_id, i, r) for i, r in enumerate(raw)]
+        return decode_audits(session_id, raw, damaged)
 
     def inspect(self, session_id: str) -> RawSession | None:
         """The session's state laid out as its Redis keys (see :mod:`.integrity`)."""

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from ctxguard.errors import CorruptRecordError
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
@@ -121,8 +122,10 @@ class AsyncMemoryStore:
     ) -> int:
         return self.sync.add_audit(session_id, record, retention, ttl)
 
-    async def read_audit(self, session_id: str) -> list[dict[str, Any]]:
-        return self.sync.read_audit(session_id)
+    async def read_audit(
+        self, session_id: str, *, damaged: list[CorruptRecordError] | None = None
+    ) -> list[dict[str, Any]]:
+        return self.sync.read_audit(session_id, damaged=damaged)
 
     async def record(self, session_id: str, write: RecordWrite) -> int:
         return self.sync.record(session_id, write)

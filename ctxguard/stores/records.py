@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -108,6 +108,24 @@ def decode_audit(session_id: str, index: int, raw: str | bytes) -> dict[str, Any
     if not isinstance(value, dict):
         raise CorruptRecordError(session_id, f"audit {index}", "not a JSON object")
     return value
+
+
+def decode_audits(
+    session_id: str,
+    raw: Sequence[str | bytes],
+    damaged: list[CorruptRecordError] | None = None,
+) -> list[dict[str, Any]]:
+    """Every record of an audit trail decoded; an undecodable one raises, or, when
+    ``damaged`` is a list, is put there and left out (the rest are still read)."""
+    out = []
+    for index, item in enumerate(raw):
+        try:
+            out.append(decode_audit(session_id, index, item))
+        except CorruptRecordError as exc:
+            if damaged is None:
+                raise
+            damaged.append(exc)
+    return out
 
 
 def tokens_or_none(value: int) -> int | None:

@@ -59,6 +59,7 @@ from redis.exceptions import (
 )
 
 from ctxguard._validate import check_count, check_prefix, check_store_args
+from ctxguard.errors import CorruptRecordError
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
@@ -365,7 +366,9 @@ class RedisStore(RedisStoreBase):
         call = self.protocol.append_with_record_call(session_id, messages, options, write)
         return self.protocol.parse_append(session_id, messages, self._run(call))
 
-    def read_audit(self, session_id: str) -> list[dict[str, Any]]:
+    def read_audit(
+        self, session_id: str, *, damaged: list[CorruptRecordError] | None = None
+    ) -> list[dict[str, Any]]:
         keys = self.protocol.keys(session_id)
 
         def fetch() -> list[Any]:
@@ -380,7 +383,7 @@ class RedisStore(RedisStoreBase):
             return out
 
         raw, contexts = self._io("read_audit", fetch, True, (keys[6],))
-        return self.protocol.parse_audit(session_id, raw, contexts)
+        return self.protocol.parse_audit(session_id, raw, contexts, damaged)
 
     def inspect(self, session_id: str) -> RawSession | None:
         """Every key of the session as stored, for ``ctxguard audit`` / ``repair``."""

@@ -25,6 +25,7 @@ from redis.exceptions import (
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ctxguard._validate import check_count, check_prefix, check_store_args
+from ctxguard.errors import CorruptRecordError
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
@@ -344,7 +345,9 @@ class AsyncRedisStore(RedisStoreBase):
         reply = await self._run(call)
         return self.protocol.parse_append(session_id, messages, reply)
 
-    async def read_audit(self, session_id: str) -> list[dict[str, Any]]:
+    async def read_audit(
+        self, session_id: str, *, damaged: list[CorruptRecordError] | None = None
+    ) -> list[dict[str, Any]]:
         keys = self.protocol.keys(session_id)
 
         async def fetch() -> list[Any]:
@@ -359,7 +362,7 @@ class AsyncRedisStore(RedisStoreBase):
             return out
 
         raw, contexts = await self._io("read_audit", fetch, True, (keys[6],))
-        return self.protocol.parse_audit(session_id, raw, contexts)
+        return self.protocol.parse_audit(session_id, raw, contexts, damaged)
 
     async def inspect(self, session_id: str) -> RawSession | None:
         reply = await self._run(self.protocol.inspect_call(session_id))

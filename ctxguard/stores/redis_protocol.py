@@ -43,7 +43,7 @@ from ctxguard.stores.base import (
     WriteOptions,
     check_summary,
     check_window_args,
-    decode_audit,
+    decode_audits,
     decode_message,
     decode_record,
     decode_summary,
@@ -570,15 +570,20 @@ class RedisProtocol:
         )
 
     def parse_audit(
-        self, session_id: str, raw: Sequence[Any], contexts: Any = None
+        self,
+        session_id: str,
+        raw: Sequence[Any],
+        contexts: Any = None,
+        damaged: list[CorruptRecordError] | None = None,
     ) -> list[dict[str, Any]]:
         """The trail's records as written: each one expanded (``stores.audit_compact``)
         and each request record's context put back from the ``ctx`` hash
-        (``contexts``: its HGETALL, or the error reading it)."""
+        (``contexts``: its HGETALL, or the error reading it); an undecodable record
+        goes to ``damaged`` when that is a list (see ``decode_audits``)."""
         if isinstance(contexts, Exception):
             key = self.keys(session_id)[8]
             detail = str(contexts).splitlines()[0][:200]
             raise CorruptRecordError(session_id, "ctx", detail, key=key) from None
         found = {_text(k): _text(v) for k, v in (contexts or {}).items()}
-        records = [expand(decode_audit(session_id, i, r)) for i, r in enumerate(raw)]
+        records = [expand(r) for r in decode_audits(session_id, raw, damaged)]
         return resolve(records, found)

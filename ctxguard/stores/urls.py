@@ -212,6 +212,16 @@ class _Reading:
     params: list[tuple[str, str]]
 
 
+def _is_unicode(text: str) -> bool:
+    """False for a lone surrogate: what Python makes of argv or environment bytes
+    that are not UTF-8 (no URL part may be built or quoted from one)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse_store_url(
     url: str,
     namespace: str | None = None,
@@ -227,6 +237,11 @@ def parse_store_url(
     """
     if not isinstance(url, str) or "://" not in url:
         raise ConfigError(f"the store URL is not a URL (no scheme://); {_USAGE}")
+    if not url.isascii() and not _is_unicode(url):
+        raise ConfigError(
+            "the store URL holds bytes that are not UTF-8 text (undecodable bytes in an "
+            "argument or the environment); percent-encode them (%XX)"
+        )
     scheme_text, rest = url.split("://", 1)
     scheme = scheme_text.lower()
     if scheme not in SCHEMES:

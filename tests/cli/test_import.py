@@ -166,6 +166,26 @@ BAD_LINES: dict[str, tuple[list[Any], str]] = {
         ],
         "line 6: field summary.covers_to",
     ),
+    "an audit rid the store would refuse": (
+        with_bad_line(audit_line("bad-2", {"kind": "note", "rid": "not a valid rid!"})),
+        "line 8: field record: audit record rid",
+    ),
+    "audit policy that is not an object": (
+        with_bad_line(audit_line("bad-2", _replace(request_record(2), policy="x"))),
+        "line 8: field record (request).policy",
+    ),
+    "audit decisions that are not a list": (
+        with_bad_line(audit_line("bad-2", _replace(request_record(2), decisions="notalist"))),
+        "line 8: field record (request).decisions",
+    ),
+    "audit dropped that is a number": (
+        with_bad_line(audit_line("bad-2", _replace(request_record(2), dropped=5))),
+        "line 8: field record (request).dropped",
+    ),
+    "tokens without a counter": (
+        [*good_file()[:5], session_line("bad-2", counter=None), message_line("bad-2", 0)],
+        "line 7: field tokens: session 'bad-2' has no counter (line 6)",
+    ),
     "no header": (good_file()[1:], "line 1"),
     "an array line": (with_bad_line([1, 2]), "line 8"),  # type: ignore[list-item]
     "a second header": (with_bad_line(HEADER), "line 8: a second header"),
@@ -190,6 +210,10 @@ def test_a_bad_line_refuses_the_whole_file(
 
 RAW_FILES: dict[str, tuple[bytes, str]] = {
     "tokens of 1e400": (b'{"type":"message","session_id":"bad-2","tokens":1e400}', "line 8"),
+    "an audit number of 1e400": (
+        b'{"type":"audit","session_id":"bad-2","record":{"kind":"note","x":1e400}}',
+        "line 8: not JSON (1e400 is beyond the range of a JSON number)",
+    ),
     "NaN tokens": (b'{"type":"message","session_id":"bad-2","tokens":NaN}', "line 8: not JSON"),
     "broken JSON": (b'{"type": "message", "session_id": ', "line 8: not JSON"),
     "invalid UTF-8": (b'{"type":"audit","session_id":"bad-2","record":{"kind":"\xff"}}', "line 8"),
@@ -357,3 +381,28 @@ def _refused(result: Any, where: str, name: str) -> None:
     assert where in err, err
     assert name in err, err
     assert "Traceback" not in err
+
+
+def test_an_audit_record_the_store_would_refuse_writes_nothing_before_it(
+    target: tuple[Cli, SessionStore], tmp_path: Path
+) -> None:
+    """(rid-a and rid-b were written, rid-b without its audit, before the store refused
+    the record's rid; a second import failed the same way.)"""
+    run, store = target
+    path = tmp_path / "rid.jsonl"
+    bad = {"kind": "note", "rid": "not a valid rid!"}
+    write_jsonl(
+        path,
+        [
+            HEADER,
+            session_line("rid-a"),
+            message_line("rid-a", 0),
+            session_line("rid-b"),
+            message_line("rid-b", 0),
+            message_line("rid-b", 1),
+            audit_line("rid-b", bad),
+        ],
+    )
+    for _ in range(2):
+        _refused(run("import", str(path)), "line 7: field record: audit record rid", str(path))
+        assert snapshot(store) == {}
