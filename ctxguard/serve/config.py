@@ -14,12 +14,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ctxguard._validate import MAX_SECONDS, check_http_url, is_seconds
+from ctxguard._validate import MAX_SECONDS, check_http_url, is_seconds, show
 from ctxguard.errors import ConfigError, InvalidIdError
 from ctxguard.ids import validate_name
 from ctxguard.stores.urls import parse_store_url, redact_url
 
 ENV_PREFIX = "CTXGUARD_SERVE_"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 # the whole config for worker processes (uvicorn --workers re-imports the app)
 CONFIG_ENV = "CTXGUARD_SERVE_CONFIG_JSON"
 
@@ -70,6 +71,18 @@ class ServeConfig:
             value = getattr(self, name)
             if type(value) is not int or value < (0 if name == "port" else 1):
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        if self.port > 65535:
+            raise ConfigError(f"port must be at most 65535, got {self.port}")
+        if not isinstance(self.host, str) or not self.host:
+            raise ConfigError(f"host must be an address such as 127.0.0.1, got {self.host!r}")
+        for name in ("counter", "model", "upstream_api_key"):
+            if not isinstance(getattr(self, name), str | None):
+                kind = type(getattr(self, name)).__name__
+                raise ConfigError(f"{name} must be a string, got a {kind}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(
+                f"log_level must be one of {', '.join(LOG_LEVELS)}, got {show(self.log_level)}"
+            )
         if type(self.safety_margin) is not int or self.safety_margin < 0:
             raise ConfigError(f"safety_margin must be a non-negative int, got {self.safety_margin}")
         for name in ("limit", "ttl_seconds"):

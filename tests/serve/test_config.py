@@ -69,6 +69,15 @@ def test_environment_alone_and_the_store_url_variable() -> None:
         ({"upstream": "http://x", "tenant": "a b"}, {}, "tenant"),
         ({"upstream": "http://x"}, {"CTXGUARD_SERVE_API_KEYS": "nokey"}, "key=tenant"),
         ({"upstream": "http://x", "upstream_timeout": -1.0}, {}, "upstream_timeout"),
+        # (these started a server: port 70000 listened on 4464, the others failed later
+        # with a traceback, or at the first request)
+        ({"upstream": "http://x", "port": 70000}, {}, "port must be at most 65535"),
+        ({"upstream": "http://x"}, {"CTXGUARD_SERVE_LOG_LEVEL": "bogus"}, "log_level must"),
+        ({"upstream": "http://x", "host": 5}, {}, "host must be an address"),
+        ({"upstream": "http://x", "host": ""}, {}, "host must be an address"),
+        ({"upstream": "http://x", "counter": 5}, {}, "counter must be a string"),
+        ({"upstream": "http://x", "model": ["m"]}, {}, "model must be a string"),
+        ({"upstream": "http://x/?key=sk-1"}, {}, "leave out the query string"),
     ],
 )
 def test_bad_settings_are_config_errors(
