@@ -43,7 +43,19 @@ def serve_in_thread(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServe
     return httpd
 
 
-class JsonServer:
+class Serving:
+    """``handler`` served on a free port of 127.0.0.1 until :meth:`close`."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.httpd = serve_in_thread(handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class JsonServer(Serving):
     """Serves POSTs with ``answer`` until :meth:`close`."""
 
     def __init__(self, answer: Answer) -> None:
@@ -53,9 +65,4 @@ class JsonServer:
                 status, payload = answer(self.path, body, dict(self.headers))
                 self.send(status, json.dumps(payload).encode(), "application/json")
 
-        self.httpd = serve_in_thread(Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)

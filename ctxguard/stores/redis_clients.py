@@ -29,6 +29,7 @@ from ctxguard._validate import type_name
 from ctxguard.errors import ConfigError, StoreError
 from ctxguard.stores.base import WindowFetch, WindowHit
 from ctxguard.stores.keys import KeySpace
+from ctxguard.stores.redis_deadline import connection_class
 from ctxguard.stores.redis_errors import wrap_error
 from ctxguard.stores.redis_protocol import RedisProtocol
 from ctxguard.stores.urls import StoreURL
@@ -72,12 +73,15 @@ PROTOCOL = 2
 
 def _client_kwargs(url: StoreURL, asynchronous: bool) -> dict[str, Any]:
     """Credentials and timeouts go as arguments: the URL redis-py parses holds neither."""
-    return {
+    kwargs = {
         "retry": _no_retry(asynchronous),
         "decode_responses": False,
         "protocol": PROTOCOL,
         **url.client_kwargs(),
     }
+    if not asynchronous:  # asyncio's client waits for a whole reply under one timeout
+        kwargs["connection_class"] = connection_class(url.tls)
+    return kwargs
 
 
 class RedisStoreBase:
@@ -331,6 +335,8 @@ def _cluster_kwargs(url: StoreURL, asynchronous: bool) -> dict[str, Any]:
     kwargs["ssl"] = url.tls
     kwargs["retry"] = _no_retry(asynchronous)
     kwargs["protocol"] = PROTOCOL
+    if not asynchronous:
+        kwargs["connection_class"] = connection_class(url.tls)
     return kwargs
 
 

@@ -8,6 +8,9 @@
   a connection that was made and is then stalled or lost mid-operation.
 * ``backlog_full``: listens but never accepts, with its accept queue filled,
   so new connections are never established (a connect timeout).
+* ``dripping`` / ``handshake_then_dripping``: answer every command (from the first real
+  command on) with an error line that never ends, one byte every 0.1 s: a socket timeout
+  that bounds each read alone never fires.
 * ``echoing``: answers every command as Redis 5 answers one it does not know, quoting
   its arguments (``ERR unknown command `AUTH`, with args beginning with: `pw`, ``): a
   server or proxy that knows neither ``HELLO`` nor ``AUTH`` sends the password back.
@@ -22,7 +25,14 @@ from contextlib import contextmanager, suppress
 from typing import Literal
 
 Behaviour = Literal[
-    "silent", "closing", "handshake_then_silent", "handshake_then_close", "backlog_full", "echoing"
+    "silent",
+    "closing",
+    "handshake_then_silent",
+    "handshake_then_close",
+    "backlog_full",
+    "echoing",
+    "dripping",
+    "handshake_then_dripping",
 ]
 HANDSHAKE = {b"CLIENT", b"HELLO", b"AUTH", b"SELECT", b"PING"}
 
@@ -103,6 +113,12 @@ class FakeServer:
                 if not args:
                     break
                 command = args[0]
+                real = command.upper() not in HANDSHAKE
+                if self.behaviour == "dripping" or (
+                    self.behaviour == "handshake_then_dripping" and real
+                ):
+                    self._drip(conn)
+                    return
                 if self.behaviour == "echoing":  # Redis 5's words, its first 128 bytes an arg
                     quoted = "".join(f"`{a[:128].decode(errors='replace')}`, " for a in args[1:])
                     name = command.decode(errors="replace")
@@ -116,6 +132,12 @@ class FakeServer:
                     conn.close()
                     return
                 # handshake_then_silent: no answer from here on
+
+    def _drip(self, conn: socket.socket) -> None:
+        with suppress(OSError):
+            conn.sendall(b"-E")
+            while not self._stop.wait(0.1):
+                conn.sendall(b"R")
 
     def stop(self) -> None:
         self._stop.set()

@@ -205,6 +205,10 @@ EXPECTED: dict[Behaviour, tuple[set[str], str]] = {
     "handshake_then_silent": ({"read"}, "no reply from"),
     "handshake_then_close": ({"lost"}, "lost the connection to"),
     "backlog_full": ({"connect"}, "within 0.3 s (connect timeout"),
+    # (a reply sent a byte at a time kept a sync call waiting forever: redis-py's sync
+    # socket timeout bounds each read alone; stores/redis_deadline.py)
+    "dripping": ({"connect"}, "did not answer the handshake within 0.3 s (read timeout"),
+    "handshake_then_dripping": ({"read"}, "no reply from"),
 }
 
 

@@ -169,7 +169,9 @@ def test_request_records_policy_is_made_once_per_config_and_held_by_each_record(
     config records that one's."""
     import dataclasses
 
-    guard = Guard("memory://", counter="approx", limit=2000, max_tokens=50)
+    # a store of its own: memory:// is one store per process, and another test's session
+    # "s" in it made three records here
+    guard = Guard(f"memory://{uuid.uuid4().hex}", counter="approx", limit=2000, max_tokens=50)
     guard.prepare("s", [{"role": "user", "content": "one"}])
     guard.prepare("s", [{"role": "user", "content": "two"}])
     records = [r for r in guard.store.read_audit("s") if r.get("kind") == "request"]

@@ -139,12 +139,13 @@ def _closed_port() -> int:
 
 
 def test_unreachable_server_names_the_url_without_credentials() -> None:
-    url = f"http://admin:s3cret@127.0.0.1:{_closed_port()}/?api_key=abc"
+    # (a key in a query string is refused when the URL is given: test_http_credentials)
+    url = f"http://admin:s3cret@127.0.0.1:{_closed_port()}/"
     with pytest.raises(ConfigError) as info:
         ServerLimit(url, timeout=2).resolve()
     message = str(info.value)
     assert "127.0.0.1" in message and "check the URL" in message
-    assert "s3cret" not in message and "admin" not in message and "abc" not in message
+    assert "s3cret" not in message and "admin" not in message
 
 
 async def test_unreachable_server_async() -> None:

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import pytest
 from faults.servers import free_port
-from local_http import QuietHandler, serve_in_thread
+from local_http import QuietHandler, Serving
 
 from ctxguard import ConfigError, CtxGuardError, Message, ServerLimit, load_counter
 from ctxguard.guard.summarizers import OpenAISummarizer
@@ -47,10 +47,9 @@ def server() -> Iterator[tuple[str, Seen]]:
             self.rfile.read(int(self.headers["Content-Length"]))
             self.do_GET()
 
-    httpd = serve_in_thread(Handler)
-    yield f"127.0.0.1:{httpd.server_address[1]}", seen
-    httpd.shutdown()
-    httpd.server_close()
+    serving = Serving(Handler)
+    yield serving.url.removeprefix("http://"), seen
+    serving.close()
 
 
 def _vllm(url: str) -> Callable[[], object]:
@@ -122,6 +121,7 @@ def test_a_url_password_goes_as_basic_auth_and_into_no_log_line(
 ) -> None:
     host, seen = server
     caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger="httpx")  # whatever an earlier test set it to
     url = f"http://{USER}:{quote(SECRET, safe='')}@{host}"
     text = _run(CALLERS[caller](url))
     expected = "Basic " + base64.b64encode(f"{USER}:{SECRET}".encode()).decode()
