@@ -167,21 +167,32 @@ def test_an_upstream_that_dies_mid_stream_is_recorded_as_partial(
     assert [m["content"] for m in stored("s1")] == ["STALL again"]
 
 
+def ended_with_error(response: httpx.Response, contents: list[str]) -> dict[str, Any]:
+    """The error event a stream that did not finish ends with (no [DONE]), after the
+    chunks of ``contents``."""
+    assert response.status_code == 200
+    assert "[DONE]" not in response.text
+    chunks = sse_chunks(response)
+    assert [c["choices"][0]["delta"].get("content") for c in chunks[:-1]] == contents
+    error: dict[str, Any] = chunks[-1]["error"]
+    return error
+
+
+def partials(redis_url: str, namespace: str) -> list[tuple[str, str]]:
+    """(reason, content) of each partial_reply record of session s1."""
+    records = audit(redis_url, namespace, "s1")
+    return [(r["reason"], r["content"]) for r in records if r.get("kind") == "partial_reply"]
+
+
 def test_an_upstream_that_ends_without_finishing_is_recorded_as_partial(
     gateway: str, redis_url: str, namespace: str, stored: Stored
 ) -> None:
     # a clean end of the stream with no finish_reason and no [DONE]: not a whole reply,
     # and the client is told so (a stream that just stops reads as a whole answer)
-    response = chat(gateway, "CUT here", stream=True)
-    assert response.status_code == 200
-    assert "[DONE]" not in response.text
-    chunks = sse_chunks(response)
-    assert [c["choices"][0]["delta"].get("content") for c in chunks[:-1]] == ["", "echo:"]
-    error = chunks[-1]["error"]
+    error = ended_with_error(chat(gateway, "CUT here", stream=True), ["", "echo:"])
     assert error["code"] == "upstream_ended"
     assert "ended the stream before the reply finished" in error["message"]
-    partial = [r for r in audit(redis_url, namespace, "s1") if r.get("kind") == "partial_reply"]
-    assert [(p["reason"], p["content"]) for p in partial] == [("upstream_ended", "echo:")]
+    assert partials(redis_url, namespace) == [("upstream_ended", "echo:")]
     assert [m["content"] for m in stored("s1")] == ["CUT here"]
 
 
@@ -201,19 +212,14 @@ def test_an_error_event_mid_stream_is_not_a_reply(
     key = {"Idempotency-Key": "k-err"}
     for attempt in (1, 2):
         response = chat(gateway, f"{shape} please", stream=True, headers=key)
-        assert response.status_code == 200
         assert "idempotent-replayed" not in response.headers
-        assert "[DONE]" not in response.text
         assert "sk-up-secret" not in response.text
-        chunks = sse_chunks(response)
-        assert [c["choices"][0]["delta"].get("content") for c in chunks[:-1]] == ["", "echo:"]
-        error = chunks[-1]["error"]
+        error = ended_with_error(response, ["", "echo:"])
         assert error["code"] == "upstream_error"
         assert "failed mid-stream: CUDA out of memory (request had Bearer ***)" in error["message"]
         assert len(vllm.requests) == attempt  # the retry asks the model again
         assert [m["content"] for m in stored("s1")] == [f"{shape} please"]
-    partial = [r for r in audit(redis_url, namespace, "s1") if r.get("kind") == "partial_reply"]
-    assert [(p["reason"], p["content"]) for p in partial] == [("upstream_error", "echo:")] * 2
+    assert partials(redis_url, namespace) == [("upstream_error", "echo:")] * 2
 
 
 def test_a_streaming_request_answered_without_an_event_stream(
@@ -221,11 +227,9 @@ def test_a_streaming_request_answered_without_an_event_stream(
 ) -> None:
     """(the JSON body went on into the event stream, and the stream just stopped)"""
     response = chat(gateway, "JSONSTREAM here", stream=True)
-    assert response.status_code == 200
     assert "chat.completion" not in response.text
-    [chunk] = sse_chunks(response)
-    assert chunk["error"]["code"] == "upstream_ended"
-    assert "answered with no event stream" in chunk["error"]["message"]
-    partial = [r for r in audit(redis_url, namespace, "s1") if r.get("kind") == "partial_reply"]
-    assert [(p["reason"], p["content"]) for p in partial] == [("upstream_ended", "")]
+    error = ended_with_error(response, [])
+    assert error["code"] == "upstream_ended"
+    assert "answered with no event stream" in error["message"]
+    assert partials(redis_url, namespace) == [("upstream_ended", "")]
     assert [m["content"] for m in stored("s1")] == ["JSONSTREAM here"]
