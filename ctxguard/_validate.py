@@ -462,7 +462,8 @@ def check_record(record: object) -> None:
 
 def check_http_url(url: object, what: str, base: bool = True) -> str:
     """``url`` if it is an ``http(s)://host[:port][/path]`` URL, else ConfigError; a
-    ``base`` URL (paths are added to it) takes no query string or fragment.
+    ``base`` URL (paths are added to it) takes no query string or fragment, and no URL
+    takes a secret in its query string (httpx logs every request's URL).
 
     Checked when an object that will call the URL is made, so a typo (``ftp://``,
     ``localhost:8000`` without a scheme, a bad port) fails at once and not at the first
@@ -485,9 +486,24 @@ def check_http_url(url: object, what: str, base: bool = True) -> str:
         elif base and (parts.query or parts.fragment):
             # paths are added after it, and a key in a query would be logged with every call
             problem = "leave out the query string (?...) and fragment; send a key as a header"
+        elif parts.query and _secret_in_query(parts.query):
+            # httpx logs each request's URL at INFO: a key there would be in every log line
+            problem = (
+                "a secret in its query string would be logged with every call; leave it"
+                " out (credentials go in the URL's user:password part, sent as Basic auth)"
+            )
     if problem is not None:
         from ctxguard.kv.server import redact
 
         shown = redact(url)
         raise ConfigError(f"{what} must be an http(s) URL, got {shown!r}: {problem}")
     return url
+
+
+def _secret_in_query(query: str) -> bool:
+    """Whether a query string holds a value named like a secret (``?api_key=``,
+    ``&token=``, ``?key=``, ``&sig=``): what :func:`redact_text` would hide."""
+    from ctxguard._secrets import redact_text
+
+    text = "?" + query
+    return redact_text(text) != text

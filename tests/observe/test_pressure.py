@@ -186,3 +186,20 @@ def test_bad_url_is_a_config_error_without_the_password() -> None:
     with pytest.raises(ConfigError) as err:
         PressureLimit(4000, "redis://u:secretpw@h/0")
     assert "secretpw" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "query", ["api_key=SEKRIT9", "a=1&token=SEKRIT9", "key=SEKRIT9", "sig=SEKRIT9"]
+)
+def test_a_secret_in_the_metrics_urls_query_is_refused_without_showing_it(query: str) -> None:
+    # httpx logs every request's URL at INFO: a key in the query would be in each line
+    with pytest.raises(ConfigError) as err:
+        PressureLimit(4000, f"http://127.0.0.1:1/metrics?{query}")
+    message = str(err.value)
+    assert "SEKRIT9" not in message and "\n" not in message
+    assert "query string" in message and "Basic auth" in message
+
+
+def test_a_metrics_url_keeps_a_query_with_no_secret() -> None:
+    limit = PressureLimit(4000, "http://127.0.0.1:1/metrics?name=vllm&tokens=5")
+    assert limit.monitor.url.endswith("?name=vllm&tokens=5")
