@@ -18,6 +18,7 @@ Catch the family you can act on::
     │   └── TemplateRefusedError     the chat template rejects this conversation
     ├── BudgetError                  the request cannot fit its token budget
     │   ├── MessageTooLongError      one message is over the per-message cap
+    │   ├── OutputReserveError       the output reserve leaves no room for a prompt
     │   ├── ServerBusyError          the model server is past its pressure thresholds
     │   └── TenantBudgetError        the tenant spent its token budget for the window
     ├── SummarizerError              a summarizer failed (recorded, never content)
@@ -155,6 +156,18 @@ class BudgetError(CtxGuardError):
 
 class MessageTooLongError(BudgetError):
     """One message is over the configured per-message cap."""
+
+
+class OutputReserveError(BudgetError):
+    """The output reserve (``max_tokens`` plus ``safety_margin``) leaves no room for any
+    prompt in the limit. ``asked`` is the ``max_tokens`` passed to the call, None when
+    the reserve is the guard's default (its ``max_tokens`` setting)."""
+
+    def __init__(
+        self, message: str, *, needed: int, limit: int, reserved: int, asked: int | None
+    ) -> None:
+        self.asked = asked
+        super().__init__(message, needed=needed, limit=limit, reserved=reserved)
 
 
 class ServerBusyError(BudgetError):

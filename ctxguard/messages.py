@@ -24,6 +24,8 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 from pydantic_core import PydanticSerializationError, SchemaValidator
 
+from ctxguard._message_errors import describe as _describe
+from ctxguard._message_errors import first_error as _first_error
 from ctxguard._record_time import (
     EPOCH,
     MICROSECOND,
@@ -35,12 +37,11 @@ from ctxguard._record_time import (
     time_suffix,
     ulid_ms,
 )
-from ctxguard._validate import check_message_batch, json_problem, one_line, show
+from ctxguard._validate import check_message_batch, json_problem
 from ctxguard.errors import InvalidMessageError
 from ctxguard.ids import MAX_ID_BYTES, new_message_id, new_message_id_ms, validate_id
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
-ROLES: tuple[str, ...] = ("system", "developer", "user", "assistant", "tool")
 PINNED_ROLES = frozenset({"system", "developer"})
 
 _OWN_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
@@ -59,9 +60,13 @@ class _Frozen(BaseModel):
             raise InvalidMessageError(f"invalid {what}: {_first_error(exc)}") from None
 
 
+CacheControl = dict[str, Any] | None  # Anthropic-style prompt-cache marker: kept, not counted
+
+
 class TextPart(_Frozen):
     type: Literal["text"] = "text"
     text: str
+    cache_control: CacheControl = None
 
 
 class ImageURL(_Frozen):
@@ -72,6 +77,7 @@ class ImageURL(_Frozen):
 class ImagePart(_Frozen):
     type: Literal["image_url"] = "image_url"
     image_url: ImageURL
+    cache_control: CacheControl = None
 
 
 ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
@@ -365,6 +371,17 @@ def _plain_message(data: dict[str, Any], id: str | None) -> Message | None:  # n
     return message
 
 
+def says_nothing(message: Message) -> bool:
+    """An assistant message with no content, no tool calls and nothing else a server reads
+    (a refusal, audio): OpenAI-style servers and Mistral's templates refuse it."""
+    return (
+        message.role == "assistant"
+        and message.content is None
+        and not message.tool_calls
+        and not message.extra
+    )
+
+
 def iso_record(message: Message) -> str:
     """The record as earlier releases wrote it (``created_at`` in ISO form, in field
     order): what the CLI shows and exports."""
@@ -426,29 +443,6 @@ def _content_out(content: str | tuple[TextPart | ImagePart, ...] | None) -> Any:
     if content is None or isinstance(content, str):
         return content
     return [p.model_dump(mode="json", exclude_none=True) for p in content]
-
-
-def _first_error(exc: pydantic.ValidationError) -> str:
-    """The first problem, on one line: where, then what (pydantic's dump is not for users)."""
-    err = exc.errors(include_url=False, include_context=False, include_input=False)[0]
-    where = ".".join(str(p) for p in err["loc"])
-    msg = err["msg"].removeprefix("Value error, ")
-    if where and msg.startswith(where):  # our own checks name the place already
-        where = ""
-    more = len(exc.errors()) - 1
-    tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    return one_line(f"{where}: {msg}{tail}" if where else f"{msg}{tail}")
-
-
-def _describe(exc: pydantic.ValidationError, data: Mapping[str, Any]) -> str:
-    role = data.get("role")
-    valid = ", ".join(ROLES)
-    for err in exc.errors(include_url=False):
-        if err["loc"] == ("role",):
-            if role is None:
-                return f"a message needs a role, one of {valid}"
-            return f"role {show(role, 30)} is not a chat role; role must be one of {valid}"
-    return one_line(f"invalid {show(role, 30)} message: {_first_error(exc)}")
 
 
 def system(content: str, **kw: Any) -> Message:

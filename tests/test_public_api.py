@@ -27,6 +27,7 @@ EXPECTED = {
     "Message",
     "MessageTooLongError",
     "MissingDependencyError",
+    "OutputReserveError",
     "ModelLimit",
     "OpenAISummarizer",
     "OperationEvent",

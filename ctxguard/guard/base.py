@@ -18,7 +18,7 @@ from ctxguard.guard.events import Kind, Observer, observed
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.setup import make_counter, make_limit
 from ctxguard.kv.limit import ContextLimit, LimitSource
-from ctxguard.messages import Message, record_of, to_message
+from ctxguard.messages import Message, record_of, says_nothing, to_message
 from ctxguard.tokens._protocol import TokenCounter
 
 _SETTINGS = frozenset(f.name for f in dataclasses.fields(GuardConfig))
@@ -128,7 +128,7 @@ class GuardBase:
                 f"reply: complete() stores the model's reply, an assistant message; got role "
                 f"{message.role!r} (store other messages with append())"
             )
-        if message.content is None and not message.tool_calls and not message.extra:
+        if says_nothing(message):
             raise InvalidMessageError(
                 "reply: an assistant reply needs content or tool_calls (servers refuse one "
                 "with neither on later turns); pass content='' for an empty reply"

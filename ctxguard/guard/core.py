@@ -21,6 +21,7 @@ from ctxguard.errors import (
     BudgetError,
     CtxGuardError,
     InvalidInputError,
+    OutputReserveError,
 )
 from ctxguard.guard.audit import AuditRecords
 from ctxguard.guard.config import GuardConfig
@@ -128,12 +129,13 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
             limit_source=limit.source,
         )
         if budget.prompt - budget.overhead <= 0:
-            raise BudgetError(
+            raise OutputReserveError(
                 self._no_room(limit.tokens, max_tokens, reserved),
                 # the smallest prompt: the fixed overhead plus at least one token of messages
                 needed=budget.overhead + 1 + reserved + budget.safety_margin,
                 limit=limit.tokens,
                 reserved=reserved + budget.safety_margin,
+                asked=max_tokens,
             )
         return budget
 

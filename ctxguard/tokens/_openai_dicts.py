@@ -49,6 +49,8 @@ def _styled_one(message: dict[str, Any], style: DictStyle) -> dict[str, Any]:
         _reject_images(content)
         if not style.content_as_parts:
             message["content"] = "\n".join(p["text"] for p in content)
+        else:  # as a server builds them: a part's cache_control is not the template's
+            message["content"] = [{"type": "text", "text": p["text"]} for p in content]
     if style.arguments_as_dict and message.get("tool_calls"):
         for call in message["tool_calls"]:
             function = call.get("function", {})
