@@ -50,7 +50,7 @@ from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.config import ServeConfig
 from ctxguard.serve.gateway import Gateway, reply_not_stored
-from ctxguard.serve.inbound import parse_chat
+from ctxguard.serve.inbound import ChatRequest, check_storable, parse_chat
 from ctxguard.serve.openai_errors import ApiError, from_ctxguard
 from ctxguard.serve.sse import ReplyAssembler, reply_of
 
@@ -133,9 +133,12 @@ class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
         if str(getattr(call_type, "value", call_type)) not in CHAT_CALL_TYPES:
             return data
         where = "X-Session-Id"
+        chat: ChatRequest | None = None
         try:
             chat = parse_chat(data)
             session_id, where = self.session_id_of(data)
+            if session_id is not None:
+                check_storable(chat)
             tenant = self.tenant_of(user_api_key_dict)
             gw = self.gateway
             if session_id is None:
@@ -166,7 +169,11 @@ class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
         except ApiError as exc:
             raise GuardrailRefusal(exc, self.guardrail_name) from None
         except CtxGuardError as exc:
-            error = from_ctxguard(exc, session_param=where or "X-Session-Id")
+            error = from_ctxguard(
+                exc,
+                session_param=where or "X-Session-Id",
+                output_param=chat.max_tokens_field if chat is not None else "max_tokens",
+            )
             raise GuardrailRefusal(error, self.guardrail_name) from None
         data["messages"] = prepared.openai_messages()
         if chat.max_tokens is None:

@@ -28,7 +28,7 @@ from ctxguard.serve import identity
 from ctxguard.serve.forward import bad_reply, encode_json, post_json, send_upstream
 from ctxguard.serve.gateway import Gateway, reply_not_stored, stored_anchor
 from ctxguard.serve.idempotency import KEY_FIELD, KeyLease, wait_for_key
-from ctxguard.serve.inbound import ChatRequest, parse_chat, read_json
+from ctxguard.serve.inbound import ChatRequest, check_storable, parse_chat, read_json
 from ctxguard.serve.openai_errors import from_ctxguard
 from ctxguard.serve.relay import StreamRelay, relay_response
 from ctxguard.serve.replay import replay_response
@@ -142,6 +142,8 @@ async def chat_completions(request: Request) -> Response:
     headers = request.headers
     tenant = identity.tenant_of(headers, gw.config.api_keys, gw.config.tenant)
     session_id, where = identity.session_id_of(headers, body)
+    if session_id is not None:
+        check_storable(chat)
     try:
         turn, replay = await open_turn(gw, tenant, session_id, chat, headers)
         if replay is not None:
@@ -152,7 +154,9 @@ async def chat_completions(request: Request) -> Response:
             turn.release()
             raise
     except CtxGuardError as exc:
-        raise from_ctxguard(exc, session_param=where or "X-Session-Id") from None
+        raise from_ctxguard(
+            exc, session_param=where or "X-Session-Id", output_param=chat.max_tokens_field
+        ) from None
 
 
 async def open_turn(

@@ -329,8 +329,7 @@ def reply_not_stored(exc: CtxGuardError, keyed: bool) -> ApiError:
     saying whether a retry is safe (:func:`retry_advice`)."""
     return ApiError(
         503 if isinstance(exc, StoreError) else 502,
-        f"the model answered but the reply could not be stored ({type(exc).__name__}: "
-        f"{exc}); {retry_advice(exc, keyed)}",
+        f"the model answered but the reply could not be stored ({exc}); {retry_advice(exc, keyed)}",
         type="server_error",
         code="reply_not_stored",
     )

@@ -19,7 +19,7 @@ from typing import Any
 
 from ctxguard.errors import InvalidIdError
 from ctxguard.ids import validate_id, validate_name
-from ctxguard.serve.openai_errors import ApiError, bad_request
+from ctxguard.serve.openai_errors import ApiError, bad_request, json_kind
 
 SESSION_HEADER = "x-session-id"
 TENANT_HEADER = "x-tenant"
@@ -84,6 +84,13 @@ def pick_session_id(candidates: Sequence[tuple[object, str]]) -> tuple[str | Non
     for value, where in candidates:
         if value is None or value == "":
             continue
+        if not isinstance(value, str):
+            raise ApiError(
+                400,
+                f"the session id ({where}) must be a string, got {json_kind(value)}",
+                param=where,
+                code="invalid_session_id",
+            )
         try:
             checked = validate_id(value, f"session id ({where})")
         except InvalidIdError as exc:

@@ -6,16 +6,19 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ctxguard._validate import show
 from ctxguard.errors import InvalidMessageError
-from ctxguard.messages import Message
-from ctxguard.serve.openai_errors import ApiError, bad_request
+from ctxguard.messages import Message, says_nothing
+from ctxguard.serve.openai_errors import ApiError, bad_request, json_kind
 
 if TYPE_CHECKING:  # parse_chat is used without Starlette (the LiteLLM guardrail)
     from starlette.requests import Request
 
 
 async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
-    """The body as a JSON object; 413 past ``max_bytes`` (read no further), 400 if not JSON."""
+    """The body as a JSON object; 415 unless it is declared JSON, 413 past ``max_bytes``
+    (read no further), 400 if not JSON."""
+    check_json_type(request.headers.get("content-type"))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
@@ -37,10 +40,24 @@ async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
         raise bad_request("the request body is not valid JSON", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request(
-            f"the request body must be a JSON object, got {type(body).__name__}",
+            f"the request body must be a JSON object, got {json_kind(body)}",
             code="invalid_json",
         )
     return body
+
+
+def check_json_type(value: str | None) -> None:
+    """A 415 unless ``value`` is ``application/json`` (parameters such as ``charset`` allowed),
+    as vLLM answers: a body sent as text or a form was taken as JSON."""
+    media = (value or "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        given = f"Content-Type {show(media, 40)}" if media else "no Content-Type"
+        raise ApiError(
+            415,
+            f"the request body must be sent as Content-Type: application/json, got {given}",
+            param="Content-Type",
+            code="unsupported_media_type",
+        )
 
 
 class _NotJSON(ValueError):
@@ -63,6 +80,8 @@ class ChatRequest:
     stream: bool
     max_tokens: int | None
     tools: list[dict[str, Any]] | None
+    n: int = 1  # choices asked for
+    max_tokens_field: str = "max_tokens"  # the body field the output limit came in
 
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
@@ -70,26 +89,49 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty array of messages", param="messages")
-    for index, message in enumerate(messages):
+    waiting: int | None = None  # the last assistant message calling tools, if unanswered
+    for index, data in enumerate(messages):
         try:
-            Message.from_openai(message)
+            message = Message.from_openai(data)
         except InvalidMessageError as exc:
-            raise bad_request(
-                f"messages[{index}]: {exc}", param=f"messages[{index}]", code="invalid_message"
-            ) from None
+            raise _bad_message(index, str(exc)) from None
+        if says_nothing(message):
+            raise _bad_message(
+                index,
+                'an assistant message needs content or tool_calls; send content "" for an '
+                "empty reply, or leave the message out",
+            )
+        if message.role in ("user", "tool"):
+            waiting = None
+        elif message.role == "assistant" and message.tool_calls:
+            waiting = index
+    if waiting is not None:  # (the Guard refuses it too, in its own terms)
+        raise _bad_message(
+            waiting,
+            "this assistant message calls tools and no tool message after it answers them; "
+            "send their results after it, or leave it out (the gateway stores the model's "
+            "replies itself)",
+        )
     stream = body.get("stream", False)
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be true or false", param="stream")
     max_tokens: int | None = None
+    field = "max_tokens"
     for name in ("max_completion_tokens", "max_tokens"):
         value = body.get(name)
         if value is None:
             continue
         if type(value) is not int or value < 1:
             raise bad_request(f"'{name}' must be a positive integer", param=name)
-        max_tokens = value if max_tokens is None else max_tokens
+        if max_tokens is None:
+            max_tokens, field = value, name
+    n = body.get("n")
+    if n is None:
+        n = 1
+    if type(n) is not int or n < 1:
+        raise bad_request("'n' must be a positive integer", param="n")
     tools = body.get("tools")
     if tools is not None and (
         not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)
@@ -98,4 +140,21 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", param="stream_options")
-    return ChatRequest(list(messages), stream, max_tokens, tools or None)
+    return ChatRequest(list(messages), stream, max_tokens, tools or None, n, field)
+
+
+def check_storable(chat: ChatRequest) -> None:
+    """What a request with a session asks that one stored reply cannot hold: a 400 before
+    anything is stored or forwarded (a stateless request may ask it)."""
+    if chat.n > 1:
+        raise bad_request(
+            f"'n': {chat.n} asks for {chat.n} choices, and a session stores one reply per "
+            "turn; drop 'n' (or send 1), or send the request without a session id",
+            param="n",
+            code="unsupported_parameter",
+        )
+
+
+def _bad_message(index: int, problem: str) -> ApiError:
+    where = f"messages[{index}]"
+    return bad_request(f"{where}: {problem}", param=where, code="invalid_message")

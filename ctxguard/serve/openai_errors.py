@@ -16,6 +16,7 @@ from ctxguard.errors import (
     CtxGuardError,
     InvalidIdError,
     InvalidInputError,
+    OutputReserveError,
     SessionFullError,
     StoreConnectionError,
     StoreError,
@@ -59,8 +60,29 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param=param, code=code)
 
 
-def from_ctxguard(exc: CtxGuardError, *, session_param: str = "X-Session-Id") -> ApiError:
-    """The HTTP answer for an error the Guard raised."""
+def json_kind(value: object) -> str:
+    """What ``value`` is in JSON's terms (an error names what the client sent, not Python's
+    type)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list | tuple) else "an object"
+
+
+def from_ctxguard(
+    exc: CtxGuardError, *, session_param: str = "X-Session-Id", output_param: str = "max_tokens"
+) -> ApiError:
+    """The HTTP answer for an error the Guard raised (``output_param``: the body field the
+    output limit is asked in)."""
+    if isinstance(exc, OutputReserveError):
+        return ApiError(
+            400, _no_room(exc, output_param), param=output_param, code="context_length_exceeded"
+        )
     if isinstance(exc, BudgetError):
         return ApiError(
             400,
@@ -94,3 +116,18 @@ def from_ctxguard(exc: CtxGuardError, *, session_param: str = "X-Session-Id") ->
     if isinstance(exc, TokenizerError):
         return ApiError(502, str(exc), type="server_error", code="upstream_tokenizer")
     return ApiError(500, str(exc), type="server_error", code="ctxguard_error")
+
+
+def _no_room(exc: OutputReserveError, field: str) -> str:
+    """The Guard's words name its Python call; these name the request's field."""
+    if exc.asked is not None:
+        return (
+            f"'{field}': {exc.asked} output tokens (with the gateway's margin, {exc.reserved}) "
+            f"leave no room for a prompt in the model's {exc.limit}-token context; ask for "
+            "fewer output tokens"
+        )
+    return (
+        f"the gateway's output reserve of {exc.reserved} tokens leaves no room for a prompt "
+        f"in the model's {exc.limit}-token context; send a smaller '{field}', or lower the "
+        "gateway's max_tokens setting"
+    )

@@ -209,7 +209,7 @@ async def create_response(request: Request) -> Response:
     session, conversation = _session_of(body, store)
     messages = input_messages(body)
     tools = chat_tools(body.get("tools"))
-    chat = ChatRequest(messages, False, max_tokens, tools)
+    chat = ChatRequest(messages, False, max_tokens, tools, max_tokens_field="max_output_tokens")
     try:
         previous = body.get("previous_response_id")
         if previous is not None and session is not None:
@@ -223,7 +223,9 @@ async def create_response(request: Request) -> Response:
         finally:
             turn.release()
     except CtxGuardError as exc:
-        raise from_ctxguard(exc, session_param="conversation") from None
+        raise from_ctxguard(
+            exc, session_param="conversation", output_param="max_output_tokens"
+        ) from None
 
 
 def _check_previous(guard: Guard, session: str, previous: str, window: int) -> None:
