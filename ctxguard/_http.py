@@ -64,8 +64,12 @@ class Reply:
         return self.content.decode(self.encoding, errors="replace")
 
     def json(self) -> Any:
-        """The body as JSON; ValueError when it is not."""
-        return json.loads(self.content)
+        """The body as JSON; ValueError when it is not (nested past the interpreter's
+        recursion limit too: a server's body must not raise RecursionError here)."""
+        try:
+            return json.loads(self.content)
+        except RecursionError:
+            raise ValueError("the body is JSON nested too deeply to decode") from None
 
 
 def _left(timeout: float | None) -> float | None:

@@ -426,6 +426,8 @@ def load_config_file(path: str | Path) -> KVArchitecture:
         raise ConfigError(f"config file {str(file)!r} does not exist") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"config file {str(file)!r} is not readable JSON: {exc}") from exc
+    except RecursionError:  # valid JSON nested too deep to decode
+        raise ConfigError(f"config file {str(file)!r} is JSON nested too deeply to read") from None
     return architecture_from_config(data, name=_model_name(data, file.parent), source=str(file))
 
 

@@ -94,6 +94,8 @@ def _json(body: str, shown: str, path: str) -> Any:
         return json.loads(body)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{shown}{path} did not return JSON ({exc})") from exc
+    except RecursionError:  # "[[[[...": valid JSON too deep to decode
+        raise ConfigError(f"{shown}{path} returned JSON nested too deeply to read") from None
 
 
 def _pick_model(payload: Any, model: str | None, shown: str) -> tuple[str, int | None]:
@@ -137,7 +139,7 @@ def _cache_config(text: str) -> Mapping[str, str]:
 def _sglang(body: str) -> Mapping[str, Any]:
     try:
         payload = json.loads(body)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return {}
     if not isinstance(payload, Mapping):
         return {}

@@ -380,6 +380,13 @@ def test_load_config_file(tmp_path: Path) -> None:
         load_config_file(tmp_path / "broken.json")
 
 
+def test_a_config_nested_too_deep_is_a_config_error(tmp_path: Path) -> None:
+    """Valid JSON nested past the recursion limit (before: RecursionError)."""
+    (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        ModelLimit(tmp_path / "config.json").resolve()
+
+
 def test_load_model_directory_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -125,6 +125,25 @@ def test_http_errors_and_bad_bodies(fake_vllm: FakeServer) -> None:
         fetch_server_info(fake_vllm.url)
 
 
+DEEP = "[" * 100_000 + "]" * 100_000  # valid JSON, nested past the recursion limit
+
+
+def test_a_body_nested_too_deep_is_a_config_error(fake_vllm: FakeServer) -> None:
+    """(before: RecursionError out of resolve)"""
+    fake_vllm.text("/v1/models", DEEP)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        ServerLimit(fake_vllm.url).resolve()
+    fake_vllm.json("/v1/models", vllm_models("m", 4096))
+    fake_vllm.text("/get_server_info", DEEP)  # SGLang's, read when /metrics says nothing
+    assert ServerLimit(fake_vllm.url).resolve().tokens == 4096
+
+
+async def test_a_body_nested_too_deep_is_a_config_error_async(fake_vllm: FakeServer) -> None:
+    fake_vllm.text("/v1/models", DEEP)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        await ServerLimit(fake_vllm.url).aresolve()
+
+
 def test_headers_are_sent(fake_vllm: FakeServer) -> None:
     fake_vllm.json("/v1/models", vllm_models("m", 4096))
     fetch_server_info(fake_vllm.url, headers={"Authorization": "Bearer k"})

@@ -11,9 +11,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
-from local_http import JsonServer
+from local_http import JsonServer, QuietHandler, Serving
 
-from ctxguard.errors import ConfigError, TokenizerError
+from ctxguard.errors import ConfigError, TemplateRefusedError, TokenizerError
+from ctxguard.messages import Message
 from ctxguard.tokens import load_counter
 
 from .conversations import CONVERSATIONS
@@ -122,3 +123,40 @@ def test_an_endless_fast_body_is_cut_at_the_size_cap() -> None:
 
     with drip_server("flood") as server, pytest.raises(TokenizerError, match="more than 16 MiB"):
         load_counter(f"vllm:{server.url}", timeout=60)
+
+
+class RawTokenize(Serving):
+    """/tokenize answering ``answer`` (status, raw body bytes), whatever is asked."""
+
+    def __init__(self) -> None:
+        self.answer: tuple[int, bytes] = (200, b'{"count": 3}')
+        outer = self
+
+        class Handler(QuietHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send(*outer.answer, "application/json")
+
+        super().__init__(Handler)
+
+
+@pytest.fixture
+def raw_tokenize() -> Iterator[RawTokenize]:
+    running = RawTokenize()
+    yield running
+    running.close()
+
+
+HI = [Message(role="user", content="hi")]
+DEEP = b"[" * 100_000 + b"]" * 100_000  # valid JSON, nested past the recursion limit
+
+
+@pytest.mark.parametrize("status", [200, 400, 500])
+def test_an_answer_nested_too_deep_is_a_typed_error(raw_tokenize: RawTokenize, status: int) -> None:
+    """(before: RecursionError out of the count)"""
+    counter = load_counter(f"vllm:{raw_tokenize.url}")
+    raw_tokenize.answer = (status, DEEP)
+    expected = TemplateRefusedError if status == 400 else TokenizerError
+    with pytest.raises(expected) as info:
+        counter.count_request(HI)
+    assert "\n" not in str(info.value) and len(str(info.value)) < 400
