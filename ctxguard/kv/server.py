@@ -102,21 +102,30 @@ def _pick_model(payload: Any, model: str | None, shown: str) -> tuple[str, int |
     cards = payload.get("data") if isinstance(payload, Mapping) else None
     if not isinstance(cards, list) or not cards:
         raise ConfigError(f"{shown}/v1/models lists no models; is the server still loading?")
+    if not all(isinstance(card, Mapping) for card in cards):
+        raise ConfigError(
+            f"{shown}/v1/models lists models that are not JSON objects; "
+            "is this an OpenAI-compatible server?"
+        )
     ids = [str(card.get("id")) for card in cards]
     if model is not None:
         matches = [c for c in cards if model in (c.get("id"), c.get("root"))]
         if not matches:
             raise ConfigError(f"{shown} does not serve {model!r}; it serves {', '.join(ids)}")
         cards = matches
-    lengths = {card.get("max_model_len") for card in cards}
+    lengths = {_length(card) for card in cards}
     if len(lengths) > 1:
         raise ConfigError(
             f"{shown} serves models with different limits ({', '.join(ids)}); "
             "pass model= to choose one"
         )
-    card = cards[0]
+    return str(cards[0].get("id")), lengths.pop()
+
+
+def _length(card: Mapping[str, Any]) -> int | None:
+    """A card's max_model_len when it is a positive JSON integer (not a bool, list...)."""
     length = card.get("max_model_len")
-    return str(card.get("id")), length if isinstance(length, int) and length > 0 else None
+    return length if type(length) is int and length > 0 else None
 
 
 def parse_prometheus_labels(text: str, metric: str) -> list[dict[str, str]]:

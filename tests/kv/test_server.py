@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import pytest
 
@@ -142,6 +143,23 @@ async def test_a_body_nested_too_deep_is_a_config_error_async(fake_vllm: FakeSer
     fake_vllm.text("/v1/models", DEEP)
     with pytest.raises(ConfigError, match="nested too deeply"):
         await ServerLimit(fake_vllm.url).aresolve()
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (["m"], "not JSON objects"),
+        ([{"id": "a", "max_model_len": [4096]}, {"id": "b", "max_model_len": 4096}], "pass model="),
+        ([{"id": "m", "max_model_len": True}], "did not report max_model_len"),
+    ],
+)
+def test_a_model_list_of_the_wrong_shape_is_a_config_error(
+    fake_vllm: FakeServer, data: list[Any], expected: str
+) -> None:
+    """(before: AttributeError, TypeError "unhashable type"; True read as a length)"""
+    fake_vllm.json("/v1/models", {"object": "list", "data": data})
+    with pytest.raises(ConfigError, match=expected):
+        ServerLimit(fake_vllm.url).resolve()
 
 
 def test_headers_are_sent(fake_vllm: FakeServer) -> None:
