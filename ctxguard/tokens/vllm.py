@@ -92,9 +92,15 @@ class VLLMRenderer:
                 f"{self._message(response)}"
             )
         try:
-            return int(response.json()["count"])
+            count = response.json()["count"]
         except (ValueError, KeyError, TypeError):
-            raise TokenizerError(f"{self.where}/tokenize returned no 'count'") from None
+            count = None
+        # a JSON integer: 1e999 (inf), -5 or 3.7 is no token count
+        if type(count) is not int or count < 0:
+            raise TokenizerError(
+                f"{self.where}/tokenize returned no 'count' (a non-negative integer)"
+            )
+        return count
 
     def _message(self, response: _http.Reply) -> str:
         """The server's reason, as it says it, less any credential it echoes (ours by

@@ -160,3 +160,14 @@ def test_an_answer_nested_too_deep_is_a_typed_error(raw_tokenize: RawTokenize, s
     with pytest.raises(expected) as info:
         counter.count_request(HI)
     assert "\n" not in str(info.value) and len(str(info.value)) < 400
+
+
+@pytest.mark.parametrize("count", [b"1e999", b"-5", b"3.7", b'"12"', b"true", b"null"])
+def test_a_count_that_is_no_token_count_is_a_tokenizer_error(
+    raw_tokenize: RawTokenize, count: bytes
+) -> None:
+    """(before: OverflowError for 1e999; -5, 3.7, "12" and true were taken as counts)"""
+    counter = load_counter(f"vllm:{raw_tokenize.url}")
+    raw_tokenize.answer = (200, b'{"count": ' + count + b"}")
+    with pytest.raises(TokenizerError, match="returned no 'count'"):
+        counter.count_request(HI)
