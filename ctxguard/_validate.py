@@ -14,6 +14,7 @@ a rule is written once.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -458,6 +459,44 @@ def check_record(record: object) -> None:
         raise InvalidInputError(
             f"an audit record must be a dict with string keys, got {type_name(record)}"
         )
+
+
+def check_http_options(owner: str, timeout: object, headers: object) -> None:
+    """An HTTP caller's ``timeout`` (seconds, at most MAX_SECONDS: past it the deadline
+    overflows time arithmetic) and ``headers`` (a dict of ASCII text, what httpx can send;
+    a value is never shown: it is often an API key)."""
+    if not is_seconds(timeout):
+        raise ConfigError(
+            f"{owner}: timeout must be a positive number of seconds, at most {MAX_SECONDS:,}, "
+            f"got {show(timeout)}"
+        )
+    if headers is None:
+        return
+    if not isinstance(headers, Mapping):
+        raise ConfigError(
+            f"{owner}: headers must be a dict of str to str, got {type_name(headers)}"
+        )
+    for name, value in headers.items():
+        if type(name) is not str or not _HEADER_NAME.fullmatch(name):
+            raise ConfigError(
+                one_line(f"{owner}: header name {show(name, 40)} is not an HTTP header name")
+            )
+        if type(value) is not str:
+            raise ConfigError(
+                f"{owner}: the value of header {name!r} must be a str, got {type_name(value)}"
+            )
+        if not _header_text(value.replace("\t", " ")):  # (not shown: often an API key)
+            raise ConfigError(
+                f"{owner}: the value of header {name!r} must be printable ASCII text "
+                "(no line breaks, no accented letters)"
+            )
+
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110's token
+
+
+def _header_text(text: str) -> bool:
+    return text.isascii() and text.isprintable()
 
 
 def check_http_url(url: object, what: str, base: bool = True) -> str:

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ctxguard._validate import MAX_INT, check_arg_types, check_http_url, show
+from ctxguard._validate import (
+    MAX_INT,
+    check_arg_types,
+    check_http_options,
+    check_http_url,
+    show,
+)
 from ctxguard.errors import ConfigError
 from ctxguard.kv.architecture import KVArchitecture
 from ctxguard.kv.calculator import ServingSetup, plan_kv
@@ -233,13 +239,13 @@ class ServerLimit:
             timeout=(timeout, "number"),
             concurrency=(concurrency, "int?"),
             cache_seconds=(cache_seconds, "number"),
-            headers=(headers, "map?"),
         )
         check_http_url(base_url, "ServerLimit base_url")
+        check_http_options("ServerLimit", timeout, headers)
         if concurrency is not None and concurrency < 1:
             raise ConfigError(f"concurrency must be at least 1, got {concurrency}")
-        if timeout <= 0 or cache_seconds < 0:
-            raise ConfigError("timeout must be positive and cache_seconds non-negative")
+        if cache_seconds < 0:
+            raise ConfigError("cache_seconds must be non-negative")
         self._url, self._model, self._timeout = base_url, model, timeout
         self._concurrency, self._ttl, self._headers = concurrency, cache_seconds, headers
         self._cached: tuple[float, ContextLimit] | None = None

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from ctxguard import _http
+from ctxguard._validate import check_http_options
 from ctxguard.errors import ConfigError
 from ctxguard.stores.urls import redact_url
 
@@ -219,6 +220,7 @@ def fetch_server_info(
 ) -> ServerInfo:
     """GET the server's limits (blocking); each of the (up to three) GETs is over
     within ``timeout`` seconds in total, connect, headers and body, or ConfigError."""
+    check_http_options("fetch_server_info", timeout, headers)
     shown = redact(base_url)
     try:
         with _http.client(base_url=base_url, timeout=timeout, headers=headers) as client:
@@ -242,6 +244,7 @@ async def afetch_server_info(
     headers: Mapping[str, str] | None = None,
 ) -> ServerInfo:
     """GET the server's limits (asyncio); same probe and deadlines as :func:`fetch_server_info`."""
+    check_http_options("afetch_server_info", timeout, headers)
     shown = redact(base_url)
     flow = probe(base_url, model)
     try:

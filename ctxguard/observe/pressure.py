@@ -38,7 +38,7 @@ from typing import Any, Literal
 import httpx
 
 from ctxguard import _http
-from ctxguard._validate import check_arg_types, check_http_url
+from ctxguard._validate import MAX_SECONDS, check_arg_types, check_http_url
 from ctxguard.errors import ConfigError, ServerBusyError
 from ctxguard.guard.setup import make_limit
 from ctxguard.kv.limit import ContextLimit, LimitSource
@@ -48,6 +48,7 @@ Level = Literal["ok", "lowered", "refused"]
 LEVELS: tuple[Level, ...] = ("ok", "lowered", "refused")
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
+_SECONDS = ("hold_seconds", "interval", "timeout", "stale_after")
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,12 +207,15 @@ class PressureLimit:
             "stale_after": stale_after,
         }
         for name, value in numbers.items():
+            seconds = name in _SECONDS  # past MAX_SECONDS a deadline overflows time_t
             if (
                 isinstance(value, bool)
                 or not isinstance(value, (int, float))
                 or not (math.isfinite(value) and value >= 0)
+                or (seconds and value > MAX_SECONDS)
             ):
-                raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
+                unit = f" of seconds, at most {MAX_SECONDS:,}" if seconds else ""
+                raise ConfigError(f"{name} must be a non-negative number{unit}, got {value!r}")
         if not 0 < lower_at <= refuse_at:
             raise ConfigError(f"need 0 < lower_at <= refuse_at, got {lower_at}, {refuse_at}")
         if not 0 < waiting_lower <= waiting_refuse:

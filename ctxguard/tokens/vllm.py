@@ -22,7 +22,7 @@ import httpx
 
 from ctxguard import _http
 from ctxguard._secrets import redact_text
-from ctxguard._validate import check_http_url
+from ctxguard._validate import check_arg_types, check_http_options, check_http_url
 from ctxguard.errors import TemplateRefusedError, TokenizerError
 from ctxguard.stores.urls import redact_url
 from ctxguard.tokens._protocol import Tools, fingerprint
@@ -43,6 +43,8 @@ class VLLMRenderer:
         headers: Mapping[str, str] | None = None,
     ) -> None:
         check_http_url(base_url, "vllm counter base_url")
+        check_arg_types("the vllm: counter", model=(model, "str?"))
+        check_http_options("the vllm: counter", timeout, headers)
         root = base_url.rstrip("/")
         self.root = root[: -len("/v1")] if root.endswith("/v1") else root
         self.model = model

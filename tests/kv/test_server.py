@@ -203,6 +203,27 @@ def test_server_limit_bad_arguments() -> None:
         ServerLimit("http://127.0.0.1:1", timeout=0)
 
 
+BAD_HTTP_OPTIONS: list[dict[str, Any]] = [
+    {"timeout": 1e300},  # (before: OverflowError at the first call)
+    {"headers": {"Authorization": None}},  # (before: TypeError)
+    {"headers": {"Authorization": "Bearer caf\u00e9-SEKRIT9"}},  # (UnicodeEncodeError)
+    {"headers": {"X-Key": "a\nSEKRIT9"}},  # (a LocalProtocolError called unreachable)
+    {"headers": {1: "SEKRIT9"}},  # (AttributeError)
+    {"headers": {"X Key": "SEKRIT9"}},
+]
+
+
+@pytest.mark.parametrize("options", BAD_HTTP_OPTIONS)
+def test_bad_http_options_are_config_errors_at_once(options: dict[str, Any]) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"
+    for call in (lambda: ServerLimit(url, **options), lambda: fetch_server_info(url, **options)):
+        with pytest.raises(ConfigError) as info:
+            call()
+        message = str(info.value)
+        assert "SEKRIT9" not in message and "\n" not in message
+        assert ("timeout" if "timeout" in options else "header") in message
+
+
 DRIPS = ["headers", "body", "flood"]
 
 

@@ -104,6 +104,25 @@ def test_unreachable_server_and_bad_specs_are_typed_errors() -> None:
         load_counter("vllm:http://127.0.0.1:9", temperature=0)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"timeout": None},  # (before: TypeError at the first count)
+        {"timeout": "5"},
+        {"timeout": -1},  # (before: a "deadline" error blaming the server)
+        {"timeout": 1e300},  # (before: OverflowError)
+        {"headers": "SEKRIT9"},  # (before: ValueError)
+        {"headers": {"Authorization": None}},  # (before: TypeError)
+        {"headers": {"Authorization": "Bearer caf\u00e9-SEKRIT9"}},  # (UnicodeEncodeError)
+        {"model": 123},  # (before: TypeError)
+    ],
+)
+def test_bad_options_are_config_errors_before_any_call(options: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_counter("vllm:http://127.0.0.1:9", **options)
+    assert "SEKRIT9" not in str(info.value)
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("mode", ["headers", "body"])
 def test_a_drip_feeding_server_cannot_hold_the_counter(mode: str) -> None:
