@@ -141,10 +141,12 @@ class Source:
 
 def load_file(path: str, like: str | None = None) -> LoadedEncoding:
     """A ``.tiktoken`` rank file; its pattern/special tokens come from its hash or ``like``."""
+    if like is not None and like not in KNOWN:
+        raise ConfigError(f"like= names the pattern: one of {', '.join(sorted(KNOWN))}")
     try:
         with open(path, "rb") as handle:
             data = handle.read()
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
         raise TokenizerError(f"cannot read tiktoken rank file {path!r}: {exc}") from exc
     sha = hashlib.sha256(data).hexdigest()
     name = like or next((n for n, k in KNOWN.items() if k.sha256 == sha), None)
@@ -214,7 +216,15 @@ def _parse_tiktoken(data: bytes, where: str) -> dict[bytes, int]:
                 ranks[base64.b64decode(token)] = int(rank)
     except ValueError as exc:
         raise TokenizerError(f"{where!r} is not a tiktoken rank file: {exc}") from exc
+    # tiktoken keeps ranks as u32 (past them: OverflowError) and takes max() of them
+    bad = next((r for r in ranks.values() if not 0 <= r < _MAX_RANK), None)
+    if not ranks or bad is not None:
+        problem = "it holds no ranks" if not ranks else f"rank {bad} is outside 0 to 2**32-2"
+        raise TokenizerError(f"{where!r} is not a tiktoken rank file: {problem}")
     return ranks
+
+
+_MAX_RANK = 2**32 - 1  # tiktoken's Rank is a u32 and u32::MAX is its "no rank"
 
 
 def _from_quicktok(name: str, known: _Known, rejected: list[str]) -> dict[bytes, int] | None:

