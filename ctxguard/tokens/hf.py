@@ -17,7 +17,13 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ctxguard.errors import MissingDependencyError, TemplateRefusedError, TokenizerError
+from ctxguard._validate import check_arg_types, one_line, show
+from ctxguard.errors import (
+    ConfigError,
+    MissingDependencyError,
+    TemplateRefusedError,
+    TokenizerError,
+)
 from ctxguard.tokens._openai_dicts import DictStyle, styled
 from ctxguard.tokens._protocol import Tools, file_digest, fingerprint
 from ctxguard.tokens._templated import TemplateCounter, build
@@ -44,6 +50,13 @@ def load_hf_counter(
     template_kwargs: Mapping[str, Any] | None = None,
 ) -> TemplateCounter:
     """A counter for the tokenizer directory ``path`` (nothing is downloaded)."""
+    check_arg_types(
+        "the hf: counter",
+        chat_template=(chat_template, "str?"),
+        template_kwargs=(template_kwargs, "map?"),
+    )
+    if template_kwargs is not None and not all(type(k) is str for k in template_kwargs):
+        raise ConfigError("the hf: counter: template_kwargs must have str keys (names)")
     tokenizer = _load_tokenizer(path)
     template = _template_text(tokenizer, path, chat_template)
     renderer = HFRenderer(tokenizer, template, dict(template_kwargs or {}))
@@ -69,14 +82,28 @@ def _load_tokenizer(path: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError...
-        raise TokenizerError(f"cannot load a tokenizer from {path!r}: {exc}") from exc
+        # (its messages run over several lines)
+        raise TokenizerError(one_line(f"cannot load a tokenizer from {path!r}: {exc}")) from exc
 
 
 def _template_text(tokenizer: Any, path: str, override: str | None) -> str:
     if override is not None:
         if os.path.isfile(override):
-            with open(override, encoding="utf-8") as handle:
-                return handle.read()
+            try:
+                with open(override, encoding="utf-8") as handle:
+                    return handle.read()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise TokenizerError(
+                    one_line(f"cannot read the chat template file {override!r}: {exc}")
+                ) from exc
+        if "{{" not in override and "{%" not in override:
+            # a path with a typo would otherwise be the "template": a constant text
+            raise TokenizerError(
+                one_line(
+                    f"chat_template= {show(override, 80)} is neither a file nor a Jinja "
+                    "template; pass the template text or the path of its .jinja file"
+                )
+            )
         return override
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):

@@ -31,6 +31,11 @@ def _tiktoken(rest: str, options: dict[str, Any]) -> TokenCounter:
 def _hf(rest: str, options: dict[str, Any]) -> TokenCounter:
     from ctxguard.tokens.hf import load_hf_counter
 
+    unknown = set(options) - {"chat_template", "template_kwargs"}
+    if unknown:
+        raise ConfigError(
+            f"hf counters take chat_template=, template_kwargs=; not {sorted(unknown)}"
+        )
     return load_hf_counter(rest, **options)
 
 

@@ -162,6 +162,45 @@ def test_no_template_is_a_clear_error(hf_dirs: Any, tmp_path: Path) -> None:
         load_counter(f"hf:{target}")
 
 
+def test_a_tokenizer_dir_transformers_refuses_is_a_one_line_error(tmp_path: Path) -> None:
+    require("transformers", "transformers")
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(TokenizerError) as info:  # (before: transformers' lines, as they came)
+        load_counter(f"hf:{tmp_path}")
+    assert "\n" not in str(info.value) and len(str(info.value)) <= 300
+
+
+def test_a_chat_template_file_nobody_can_read_or_a_path_that_is_none(
+    hf_dirs: Any, tmp_path: Path
+) -> None:
+    """A template path with a typo was taken as the template's text, a constant that
+    counted a few tokens for any conversation; a non-UTF-8 file raised UnicodeDecodeError."""
+    tokenizer = hf_dirs["qwen-2.5"]
+    for override in (f"{tmp_path}/chat_tempalte.jinja", str(tmp_path), ""):
+        with pytest.raises(TokenizerError, match="neither a file nor a Jinja template"):
+            load_counter(f"hf:{tokenizer}", chat_template=override)
+    (tmp_path / "latin1.jinja").write_bytes(b"{{ '\xe9' }}")
+    with pytest.raises(TokenizerError, match="cannot read the chat template file"):
+        load_counter(f"hf:{tokenizer}", chat_template=str(tmp_path / "latin1.jinja"))
+    (tmp_path / "ok.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert load_counter(f"hf:{tokenizer}", chat_template=str(tmp_path / "ok.jinja")).exact
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"bogus": 1},  # (before: TypeError "unexpected keyword argument")
+        {"chat_template": 123},  # (before: TypeError)
+        {"template_kwargs": "enable_thinking"},  # (before: ValueError)
+        {"template_kwargs": [("enable_thinking", False)]},
+        {"template_kwargs": {1: False}},
+    ],
+)
+def test_bad_hf_options_are_config_errors(hf_dirs: Any, options: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        load_counter(f"hf:{hf_dirs['qwen-2.5']}", **options)
+
+
 def test_mistral_refusal_is_typed(counters: Any) -> None:
     require("mistral_common", "mistral-common")
     counter = counter_for(counters, "mistral:v3-tekken")
