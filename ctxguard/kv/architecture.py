@@ -30,6 +30,7 @@ LayerKind = Literal["full", "sliding", "chunked", "mamba", "none"]
 state per request (Mamba, GDN, linear attention); none: no cache (MLP-only layers)."""
 
 ATTENTION_KINDS: frozenset[str] = frozenset({"full", "sliding", "chunked"})
+MAX_LAYERS = 100_000  # the deepest released decoders have a few hundred
 
 _LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
@@ -186,6 +187,10 @@ def architecture_from_config(
     cfg = _language_model(config)
     label = name or str(cfg.get("_name_or_path") or cfg.get("model_type") or "config")
     layers = _positive(cfg, _LAYERS, label, "number of layers")
+    if layers > MAX_LAYERS:  # one entry per layer is listed: 10**12 was a MemoryError
+        raise ConfigError(
+            f"model {label!r}: {layers} layers is past {MAX_LAYERS:,}; check its config.json"
+        )
     heads = _positive(cfg, _HEADS, label, "number of attention heads")
     kinds = _layer_kinds(cfg, layers, label)
     derived, derived_from = derive_max_model_len(cfg) or (None, "")
@@ -306,7 +311,9 @@ def _from_type_names(names: list[Any], layers: int, name: str) -> tuple[LayerKin
         kind = _LAYER_TYPE_NAMES.get(str(item))
         if kind is None:
             known = ", ".join(sorted(_LAYER_TYPE_NAMES))
-            raise ConfigError(f"model {name!r}: unknown layer type {item!r} (known: {known})")
+            raise ConfigError(
+                one_line(f"model {name!r}: unknown layer type {show(item, 40)} (known: {known})")
+            )
         kinds.append(kind)
     if len(kinds) != layers:
         raise ConfigError(f"model {name!r}: layer_types lists {len(kinds)} layers, not {layers}")
@@ -318,7 +325,7 @@ def _from_pattern(pattern: str, layers: int, name: str) -> tuple[LayerKind, ...]
     if len(pattern) != layers or any(c not in _PATTERN_CHARS for c in pattern):
         raise ConfigError(
             f"model {name!r}: hybrid_override_pattern must have {layers} characters from "
-            f"{''.join(_PATTERN_CHARS)}, got {pattern!r}"
+            f"{''.join(_PATTERN_CHARS)}, got {show(pattern, 80)}"
         )
     return tuple(_PATTERN_CHARS[c] for c in pattern)
 

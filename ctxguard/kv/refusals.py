@@ -76,7 +76,10 @@ def derive_max_model_len(cfg: Mapping[str, Any]) -> tuple[int, str] | None:
             derived, how = original, f"original_max_position_embeddings {original}"
     if factor != 1.0:
         how = f"{how} x rope factor {factor:g}"
-    return int(derived * factor), how
+    scaled = derived * factor
+    if not math.isfinite(scaled):  # 1e308 x 8192: int(inf) was an OverflowError
+        raise ConfigError(f"{how} is not a finite number of positions; fix it in config.json")
+    return int(scaled), how
 
 
 def _rope_parameters(cfg: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:

@@ -416,6 +416,9 @@ _BAD_VALUES = [
     ({"num_hidden_layers": True}, "num_hidden_layers"),
     ({"num_attention_heads": 0}, "attention heads is 0"),
     ({"kv_lora_rank": 0}, "kv_lora_rank"),
+    ({"num_hidden_layers": 10**12}, "layers"),  # (before: MemoryError)
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 1e305}}, "rope factor"),  # Overflow
+    ({"layer_types": ["x" * 5000] * 32}, "unknown layer type"),  # (before: 5,000 x's shown)
 ]
 
 
