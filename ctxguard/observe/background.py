@@ -62,7 +62,11 @@ class BackgroundObserver:
                 )
         if type(max_pending) is not int or max_pending < 1:
             raise ConfigError(f"max_pending must be a positive int, got {max_pending!r}")
-        if not isinstance(interval, int | float) or not 0 < interval <= 10:
+        if (
+            isinstance(interval, bool)
+            or not isinstance(interval, int | float)
+            or not 0 < interval <= 10
+        ):
             raise ConfigError(f"interval must be a number of seconds in (0, 10], got {interval!r}")
         self.observers: tuple[Observer, ...] = tuple(_flatten(observers))
         self.max_pending = max_pending

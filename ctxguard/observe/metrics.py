@@ -7,10 +7,12 @@ small fixed set of values: operation names, outcomes, policy names, error classe
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ctxguard._validate import one_line, show
 from ctxguard.errors import (
     BudgetError,
     ConfigError,
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 
     from ctxguard.observe.background import BackgroundObserver
 
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 REFUSALS = (BudgetError, TemplateRefusedError, InvalidMessageError)  # MessageTooLong is a Budget
 # the policy a request is counted under: the first of these its plan used
 POLICIES = ("summary", "render_trim", "window", "degrade", "tool_integrity")
@@ -56,6 +59,11 @@ class PrometheusObserver:
             raise ConfigError(
                 "registry must be a prometheus_client CollectorRegistry, "
                 f"got {type(registry).__name__}"
+            )
+        if type(prefix) is not str or not _METRIC_NAME.fullmatch(prefix):
+            raise ConfigError(
+                f"prefix must be a metric name such as 'ctxguard' ([a-zA-Z_:][a-zA-Z0-9_:]*), "
+                f"got {show(prefix)}"
             )
         self.registry = REGISTRY if registry is None else registry
         # the metrics are registered below as one collector, whose collect flushes the
@@ -289,4 +297,19 @@ def start_http_server(
     Binds to localhost unless told otherwise; returns prometheus_client's
     ``(server, thread)`` so tests and shutdown code can stop it.
     """
-    return _start_http_server(port, addr=addr, registry=REGISTRY if registry is None else registry)
+    if type(port) is not int or not 0 <= port <= 65535:
+        raise ConfigError(f"port must be an int from 0 to 65535, got {show(port)}")
+    if type(addr) is not str:
+        raise ConfigError(f"addr must be a host name or address (str), got {show(addr)}")
+    if registry is not None and not isinstance(registry, CollectorRegistry):
+        raise ConfigError(
+            f"registry must be a prometheus_client CollectorRegistry, got {type(registry).__name__}"
+        )
+    try:
+        return _start_http_server(
+            port, addr=addr, registry=REGISTRY if registry is None else registry
+        )
+    except OSError as exc:  # the port is taken, the address is not this host's, ...
+        raise ConfigError(
+            one_line(f"cannot serve metrics on {show(addr)} port {port}: {exc}")
+        ) from exc

@@ -22,7 +22,7 @@ import json
 import os
 from typing import Any
 
-from ctxguard.errors import MissingDependencyError
+from ctxguard.errors import ConfigError, MissingDependencyError
 from ctxguard.guard.events import OperationEvent, StoreCallEvent, SummaryEvent
 
 try:
@@ -55,6 +55,15 @@ class TracingObserver:
         *,
         store_spans: bool = True,
     ) -> None:
+        if tracer_provider is not None and not isinstance(tracer_provider, TracerProvider):
+            raise ConfigError(
+                "tracer_provider must be an OpenTelemetry TracerProvider or None, "
+                f"got {type(tracer_provider).__name__}"
+            )
+        for name, value in (("capture_content", capture_content), ("store_spans", store_spans)):
+            # a truthy "false" would record every message's content in the spans
+            if not isinstance(value, bool) and not (name == "capture_content" and value is None):
+                raise ConfigError(f"{name} must be True or False, got {type(value).__name__}")
         self.tracer: Tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
         self.capture_content = capture_from_env() if capture_content is None else capture_content
         self.store_spans = store_spans  # False: one span per operation (and summary), half the cost

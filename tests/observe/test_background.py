@@ -338,6 +338,8 @@ def test_bad_arguments_are_config_errors() -> None:
         background(print, max_pending=0)
     with pytest.raises(ConfigError, match="interval"):
         background(print, interval=0)
+    with pytest.raises(ConfigError, match="interval"):  # (before: taken as 1 s)
+        background(print, interval=True)
     assert isinstance(background(print), BackgroundObserver)
 
 

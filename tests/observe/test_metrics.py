@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import urllib.request
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -236,6 +237,40 @@ def test_bad_observer_and_registry_are_config_errors() -> None:
         Guard("memory://", limit=400, max_tokens=64, observer=42)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="CollectorRegistry"):
         PrometheusObserver({})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("prefix", [None, 123, "", "bad-name", "ctx\nguard", "a b"])
+def test_a_prefix_that_is_no_metric_name_is_a_config_error(prefix: object) -> None:
+    # (before: None made "None_requests_total", "ctx\nguard" a name with a line break)
+    with pytest.raises(ConfigError, match="prefix must be a metric name"):
+        PrometheusObserver(CollectorRegistry(), prefix=prefix)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"port": "9464"}, "port must be an int"),  # (before: socket.gaierror)
+        ({"port": 70000}, "port must be an int"),  # (before: OverflowError)
+        ({"port": None}, "port must be an int"),  # (before: TypeError)
+        ({"port": 0, "addr": None}, "addr must be"),
+        ({"port": 0, "registry": "default"}, "CollectorRegistry"),  # (before: served, broken)
+        ({"port": 0, "addr": "192.0.2.1"}, "cannot serve metrics"),  # not ours: OSError
+    ],
+)
+def test_start_http_server_bad_arguments_are_config_errors(
+    kwargs: dict[str, Any], expected: str
+) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        start_http_server(**kwargs)
+
+
+def test_start_http_server_on_a_taken_port_is_a_config_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"cannot serve metrics on '127.0.0.1' port {port}"):
+            start_http_server(port, registry=CollectorRegistry())  # (before: OSError)
 
 
 def test_start_http_server_serves_the_registry() -> None:

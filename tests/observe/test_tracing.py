@@ -15,7 +15,7 @@ from opentelemetry.trace import Link, SpanKind, StatusCode, TraceState
 from opentelemetry.util.types import Attributes
 
 from ctxguard import Message
-from ctxguard.errors import BudgetError
+from ctxguard.errors import BudgetError, ConfigError
 from ctxguard.guard import AsyncGuard, Guard
 from ctxguard.observe.tracing import CAPTURE_ENV, TracingObserver
 
@@ -226,3 +226,17 @@ def test_an_unsampled_operation_makes_no_child_spans(redis_url: str, namespace: 
     assert memory.get_finished_spans() == ()
     # the sampler saw the operation spans only: no store span was started under them
     assert sampler.asked == ["ctxguard prepare", "ctxguard complete"] * 3
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"capture_content": "false"},  # (before: truthy, so every message went into spans)
+        {"capture_content": 0},
+        {"store_spans": "no"},
+        {"tracer_provider": "otel"},  # (before: AttributeError)
+    ],
+)
+def test_bad_arguments_are_config_errors(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        TracingObserver(**kwargs)  # type: ignore[arg-type]
