@@ -81,8 +81,8 @@ def parse_metrics(text: str) -> tuple[float | None, float | None]:
             value = float(raw[0])
         except (IndexError, ValueError):
             continue
-        if not math.isfinite(value):
-            continue
+        if not math.isfinite(value) or value < 0:  # no usage or queue is negative: a
+            continue  # -100 waiting would have cancelled another engine's real queue
         if name in KV_USAGE:
             usage = value if usage is None else max(usage, value)
         else:
@@ -99,15 +99,23 @@ class PressureMonitor:
         self.last: Pressure | None = None
         self.error: str | None = None
         self._checked = -math.inf
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held across a sync reading: others wait for it
+        self._claim_lock = threading.Lock()  # held only to claim the next reading
         self._client: httpx.Client | None = None
 
-    def _due(self) -> bool:
-        return time.monotonic() - self._checked >= self.interval
+    def _claim(self) -> bool:
+        """True for the one caller that reads now (until ``interval`` has passed again);
+        the others take the last reading. Claimed before the call, so the coroutines of
+        an async burst do not each read while the first reading is in flight."""
+        with self._claim_lock:
+            if time.monotonic() - self._checked < self.interval:
+                return False
+            self._checked = time.monotonic()
+            return True
 
     def sample(self) -> Pressure | None:
         with self._lock:
-            if self._due():
+            if self._claim():
                 try:
                     if self._client is None:  # one client (and TLS context) for every reading
                         self._client = _http.client(timeout=self.timeout)
@@ -126,7 +134,7 @@ class PressureMonitor:
             return self.last
 
     async def asample(self) -> Pressure | None:
-        if self._due():
+        if self._claim():
             try:
                 async with httpx.AsyncClient(timeout=self.timeout) as client:
                     reply = await _http.arequest(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import uuid
@@ -125,6 +126,22 @@ def test_one_reader_per_url_per_process(server: MetricsServer) -> None:
     assert a.prepare("o1", [user(0)]).limit == 2000
     assert b.prepare("o2", [user(0)]).limit == 4000
     assert server.scrapes == 1
+
+
+@pytest.mark.parametrize("server", [[(200, vllm_text(0.9, 0))]], indirect=True)
+async def test_one_async_reading_per_interval_however_many_wait(server: MetricsServer) -> None:
+    """A burst of async resolves read /metrics once (before: each coroutine that came
+    while the first reading was in flight read it again: 50 resolves, ~45 scrapes)."""
+    limit = PressureLimit(4000, unique(server.url), interval=3600)
+    await asyncio.gather(*(limit.aresolve() for _ in range(50)))
+    assert server.scrapes == 1
+    assert (await limit.aresolve()).tokens == 2000
+
+
+def test_negative_readings_are_ignored() -> None:
+    # an engine reporting -100 waiting cancelled another's real queue of 70 (refusing)
+    text = vllm_text(0.5, 70) + vllm_text(-1.0, -100, model="other")
+    assert parse_metrics(text) == (0.5, 70.0)
 
 
 @pytest.mark.parametrize(
