@@ -30,6 +30,7 @@ from typing import Any
 
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
+from ctxguard._validate import show
 from ctxguard.errors import ConfigError, StoreError, TenantBudgetError
 from ctxguard.guard.events import OperationEvent
 from ctxguard.guard.setup import make_limit
@@ -40,6 +41,11 @@ from ctxguard.stores.redis_errors import wrap_error
 from ctxguard.stores.urls import parse_store_url
 
 SCRIPT = resources.files("ctxguard.observe").joinpath("lua/tenant_budget.lua").read_text()
+# The script's numbers are Lua doubles, passed back to Redis as text of 17 digits: a
+# charge past 2**53 (or a window past ~31 years, in ms) was not an integer to HINCRBY /
+# PEXPIRE, and failed as a StoreError naming the script's line.
+MAX_CHARGE = 2**53
+MAX_WINDOW_SECONDS = 10**9
 
 
 class TenantBudget:
@@ -63,9 +69,12 @@ class TenantBudget:
             isinstance(window_seconds, bool)
             or not isinstance(window_seconds, (int, float))
             or not math.isfinite(window_seconds)
-            or window_seconds < 0.001
+            or not 0.001 <= window_seconds <= MAX_WINDOW_SECONDS
         ):
-            raise ConfigError(f"window_seconds must be at least 0.001, got {window_seconds!r}")
+            raise ConfigError(
+                f"window_seconds must be from 0.001 to {MAX_WINDOW_SECONDS:,}, "
+                f"got {show(window_seconds)}"
+            )
         self.store_url = parse_store_url(url, namespace, tenant)
         if self.store_url.scheme == "memory":
             raise ConfigError("a tenant budget is kept in Redis: pass a redis:// URL")
@@ -112,8 +121,8 @@ class TenantBudget:
 
     def charge(self, tokens: int) -> int:
         """Add ``tokens`` spent now; returns the window's total."""
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-            raise ConfigError(f"tokens must be a non-negative int, got {tokens!r}")
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= MAX_CHARGE:
+            raise ConfigError(f"tokens must be an int from 0 to 2**53, got {show(tokens)}")
         return self._run(tokens)[0] if tokens else self.spent()[0]
 
     async def acharge(self, tokens: int) -> int:

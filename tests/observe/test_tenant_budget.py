@@ -139,6 +139,7 @@ def test_unreachable_redis_is_typed_and_redacted() -> None:
         {"tokens": True},
         {"window_seconds": 0},
         {"window_seconds": float("inf")},
+        {"window_seconds": 1e300},  # (before: a StoreError from the script's PEXPIRE)
         {"buckets": 0},
     ],
 )
@@ -148,3 +149,15 @@ def test_bad_settings(kwargs: dict[str, object]) -> None:
         TenantBudget("redis://127.0.0.1:1/0", **args)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="Redis"):
         TenantBudget("memory://", tokens=10, window_seconds=1)
+
+
+def test_a_charge_past_2_53_is_a_config_error(redis_url: str, namespace: str) -> None:
+    """(before: a StoreError "value is not an integer or out of range script: ..., on
+    @user_script:36", as if Redis had failed)"""
+    budget = TenantBudget(redis_url, tokens=10, window_seconds=60, namespace=namespace)
+    try:
+        with pytest.raises(ConfigError, match="2\\*\\*53"):
+            budget.charge(2**62)
+        assert budget.charge(2**53) == 2**53  # the largest charge still adds up exactly
+    finally:
+        budget.close()
