@@ -289,12 +289,16 @@ def check_summary_request(request: object) -> None:
 
 
 def check_timeout(timeout: object) -> None:
+    """A wait's timeout: None, or 0 to MAX_SECONDS (past it the wait overflows time_t)."""
     if timeout is None or (
-        isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout >= 0
+        isinstance(timeout, int | float)
+        and not isinstance(timeout, bool)
+        and 0 <= timeout <= MAX_SECONDS
     ):
         return
     raise InvalidInputError(
-        f"timeout must be a non-negative number of seconds or None, got {show(timeout)}"
+        f"timeout must be None or a number of seconds from 0 to {MAX_SECONDS:,}, "
+        f"got {show(timeout)}"
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 
+from ctxguard.errors import ConfigError
 from ctxguard.guard.events import Observer, OperationEvent, StoreCallEvent, SummaryEvent
 from ctxguard.observe.background import BackgroundObserver, background
 
@@ -42,6 +43,12 @@ def fan_out(*observers: Observer) -> Observer:
     its ``observers`` attribute names them, so ``background(fan_out(a, b))`` is
     ``background(a, b)``)."""
     chosen = tuple(observers)
+    for observer in chosen:  # (a non-callable one was skipped silently, at every event)
+        if not callable(observer):
+            raise ConfigError(
+                "observers must be callables taking one OperationEvent, "
+                f"got {type(observer).__name__}"
+            )
 
     def observe(event: OperationEvent) -> None:
         for observer in chosen:

@@ -135,6 +135,7 @@ class BackgroundObserver:
 
     def close(self, timeout: float | None = 5.0) -> None:
         """Flush, then stop the thread (idempotent); later events are delivered inline."""
+        v.check_timeout(timeout)
         with self._lock:
             if self._closed:
                 return

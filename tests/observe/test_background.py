@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from ctxguard.errors import ConfigError
+from ctxguard.errors import ConfigError, InvalidInputError
 from ctxguard.guard import AsyncGuard, Guard
 from ctxguard.guard.events import OperationEvent
 from ctxguard.observe import BackgroundObserver, background, fan_out
@@ -340,6 +340,21 @@ def test_bad_arguments_are_config_errors() -> None:
         background(print, interval=0)
     with pytest.raises(ConfigError, match="interval"):  # (before: taken as 1 s)
         background(print, interval=True)
+    with pytest.raises(ConfigError, match="callables"):  # (before: skipped at every event)
+        fan_out(print, 42)  # type: ignore[arg-type]
+
+
+def test_a_wait_past_a_million_seconds_is_refused() -> None:
+    """(before: OverflowError out of Event.wait / Thread.join)"""
+    deliverer = background(lambda event: None)
+    deliverer(event())  # the thread runs
+    with pytest.raises(InvalidInputError, match="1,000,000"):
+        deliverer.flush(1e300)
+    with pytest.raises(InvalidInputError, match="1,000,000"):
+        deliverer.close(1e300)
+    deliverer.close()
+    with pytest.raises(InvalidInputError, match="1,000,000"):
+        Guard("memory://", limit=400).wait_for_summaries(1e300)
     assert isinstance(background(print), BackgroundObserver)
 
 
