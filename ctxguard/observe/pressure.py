@@ -308,7 +308,7 @@ class PressureLimit:
         level = self.update(pressure)
         deadline = time.monotonic() + self.hold_seconds
         while level == "refused" and time.monotonic() < deadline:
-            time.sleep(min(max(self.monitor.interval, 0.01), deadline - time.monotonic()))
+            time.sleep(_pause(self.monitor.interval, deadline))
             pressure = self.monitor.sample()
             level = self.update(pressure)
         return self._limit(base, level, pressure)
@@ -319,10 +319,16 @@ class PressureLimit:
         level = self.update(pressure)
         deadline = time.monotonic() + self.hold_seconds
         while level == "refused" and time.monotonic() < deadline:
-            await asyncio.sleep(min(max(self.monitor.interval, 0.01), deadline - time.monotonic()))
+            await asyncio.sleep(_pause(self.monitor.interval, deadline))
             pressure = await self.monitor.asample()
             level = self.update(pressure)
         return self._limit(base, level, pressure)
+
+
+def _pause(interval: float, deadline: float) -> float:
+    """Until the next reading, never past the deadline, never negative: the deadline can
+    pass between the loop's check and this (time.sleep(-0.001) is a ValueError)."""
+    return max(0.0, min(max(interval, 0.01), deadline - time.monotonic()))
 
 
 def _show(value: float | None) -> str:

@@ -7,6 +7,7 @@ import json
 import socket
 import uuid
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -221,3 +222,26 @@ def test_a_secret_in_the_metrics_urls_query_is_refused_without_showing_it(query:
 def test_a_metrics_url_keeps_a_query_with_no_secret() -> None:
     limit = PressureLimit(4000, "http://127.0.0.1:1/metrics?name=vllm&tokens=5")
     assert limit.monitor.url.endswith("?name=vllm&tokens=5")
+
+
+@pytest.mark.parametrize("server", [[(200, vllm_text(0.99, 90))]], indirect=True)
+def test_a_hold_whose_deadline_passes_mid_loop_does_not_sleep_a_negative_time(
+    server: MetricsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deadline passing between the hold loop's check and its sleep made
+    time.sleep(negative): ValueError out of resolve (before)."""
+    import ctxguard.observe.pressure as pressure
+
+    # each reading of the clock: +0.7 s, so the loop finds 0.7 s gone of its 1 s hold,
+    # and the next reading is 0.4 s past the deadline
+    ticks = iter(n * 0.7 for n in range(1_000_000))
+    clock = SimpleNamespace(monotonic=lambda: next(ticks), sleep=_sleep)  # a fake `time`
+    monkeypatch.setattr(pressure, "time", clock)
+    limit = PressureLimit(4000, unique(server.url), interval=0, hold_seconds=1)
+    with pytest.raises(ServerBusyError):
+        limit.resolve()
+
+
+def _sleep(seconds: float) -> None:
+    if seconds < 0:  # what time.sleep says
+        raise ValueError("sleep length must be non-negative")
