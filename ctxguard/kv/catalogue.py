@@ -87,6 +87,11 @@ def resolve_model(model: str | Path | KVArchitecture) -> KVArchitecture:
     """Turn what a user typed into an architecture: an object, a path, or a catalogue name."""
     if isinstance(model, KVArchitecture):
         return model
+    if isinstance(model, str) and not model.strip():  # Path("") is ".", the current directory
+        raise ConfigError(
+            "model is empty: give a catalogue name from `ctxguard kv --list-models`, "
+            "a config.json path or a local model directory"
+        )
     path = Path(model)
     if path.is_dir():
         config = path / "config.json"

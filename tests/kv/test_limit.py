@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ctxguard.errors import ConfigError
@@ -132,6 +134,18 @@ async def test_model_limit_async_matches_sync() -> None:
 def test_model_limit_bad_input(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         ModelLimit("llama-3.1-8b", **kwargs).resolve()  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("model", ["", "  "])
+def test_an_empty_model_name_is_refused_as_empty(
+    model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(before: read as the current directory: "directory '.' has no config.json", or the
+    config.json of whatever directory the process ran in)"""
+    (tmp_path / "config.json").write_text('{"num_hidden_layers": 2}')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="model is empty"):
+        ModelLimit(model).resolve()
 
 
 def test_model_limit_accepts_an_architecture_object() -> None:
