@@ -29,8 +29,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ctxguard.errors import InvalidInputError
 from ctxguard.stores.audit_compact import compact_json
-from ctxguard.stores.records import encode_audit, with_rid
+from ctxguard.stores.records import encode_audit, refuse_non_finite, with_rid
 
 CONTEXT_FIELDS = frozenset(
     {
@@ -83,11 +84,15 @@ def audit_arg(record: Mapping[str, Any]) -> str:
     ``stores.audit_compact``), and for a request record ``"\\n" + digest + context
     JSON`` after it (see ``with_context`` in _lib.lua)."""
     record = with_rid(record)
-    parts = split(record)
-    if parts is None:
-        return compact_json(record)
-    rest, digest, context = parts
-    return f"{compact_json(rest)}\n{digest}{context}"
+    try:
+        parts = split(record)
+        if parts is None:
+            return compact_json(record)
+        rest, digest, context = parts
+        return f"{compact_json(rest)}\n{digest}{context}"
+    except InvalidInputError:  # a NaN (encode_audit): named by the caller's field names,
+        refuse_non_finite(record)  # not the stored (compacted) ones
+        raise
 
 
 def resolve(records: Sequence[dict[str, Any]], contexts: Mapping[str, str]) -> list[dict[str, Any]]:

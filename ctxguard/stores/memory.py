@@ -235,6 +235,7 @@ class MemoryStore:
         no id of ``new`` is stored; else answer as :meth:`fetch_window` (no write)."""
         check_window_args(budget, min_messages)
         check_store_args(new=new, options=options, write=write, text={"token": token})
+        raw = _audit_raw(write)  # a refused record (a NaN) before anything is written
         with self._lock:
             self._check_cap(session_id, new, options)
             session = self._live(session_id)
@@ -264,8 +265,8 @@ class MemoryStore:
             if write is not None:
                 if write.counts and options.counter:
                     self.set_token_counts(session_id, options.counter, write.counts)
-                if write.audit is not None:
-                    turn = self.add_audit(session_id, write.audit, write.retention, write.ttl)
+                if raw is not None:
+                    turn = self._add_raw(session_id, raw, write.retention, write.ttl)
             self._touch(session, options)
             after = session.state_token
             appended = dataclasses.replace(appended, token_after=after)
@@ -380,29 +381,33 @@ class MemoryStore:
     ) -> int:
         """Append an audit record; request records get the next turn number (returned)."""
         check_store_args(record=record, ints={"retention": retention, "ttl": ttl})
+        raw = encode_audit(with_rid(record))
         with self._lock:
-            session = self._live(session_id)
-            if session is None:
-                return 0
-            raw = encode_audit(with_rid(record))
-            rid = audit_rid(raw)
-            if rid is not None and rid in session.audit_rids:  # written already: a retry
-                return session.audit_rids[rid]
-            turn = 0
-            if raw.startswith(REQUEST_RECORD_HEAD):
-                session.turns += 1
-                turn = session.turns
-                raw = f'{{"turn":{turn},' + raw[len(REQUEST_RECORD_HEAD) :]
-            session.audit.append(raw)
-            if rid is not None:
-                session.audit_rids[rid] = turn
-            if retention > 0 and len(session.audit) > retention:
-                dropped = len(session.audit) - retention
-                for old in session.audit[:dropped]:
-                    session.audit_rids.pop(audit_rid(old) or "", None)
-                del session.audit[:dropped]
-            self._touch(session, WriteOptions(ttl_seconds=ttl or None))
-            return turn
+            return self._add_raw(session_id, raw, retention, ttl)
+
+    def _add_raw(self, session_id: str, raw: str, retention: int, ttl: int) -> int:
+        """add_audit of an encoded record (the lock is held)."""
+        session = self._live(session_id)
+        if session is None:
+            return 0
+        rid = audit_rid(raw)
+        if rid is not None and rid in session.audit_rids:  # written already: a retry
+            return session.audit_rids[rid]
+        turn = 0
+        if raw.startswith(REQUEST_RECORD_HEAD):
+            session.turns += 1
+            turn = session.turns
+            raw = f'{{"turn":{turn},' + raw[len(REQUEST_RECORD_HEAD) :]
+        session.audit.append(raw)
+        if rid is not None:
+            session.audit_rids[rid] = turn
+        if retention > 0 and len(session.audit) > retention:
+            dropped = len(session.audit) - retention
+            for old in session.audit[:dropped]:
+                session.audit_rids.pop(audit_rid(old) or "", None)
+            del session.audit[:dropped]
+        self._touch(session, WriteOptions(ttl_seconds=ttl or None))
+        return turn
 
     def _audit_turn(self, session_id: str, write: RecordWrite | None) -> int | None:
         """The turn of ``write``'s audit record if it is in the trail already, else None."""
@@ -418,12 +423,14 @@ class MemoryStore:
         check_store_args(write=write)
         if write is None:
             raise InvalidInputError("write must be a RecordWrite, got None")
+        raw = _audit_raw(write)
         with self._lock:
-            if write.counts and write.counter:
-                self.set_token_counts(session_id, write.counter, write.counts)
-            if write.audit is None:
-                return 0
-            return self.add_audit(session_id, write.audit, write.retention, write.ttl)
+            return self._record(session_id, write, raw)
+
+    def _record(self, session_id: str, write: RecordWrite, raw: str | None) -> int:
+        if write.counts and write.counter:
+            self.set_token_counts(session_id, write.counter, write.counts)
+        return 0 if raw is None else self._add_raw(session_id, raw, write.retention, write.ttl)
 
     def append_with_audit(
         self,
@@ -435,9 +442,10 @@ class MemoryStore:
         check_store_args(new=messages, options=options, write=write)
         if write is None:
             raise InvalidInputError("write must be a RecordWrite, got None")
+        raw = _audit_raw(write)
         with self._lock:
             result = self.append(session_id, messages, options)
-            self.record(session_id, write)
+            self._record(session_id, write, raw)
             session = self._live(session_id)
             if write.counts and write.counter and session is not None:
                 # the token after is the one the recounts left (as append.lua answers)
@@ -476,6 +484,11 @@ class MemoryStore:
 
     def close(self) -> None:
         """Nothing to release; present so every store closes the same way."""
+
+
+def _audit_raw(write: RecordWrite | None) -> str | None:
+    """``write``'s audit record encoded (refused if it cannot be), before any write."""
+    return None if write is None or write.audit is None else encode_audit(with_rid(write.audit))
 
 
 __all__ = ["AsyncMemoryStore", "MemoryStore"]

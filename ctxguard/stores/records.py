@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -92,12 +93,36 @@ def audit_rid(raw: str) -> str | None:
 
 def encode_audit(record: Mapping[str, Any]) -> str:
     """Compact JSON for an audit record (one per turn: pydantic-core's encoder is ~4x
-    json's); request records (``turn`` first, 0) get numbered by the store."""
+    json's); request records (``turn`` first, 0) get numbered by the store.
+
+    A NaN or infinite number anywhere in the record is refused (InvalidInputError):
+    JSON has no such number, so the session could not be exported. Both encoders
+    write them as the bare words ``NaN``/``Infinity``, so only a record whose JSON holds
+    one of those words (in a number, or in some text) is walked to find out."""
     try:
-        return pydantic_core.to_json(record, fallback=str).decode()
+        raw = pydantic_core.to_json(record, fallback=str).decode()
     except (pydantic_core.PydanticSerializationError, ValueError, UnicodeError):
         # e.g. a lone surrogate in a summarizer's error text: escaped JSON still round-trips
-        return json.dumps(record, default=str, ensure_ascii=True, separators=(",", ":"))
+        raw = json.dumps(record, default=str, ensure_ascii=True, separators=(",", ":"))
+    if "NaN" in raw or "Infinity" in raw:
+        refuse_non_finite(record)
+    return raw
+
+
+def refuse_non_finite(record: Mapping[str, Any]) -> None:
+    """InvalidInputError naming the first NaN or infinite number in ``record``, if any."""
+    stack: list[tuple[object, str]] = [(record, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidInputError(
+                f"audit record field {path[1:]!r} is {value!r}, not a finite number (JSON "
+                "has none, so the session could not be exported); use a number or None"
+            )
+        if isinstance(value, Mapping):
+            stack.extend((sub, f"{path}.{key}") for key, sub in reversed(list(value.items())))
+        elif isinstance(value, list | tuple):
+            stack.extend((sub, f"{path}[{i}]") for i, sub in reversed(list(enumerate(value))))
 
 
 def decode_audit(session_id: str, index: int, raw: str | bytes) -> dict[str, Any]:
