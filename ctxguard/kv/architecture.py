@@ -8,8 +8,8 @@ multimodal checkpoints, and describe interleaved layers in half a dozen shapes
 so the calculator never looks at a raw config. The rules follow vLLM's
 ``ModelConfig.get_total_num_kv_heads`` / ``get_head_size``.
 
-Kept whole past ~400 lines on purpose: it is one normalisation whose rules read each
-other's results, in vLLM's order.
+The layer schedule (which layer caches what) is read in ``layers.py``, and every
+number through ``fields.py`` (whole, finite, positive where a size or period).
 """
 
 from __future__ import annotations
@@ -18,18 +18,17 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ctxguard._secrets import describe
 from ctxguard._validate import one_line, show
 from ctxguard.errors import ConfigError, MissingDependencyError
-from ctxguard.kv.refusals import check_finite, derive_max_model_len
+from ctxguard.kv.fields import first, first_int, first_size, optional_int, positive
+from ctxguard.kv.layers import ATTENTION_KINDS as ATTENTION_KINDS
+from ctxguard.kv.layers import LayerKind as LayerKind
+from ctxguard.kv.layers import layer_kinds
+from ctxguard.kv.refusals import derive_max_model_len
 
-LayerKind = Literal["full", "sliding", "chunked", "mamba", "none"]
-"""full: KV for every token; sliding/chunked: KV bounded by a window; mamba: a fixed
-state per request (Mamba, GDN, linear attention); none: no cache (MLP-only layers)."""
-
-ATTENTION_KINDS: frozenset[str] = frozenset({"full", "sliding", "chunked"})
 MAX_LAYERS = 100_000  # the deepest released decoders have a few hundred
 
 _LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
@@ -51,24 +50,6 @@ _MAX_POSITIONS = (
 )
 _NESTED = ("text_config", "llm_config", "language_config")
 _INHERITED = ("torch_dtype", "dtype", "quantization_config", "num_parameters")
-
-_LAYER_TYPE_NAMES: dict[str, LayerKind] = {
-    "full_attention": "full",
-    "attention": "full",
-    "global": "full",
-    "full": "full",
-    "sliding_attention": "sliding",
-    "sliding_window": "sliding",
-    "sliding": "sliding",
-    "local": "sliding",
-    "chunked_attention": "chunked",
-    "linear_attention": "mamba",
-    "mamba": "mamba",
-    "mamba2": "mamba",
-    "mlp": "none",
-    "moe": "none",
-}
-_PATTERN_CHARS: dict[str, LayerKind] = {"M": "mamba", "*": "full", "-": "none", "E": "none"}
 
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
@@ -186,13 +167,13 @@ def architecture_from_config(
     """Normalise a transformers config dict (plain or multimodal) into a KVArchitecture."""
     cfg = _language_model(config)
     label = name or str(cfg.get("_name_or_path") or cfg.get("model_type") or "config")
-    layers = _positive(cfg, _LAYERS, label, "number of layers")
+    layers = positive(cfg, _LAYERS, label, "number of layers")
     if layers > MAX_LAYERS:  # one entry per layer is listed: 10**12 was a MemoryError
         raise ConfigError(
             f"model {label!r}: {layers} layers is past {MAX_LAYERS:,}; check its config.json"
         )
-    heads = _positive(cfg, _HEADS, label, "number of attention heads")
-    kinds = _layer_kinds(cfg, layers, label)
+    heads = positive(cfg, _HEADS, label, "number of attention heads")
+    kinds = layer_kinds(cfg, layers, label)
     derived, derived_from = derive_max_model_len(cfg) or (None, "")
     return KVArchitecture(
         name=label,
@@ -201,15 +182,15 @@ def architecture_from_config(
         num_kv_heads=_kv_heads(cfg, heads, label),
         head_dim=_head_dim(cfg, heads, label),
         dtype=_dtype(cfg),
-        sliding_window=_optional_int(cfg, "sliding_window") if "sliding" in kinds else None,
-        attention_chunk_size=_optional_int(cfg, "attention_chunk_size"),
-        kv_lora_rank=_optional_int(cfg, "kv_lora_rank"),
-        qk_rope_head_dim=_optional_int(cfg, "qk_rope_head_dim"),
+        sliding_window=optional_int(cfg, "sliding_window") if "sliding" in kinds else None,
+        attention_chunk_size=optional_int(cfg, "attention_chunk_size"),
+        kv_lora_rank=optional_int(cfg, "kv_lora_rank"),
+        qk_rope_head_dim=optional_int(cfg, "qk_rope_head_dim"),
         mamba_state_bytes=_mamba_state_bytes(cfg, label) if "mamba" in kinds else 0,
-        max_position_embeddings=_first_int(cfg, _MAX_POSITIONS),
+        max_position_embeddings=first_int(cfg, _MAX_POSITIONS),
         derived_max_model_len=derived,
         derived_max_model_len_from=derived_from,
-        num_parameters=_optional_int(cfg, "num_parameters"),
+        num_parameters=optional_int(cfg, "num_parameters"),
         weight_bytes_per_param=_weight_bytes_per_param(cfg),
         source=source,
     )
@@ -227,64 +208,27 @@ def _language_model(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return config
 
 
-def _first(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
-    for key in keys:
-        if cfg.get(key) is not None:
-            return cfg[key]
-    return None
-
-
-def _first_int(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
-    for key in keys:  # (an error names the field that is there)
-        if cfg.get(key) is not None:
-            return _as_int(cfg[key], key)
-    return None
-
-
-def _optional_int(cfg: Mapping[str, Any], key: str) -> int | None:
-    value = cfg.get(key)
-    return None if value is None else _as_int(value, key)
-
-
-def _as_int(value: Any, key: str) -> int:
-    check_finite(value, key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
-        raise ConfigError(f"config field {key!r} must be a whole number, got {show(value)}")
-    return int(value)
-
-
-def _positive(cfg: Mapping[str, Any], keys: tuple[str, ...], name: str, what: str) -> int:
-    value = _first_int(cfg, keys)
-    if value is None:
-        raise ConfigError(
-            f"model {name!r}: config has no {what} (looked for {', '.join(keys)}); "
-            "pass the model's full config.json"
-        )
-    if value <= 0:
-        raise ConfigError(f"model {name!r}: {what} is {value}; it must be positive")
-    return value
-
-
 def _kv_heads(cfg: Mapping[str, Any], heads: int, name: str) -> int:
     """vLLM's get_total_num_kv_heads: first alias present, Falcon's multi_query, else MHA."""
-    if cfg.get("multi_query") is True and _first(cfg, _KV_HEADS) is None:
+    if cfg.get("multi_query") is True and first(cfg, _KV_HEADS) is None:
         return 1
-    value = _first_int(cfg, _KV_HEADS)
-    if value is None:
-        return heads
-    if value <= 0:
-        raise ConfigError(f"model {name!r}: {value} KV heads; it must be positive")
-    return value
+    return first_size(cfg, _KV_HEADS, name, "number of KV heads") or heads
 
 
 def _head_dim(cfg: Mapping[str, Any], heads: int, name: str) -> int:
     """Explicit head_dim wins (Qwen3, Gemma): hidden / heads is only the fallback."""
-    explicit = _first_int(cfg, ("head_dim", "hidden_size_per_head"))
-    if explicit is not None and explicit > 0:
+    explicit = first_size(cfg, ("head_dim", "hidden_size_per_head"), name, "head dim")
+    if explicit is not None:
         return explicit
-    if cfg.get("kv_lora_rank") is not None:
-        return _first_int(cfg, ("qk_nope_head_dim",)) or 1
-    hidden = _positive(cfg, _HIDDEN, name, "hidden size (or head_dim)")
+    if cfg.get("kv_lora_rank") is not None:  # MLA: caches the latent, not heads
+        nope = optional_int(cfg, "qk_nope_head_dim")
+        if nope is not None and nope < 0:
+            raise ConfigError(
+                f"model {name!r}: qk_nope_head_dim is {nope}; it must be >= 0: fix it in "
+                "config.json"
+            )
+        return nope or 1
+    hidden = positive(cfg, _HIDDEN, name, "hidden size (or head_dim)")
     return hidden // heads
 
 
@@ -294,77 +238,14 @@ def _dtype(cfg: Mapping[str, Any]) -> str:
     return text if text in DTYPE_BYTES else "bfloat16"
 
 
-def _layer_kinds(cfg: Mapping[str, Any], layers: int, name: str) -> tuple[LayerKind, ...]:
-    """Read the per-layer schedule from whichever field this architecture uses."""
-    listed = cfg.get("layer_types") or cfg.get("layers_block_type")
-    if isinstance(listed, list) and listed:
-        return _from_type_names(listed, layers, name)
-    pattern = cfg.get("hybrid_override_pattern")
-    if isinstance(pattern, str) and pattern:
-        return _from_pattern(pattern, layers, name)
-    return _from_periods(cfg, layers)
-
-
-def _from_type_names(names: list[Any], layers: int, name: str) -> tuple[LayerKind, ...]:
-    kinds: list[LayerKind] = []
-    for item in names:
-        kind = _LAYER_TYPE_NAMES.get(str(item))
-        if kind is None:
-            known = ", ".join(sorted(_LAYER_TYPE_NAMES))
-            raise ConfigError(
-                one_line(f"model {name!r}: unknown layer type {show(item, 40)} (known: {known})")
-            )
-        kinds.append(kind)
-    if len(kinds) != layers:
-        raise ConfigError(f"model {name!r}: layer_types lists {len(kinds)} layers, not {layers}")
-    return tuple(kinds)
-
-
-def _from_pattern(pattern: str, layers: int, name: str) -> tuple[LayerKind, ...]:
-    """Nemotron-H style: one character per layer, M = Mamba, * = attention, - = MLP."""
-    if len(pattern) != layers or any(c not in _PATTERN_CHARS for c in pattern):
-        raise ConfigError(
-            f"model {name!r}: hybrid_override_pattern must have {layers} characters from "
-            f"{''.join(_PATTERN_CHARS)}, got {show(pattern, 80)}"
-        )
-    return tuple(_PATTERN_CHARS[c] for c in pattern)
-
-
-def _from_periods(cfg: Mapping[str, Any], layers: int) -> tuple[LayerKind, ...]:
-    """Older configs give a period instead of a list; expand it the way the models do."""
-    indices = range(layers)
-    if interval := _optional_int(cfg, "full_attention_interval"):  # Qwen3-Next
-        return tuple("full" if (i + 1) % interval == 0 else "mamba" for i in indices)
-    if period := _optional_int(cfg, "attn_layer_period"):  # Jamba
-        offset = _optional_int(cfg, "attn_layer_offset") or 0
-        return tuple("full" if i % period == offset else "mamba" for i in indices)
-    if str(cfg.get("model_type", "")).startswith("gemma2"):
-        return tuple("sliding" if i % 2 == 0 else "full" for i in indices)
-    if pattern := _optional_int(cfg, "sliding_window_pattern"):  # Gemma 3
-        return tuple("sliding" if (i + 1) % pattern else "full" for i in indices)
-    if cfg.get("attention_chunk_size"):  # Llama 4: RoPE layers are chunked, NoPE are global
-        return _llama4_kinds(cfg, layers)
-    windowed = cfg.get("sliding_window") and cfg.get("use_sliding_window") is not False
-    kind: LayerKind = "sliding" if windowed else "full"  # Mistral-7B-v0.1: every layer windowed
-    return (kind,) * layers
-
-
-def _llama4_kinds(cfg: Mapping[str, Any], layers: int) -> tuple[LayerKind, ...]:
-    flags = cfg.get("no_rope_layers")
-    if not isinstance(flags, list) or len(flags) != layers:
-        interval = _optional_int(cfg, "nope_layer_interval") or 4
-        flags = [int((i + 1) % interval != 0) for i in range(layers)]
-    chunked: LayerKind = "chunked"
-    full: LayerKind = "full"
-    return tuple(chunked if flag else full for flag in flags)
-
-
 def _mamba_state_bytes(cfg: Mapping[str, Any], name: str) -> int:
-    """One recurrent layer's conv + SSM state for one request (vLLM's MambaSpec page)."""
-    explicit = _optional_int(cfg, "mamba_state_bytes")
+    """One recurrent layer's conv + SSM state for one request (vLLM's MambaSpec page).
+    Every size read must be positive: a negative one gave a wrong state, or a right one
+    from two negatives."""
+    explicit = first_size(cfg, ("mamba_state_bytes",), name)
     if explicit:
         return explicit
-    elements = _gdn_state(cfg) or _mamba2_state(cfg) or _mamba1_state(cfg)
+    elements = _gdn_state(cfg, name) or _mamba2_state(cfg, name) or _mamba1_state(cfg, name)
     if not elements:
         raise ConfigError(
             f"model {name!r} has linear-attention/Mamba layers but the config lacks their "
@@ -373,36 +254,34 @@ def _mamba_state_bytes(cfg: Mapping[str, Any], name: str) -> int:
     return elements * DTYPE_BYTES[_dtype(cfg)]
 
 
-def _gdn_state(cfg: Mapping[str, Any]) -> int:
+def _gdn_state(cfg: Mapping[str, Any], name: str) -> int:
     """Gated DeltaNet (Qwen3-Next/3.5): conv over q, k, v plus a dk x dv matrix per head."""
-    nk, nv = cfg.get("linear_num_key_heads"), cfg.get("linear_num_value_heads")
-    dk, dv = cfg.get("linear_key_head_dim"), cfg.get("linear_value_head_dim")
-    kernel = cfg.get("linear_conv_kernel_dim")
-    if not all(isinstance(v, int) and v > 0 for v in (nk, nv, dk, dv, kernel)):
+    keys = ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim", "conv_kernel_dim")
+    sizes = [first_size(cfg, (f"linear_{key}",), name) for key in keys]
+    nk, nv, dk, dv, kernel = sizes
+    if nk is None or nv is None or dk is None or dv is None or kernel is None:
         return 0
-    assert isinstance(nk, int) and isinstance(nv, int) and isinstance(dk, int)
-    assert isinstance(dv, int) and isinstance(kernel, int)
     conv = (kernel - 1) * (2 * nk * dk + nv * dv)
     return conv + nv * dk * dv
 
 
-def _mamba2_state(cfg: Mapping[str, Any]) -> int:
-    heads = _first_int(cfg, ("mamba_n_heads", "mamba_num_heads"))
-    head_dim = _first_int(cfg, ("mamba_head_dim", "mamba_d_head"))
-    state = _first_int(cfg, ("ssm_state_size", "mamba_d_state"))
-    kernel = _first_int(cfg, ("mamba_d_conv", "conv_kernel")) or 4
-    groups = _first_int(cfg, ("mamba_n_groups", "n_groups")) or 1
+def _mamba2_state(cfg: Mapping[str, Any], name: str) -> int:
+    heads = first_size(cfg, ("mamba_n_heads", "mamba_num_heads"), name)
+    head_dim = first_size(cfg, ("mamba_head_dim", "mamba_d_head"), name)
+    state = first_size(cfg, ("ssm_state_size", "mamba_d_state"), name)
+    kernel = first_size(cfg, ("mamba_d_conv", "conv_kernel"), name) or 4
+    groups = first_size(cfg, ("mamba_n_groups", "n_groups"), name) or 1
     if not (heads and head_dim and state):
         return 0
     inner = heads * head_dim
     return (kernel - 1) * (inner + 2 * groups * state) + inner * state
 
 
-def _mamba1_state(cfg: Mapping[str, Any]) -> int:
-    state = _first_int(cfg, ("mamba_d_state", "state_size"))
-    expand = _first_int(cfg, ("mamba_expand", "expand"))
-    hidden = _first_int(cfg, _HIDDEN)
-    kernel = _first_int(cfg, ("mamba_d_conv", "conv_kernel")) or 4
+def _mamba1_state(cfg: Mapping[str, Any], name: str) -> int:
+    state = first_size(cfg, ("mamba_d_state", "state_size"), name)
+    expand = first_size(cfg, ("mamba_expand", "expand"), name)
+    hidden = first_size(cfg, _HIDDEN, name, "hidden size")
+    kernel = first_size(cfg, ("mamba_d_conv", "conv_kernel"), name) or 4
     if not (state and expand and hidden):
         return 0
     inner = expand * hidden
@@ -435,7 +314,10 @@ def load_config_file(path: str | Path) -> KVArchitecture:
         raise ConfigError(f"config file {str(file)!r} is not readable JSON: {exc}") from exc
     except RecursionError:  # valid JSON nested too deep to decode
         raise ConfigError(f"config file {str(file)!r} is JSON nested too deeply to read") from None
-    return architecture_from_config(data, name=_model_name(data, file.parent), source=str(file))
+    try:
+        return architecture_from_config(data, name=_model_name(data, file.parent), source=str(file))
+    except ConfigError as exc:  # the field and the model, then the file
+        raise ConfigError(one_line(f"{exc} (config file {show(str(file), 120)})")) from None
 
 
 def load_model_directory(path: str | Path) -> KVArchitecture:

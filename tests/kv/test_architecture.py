@@ -456,3 +456,81 @@ def test_a_config_transformers_refuses_is_a_one_line_config_error(
         text = str(info.value)
         assert "config.json" in text and str(tmp_path) in text
         assert "\n" not in text and len(text) <= 300
+
+
+_HYBRID = {**LLAMA_8B, "num_hidden_layers": 8, "head_dim": 128}
+_QWEN_NEXT = {
+    **_HYBRID,
+    "full_attention_interval": 4,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+}
+_JAMBA = {
+    **_HYBRID,
+    "attn_layer_period": 8,
+    "attn_layer_offset": 4,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+}
+_MAMBA2 = {
+    **_HYBRID,
+    "layer_types": ["mamba", "attention"] * 4,
+    "mamba_n_heads": 16,
+    "mamba_head_dim": 64,
+    "ssm_state_size": 128,
+    "n_groups": 8,
+}
+_GEMMA3 = {**_HYBRID, "sliding_window": 1024, "sliding_window_pattern": 6}
+_LLAMA4 = {**_HYBRID, "attention_chunk_size": 8192, "nope_layer_interval": 4}
+
+_BAD_LAYOUT = [
+    pytest.param(_QWEN_NEXT, "full_attention_interval", value, id=f"interval={value}")
+    for value in (-4, 0)
+] + [
+    pytest.param(base, field, value, id=f"{field}={value}")
+    for base, field, values in [
+        (_JAMBA, "attn_layer_period", (-8, 0)),
+        (_JAMBA, "attn_layer_offset", (-1, 8)),
+        (_GEMMA3, "sliding_window_pattern", (-6, 0)),
+        (_LLAMA4, "nope_layer_interval", (-4, 0)),
+        (LLAMA_8B, "num_hidden_layers", (-32,)),
+        (LLAMA_8B, "num_attention_heads", (-32,)),
+        (LLAMA_8B, "num_key_value_heads", (-8, 0)),
+        (LLAMA_8B, "hidden_size", (-4096,)),
+        (LLAMA_8B, "head_dim", (-128, 0)),
+        ({**LLAMA_8B, "kv_lora_rank": 512}, "qk_nope_head_dim", (-128,)),
+        ({**LLAMA_8B, "kv_lora_rank": 512}, "qk_rope_head_dim", (-64,)),
+        ({**LLAMA_8B, "sliding_window": 4096}, "sliding_window", (-4096,)),
+        (_QWEN_NEXT, "linear_num_value_heads", (-32, 0)),
+        (_QWEN_NEXT, "linear_conv_kernel_dim", (-4,)),
+        (_JAMBA, "mamba_d_state", (-16,)),
+        (_JAMBA, "mamba_expand", (-2,)),
+        (_JAMBA, "mamba_d_conv", (-4,)),
+        (_MAMBA2, "mamba_n_heads", (-16,)),
+        (_MAMBA2, "n_groups", (-8,)),
+        (_MAMBA2, "mamba_state_bytes", (-5,)),
+    ]
+    for value in values
+]
+
+
+@pytest.mark.parametrize(("base", "field", "value"), _BAD_LAYOUT)
+def test_layout_numbers_out_of_range_are_one_line_config_errors(
+    tmp_path: Path, base: dict[str, Any], field: str, value: int
+) -> None:
+    """A layer period, offset, count, head or state size that is negative (or zero where
+    it means nothing) is a ConfigError naming the field and the config file (before, some
+    gave a wrong layer layout or cache size without an error: Python's ``%`` with a
+    negative period, a zero period read as "none", two negative Mamba sizes)."""
+    architecture_from_config(base)  # the base is fine
+    file = tmp_path / "config.json"
+    file.write_text(json.dumps({**base, field: value}))
+    with pytest.raises(ConfigError) as info:
+        load_config_file(file)
+    text = str(info.value)
+    assert field in text and str(value) in text and str(file) in text
+    assert "\n" not in text and len(text) <= 300
