@@ -66,6 +66,11 @@ _WHOLE_PARAMS = {
     "max_connections": (1, MAX_INT, " of connections"),
     "health_check_interval": (0, MAX_SECONDS, " of seconds"),  # (0: no health checks)
 }
+# the yes/no options, checked when the URL is parsed: redis-py reads 0, f, false, n, no and
+# off (any case) as false and any other text as true, so a typo (`socket_keepalive=maybe`,
+# `ssl_check_hostname=flase`) turned an option on; only these words are taken
+_BOOL_PARAMS = ("socket_keepalive", "ssl_check_hostname")
+_BOOL_WORDS = frozenset({"1", "t", "true", "y", "yes", "on", "0", "f", "false", "n", "no", "off"})
 _HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]{0,19}")
 _USAGE = "use memory://, redis://host:6379/0, rediss://... or redis+cluster://h1:p1,h2:p2"
@@ -279,6 +284,12 @@ def parse_store_url(
     for name, (low, high, unit) in _WHOLE_PARAMS.items():
         if (text := _param(params, name)) is not None:
             _whole(text, f"{name} in the store URL", low, high, unit)
+    for name, text in params:
+        if name in _BOOL_PARAMS and text.lower() not in _BOOL_WORDS:  # (the text is not shown)
+            raise ConfigError(
+                f"{name} in the store URL must be true or false (also 1/0, yes/no, on/off, "
+                "t/f, y/n; any case)"
+            )
     if scheme.endswith("+cluster") and db != 0:
         raise ConfigError("a Redis Cluster has database 0 only; drop the database from the URL")
     if not scheme.startswith("rediss") and any(k.startswith("ssl_") for k, _ in params):

@@ -363,3 +363,55 @@ def test_an_unknown_keyword_is_a_config_error_naming_what_the_store_takes(
     else:
         with pytest.raises(ConfigError, match="retry must be a RetryPolicy"):
             opener(url, retry=3)
+
+
+_BOOL_BASES = [
+    "redis://:s3cretPW@127.0.0.1:1/0",
+    "rediss://:s3cretPW@h:1",
+    "redis+cluster://:s3cretPW@127.0.0.1:1,127.0.0.1:2",
+    "rediss+cluster://:s3cretPW@127.0.0.1:1,127.0.0.1:2",
+]
+
+
+@pytest.mark.parametrize("value", ["maybe", "", "2", "truee", "flase", "nein", "yes%20please"])
+@pytest.mark.parametrize(
+    ("base", "option"),
+    [(base, "socket_keepalive") for base in _BOOL_BASES]
+    + [(base, "ssl_check_hostname") for base in _BOOL_BASES if base.startswith("rediss")],
+)
+def test_a_yes_no_url_option_takes_only_yes_or_no_words(base: str, option: str, value: str) -> None:
+    """redis-py reads any text but 0/f/false/n/no/off as true: socket_keepalive=maybe turned
+    keepalive on, ssl_check_hostname=flase turned the check on. Refused when the URL is
+    parsed, naming the option and the words it takes, never the URL's password."""
+    url = f"{base}?{option}={value}"
+    for check in (
+        lambda: parse_store_url(url),
+        lambda: open_store(url),
+        lambda: open_async_store(url),
+        lambda: Guard(url, counter="approx", limit=4096),
+    ):
+        with pytest.raises(ConfigError) as info:
+            check()
+        text = str(info.value)
+        assert f"{option} in the store URL must be true or false" in text
+        assert "yes/no" in text and "1/0" in text
+        assert "s3cretPW" not in _everything_printed(info.value) and "\n" not in text
+
+
+@pytest.mark.parametrize(
+    ("value", "meant"),
+    [(w, True) for w in ("true", "TRUE", "1", "yes", "Yes", "on", "t", "y")]
+    + [(w, False) for w in ("false", "False", "0", "no", "NO", "off", "f", "n")],
+)
+def test_yes_no_url_options_reach_redis_py_as_meant(value: str, meant: bool) -> None:
+    """Every word taken means to redis-py (its ``to_bool``) what it says, on a server
+    and on a cluster URL."""
+    import redis
+
+    from ctxguard.stores.redis_clients import _cluster_kwargs
+
+    url = parse_store_url(f"rediss://:pw@h:1?socket_keepalive={value}&ssl_check_hostname={value}")
+    kwargs = redis.Redis.from_url(url.redis_url()).connection_pool.connection_kwargs
+    assert (kwargs["socket_keepalive"], kwargs["ssl_check_hostname"]) == (meant, meant)
+    cluster = parse_store_url(f"redis+cluster://127.0.0.1:1,127.0.0.1:2?socket_keepalive={value}")
+    assert _cluster_kwargs(cluster, asynchronous=False)["socket_keepalive"] is meant
