@@ -42,13 +42,14 @@ implementation as it was, the reference). Which fields the ranges rebuild:
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ctxguard.stores.audit_derive import derivation, derived, guard_derivation
-from ctxguard.stores.records import encode_audit
+from ctxguard.stores.records import encode_audit, encode_finite
 
 MARKER = "~"
 ALIASES: dict[str, str] = {
@@ -88,7 +89,7 @@ def compact_json(record: Mapping[str, Any]) -> str:
     """
     stored = _proven(record)
     if stored is not None:
-        return encode_audit(stored)
+        return encode_finite(stored)  # (_proven found every number finite)
     return _checked_json(record)
 
 
@@ -174,7 +175,7 @@ def _proven(record: Mapping[str, Any]) -> dict[str, Any] | None:
 
     The proof, for a record whose keys are ``str`` and whose values are plain JSON
     (``dict`` with ``str`` keys, ``list``, ``str``, ``int`` below 2**64 (JSON decoding
-    reads no int past 4,300 digits), ``float``, ``bool``, ``None``, types exact, nested
+    reads no int past 4,300 digits), finite ``float``, ``bool``, ``None``, types exact, nested
     too): JSON decoding gives each value back exactly
     (type, order, every float), so :func:`expand` of the decoded text maps every key back
     (the alias table, the ``~`` escape and ``a``/``A`` are one-to-one, and never collide),
@@ -246,7 +247,7 @@ def _stored_name(key: str) -> str:
     return name
 
 
-_SCALARS = frozenset({str, float, bool, type(None)})  # and int, below _BIG
+_SCALARS = frozenset({str, bool, type(None)})  # and int below _BIG, float if finite
 _BIG = 1 << 64  # an int past this takes the byte check (JSON reads 4,300 digits at most)
 
 
@@ -257,6 +258,8 @@ def _plain(value: Any) -> bool:
         return True
     if kind is int:
         return bool(-_BIG < value < _BIG)
+    if kind is float:  # NaN/Infinity: the byte check's encode_audit refuses them
+        return math.isfinite(value)
     if kind is list:
         for item in value:  # noqa: SIM110 (a loop: all() of a generator is slower here)
             if type(item) not in _SCALARS and not _plain(item):
