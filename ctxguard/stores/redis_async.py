@@ -58,6 +58,7 @@ from ctxguard.stores.redis_errors import (
     raised_in_client,
     wrap_error,
 )
+from ctxguard.stores.redis_loops import LoopBinding, abandon
 from ctxguard.stores.redis_protocol import SCRIPT_NAMES, Call, load_script
 from ctxguard.stores.urls import StoreURL
 from ctxguard.stores.window_reads import Commands, RowsHint, fetch_flow, pack_reads
@@ -71,14 +72,26 @@ class AsyncRedisStore(RedisStoreBase):
 
     def __init__(self, url: StoreURL, client: Any = None, retry: RetryPolicy | None = None) -> None:
         super().__init__(url, retry)
-        self.client = client if client is not None else async_client(url)
-        self._direct = type(self.client) is aredis.Redis
-        self._cluster = isinstance(self.client, aredis.RedisCluster)
-        self._shelf = AsyncConnectionShelf(getattr(self.client, "connection_pool", None))
-        self._scripts = {
-            name: self.client.register_script(load_script(name)) for name in SCRIPT_NAMES
-        }
+        self._owns_client = client is None  # a client passed in is the caller's to replace
+        self._use(client if client is not None else async_client(url))
         self._rows = RowsHint()  # how many records a window read takes first
+        self._binding = LoopBinding()  # the event loop its connections belong to
+
+    def _use(self, client: Any) -> None:
+        self.client = client
+        self._direct = type(client) is aredis.Redis
+        self._cluster = isinstance(client, aredis.RedisCluster)
+        self._shelf = AsyncConnectionShelf(getattr(client, "connection_pool", None))
+        self._scripts = {name: client.register_script(load_script(name)) for name in SCRIPT_NAMES}
+
+    def _claim_loop(self) -> None:
+        """The running loop takes the store (see :mod:`.redis_loops`): a ConfigError while
+        the loop that used it runs in another thread; once that loop stopped, a new client."""
+        if self._binding.claim(self.where):  # took over from a loop that closed or stopped
+            old = self.client
+            if self._owns_client:
+                self._use(async_client(self.url))
+            abandon(old)  # (a caller's client reconnects on this loop as it is used)
 
     async def _io(
         self,
@@ -87,6 +100,8 @@ class AsyncRedisStore(RedisStoreBase):
         idempotent: bool,
         keys: Sequence[str] = (),
     ) -> T:
+        if asyncio.get_running_loop() is not self._binding.loop:
+            self._claim_loop()  # (first use, or another loop: before any connection is touched)
         delays = self.retry_policy.delays() if idempotent else iter(())
         sent: RedisError | None = None  # the last attempt that may have run, if any
         attempts = 0
@@ -121,12 +136,12 @@ class AsyncRedisStore(RedisStoreBase):
                 await asyncio.sleep(delay)
 
     async def _run(self, call: Call, idempotent: bool = True) -> Any:
-        script = self._scripts[call.script]
         attempts: list[Call] = []
 
         async def send() -> Any:
             current = call.again() if attempts else call  # a retry says so (see Call.again)
             attempts.append(current)
+            script = self._scripts[call.script]  # (the client's: _io may have replaced it)
             if self._direct:
                 return await self._evalsha(script, current)
             return await script(keys=current.keys, args=current.args)
@@ -373,4 +388,9 @@ class AsyncRedisStore(RedisStoreBase):
         return bool(await self._run(call, idempotent=False))
 
     async def close(self) -> None:
+        """Close the connections; those of a loop that has closed or stopped since are
+        dropped without it (nothing can be awaited there). While that loop runs in
+        another thread: a ConfigError (close it on its own loop)."""
+        if asyncio.get_running_loop() is not self._binding.loop:
+            self._claim_loop()
         await self.client.aclose()
