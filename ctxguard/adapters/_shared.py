@@ -318,7 +318,7 @@ def replace(guard: Guard, session_id: str, messages: Sequence[Message]) -> None:
     and audit trail.
     """
     if messages:
-        check_appendable(guard, messages)
+        check_appendable(guard, session_id, messages)
     guard.store.delete(session_id)
     if messages:
         guard.append(session_id, messages)
@@ -331,17 +331,20 @@ async def areplace(ref: GuardRef, session_id: str, messages: Sequence[Message]) 
         await asyncio.to_thread(replace, ref.sync(), session_id, messages)
         return
     if messages:
-        await asyncio.to_thread(check_appendable, guard, messages)  # counting may be slow
+        await asyncio.to_thread(check_appendable, guard, session_id, messages)  # may be slow
     await guard.store.delete(session_id)
     if messages:
         await guard.append(session_id, messages)
 
 
-def check_appendable(guard: Guard | AsyncGuard, messages: Sequence[Message]) -> None:
+def check_appendable(
+    guard: Guard | AsyncGuard, session_id: str, messages: Sequence[Message]
+) -> None:
     """Raise what ``guard.append`` would refuse ``messages`` with, touching no session store:
-    they are appended to a scratch in-memory guard with the same counter and settings."""
+    they are appended to a scratch in-memory guard with the same counter and settings,
+    under the caller's session id (an error names it, not a scratch session)."""
     _scratch(guard, max_stored_messages=guard.config.max_stored_messages).append(
-        FIT_SESSION, messages
+        session_id, messages
     )
 
 
@@ -385,6 +388,11 @@ def fit(
     Returns the request and, per window message, the index of the input it came
     from (nothing is summarised here, so every window message has one).
     """
+    if not messages:  # (the scratch session's "holds no messages" named it, not the call)
+        raise InvalidInputError(
+            "no messages to fit: the list is empty, so there is no request to send; "
+            "pass at least the user's message"
+        )
     scratch = _scratch(guard)
     tagged = [m.model_copy(update={"id": f"fit-{i}"}) for i, m in enumerate(messages)]
     prepared = scratch.prepare(FIT_SESSION, tagged, max_tokens=max_tokens, tools=tools)

@@ -280,7 +280,14 @@ def token_counter(
     schemas = openai_tools(tools)
 
     def count_tokens(messages: Iterable[Any]) -> int:
-        batch = [to_ctxguard(m) for m in convert_to_messages(messages)]
+        if type(messages) is list or type(messages) is tuple:
+            try:  # (one call: trim_messages counts again and again)
+                given = convert_to_messages(messages)
+            except (ValueError, TypeError, KeyError, AttributeError, NotImplementedError):
+                given = as_messages(messages)  # InvalidMessageError naming the item
+        else:  # a bare string is one human message, as a chat model takes it (LangChain's
+            given = as_messages(messages)  # convert_to_messages made one per character)
+        batch = [to_ctxguard(m) for m in given]
         return int(counter.count_request(batch, tools=schemas))
 
     return count_tokens

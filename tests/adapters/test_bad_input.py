@@ -301,3 +301,44 @@ def test_a_single_message_is_not_taken_for_a_batch() -> None:
     history = seeded(lc)
     with pytest.raises(InvalidInputError, match="wrap it in a list"):
         history.add_messages(AIMessage(content="one"))  # type: ignore[arg-type]
+
+
+def test_an_empty_list_to_fit_is_refused_in_the_callers_terms() -> None:
+    """Every adapter that fits a list the caller assembles refuses an empty one alike,
+    saying so (before: "session 'fit' holds no messages", the scratch session's name)."""
+    from ctxguard import Guard
+    from ctxguard.adapters.langchain import afit_messages, fit_messages, window_runnable
+
+    guard = Guard(fresh_url(), limit=4000, counter="approx")
+    calls: list[Callable[[], Any]] = [
+        lambda: fit_messages(guard, []),
+        lambda: afit_messages(guard, []),
+        lambda: window_runnable(guard).invoke([]),
+        lambda: ll(fresh_url()).chat([]),
+    ]
+    try:
+        from ctxguard.adapters.pydantic_ai import fit_history
+
+        calls.append(lambda: fit_history(guard, []))
+    except ImportError:  # (the pydantic_ai extra is not installed)
+        pass
+    for call in calls:
+        with pytest.raises(InvalidInputError) as exc:
+            run(call())
+        text = str(exc.value)
+        assert text.startswith("no messages to fit: the list is empty"), text
+        assert "'fit'" not in text and "\n" not in text
+
+
+def test_a_batch_too_big_to_store_names_the_callers_session() -> None:
+    """A history set whole (``set_messages``-style replace) is checked on a scratch
+    store first; its refusal names the caller's session, not the scratch one."""
+    from ctxguard import Guard
+    from ctxguard.adapters import _shared
+    from ctxguard.errors import SessionFullError
+
+    guard = Guard(fresh_url(), limit=4000, counter="approx", max_stored_messages=1)
+    two = [Message(role="user", content="a"), Message(role="assistant", content="b")]
+    with pytest.raises(SessionFullError, match="session 'chat-7'"):
+        _shared.replace(guard, "chat-7", two)
+    assert guard.store.info("chat-7") is None

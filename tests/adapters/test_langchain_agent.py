@@ -40,7 +40,7 @@ from ctxguard.adapters.langchain import (
     to_langchain,
     token_counter,
 )
-from ctxguard.errors import ConfigError, CtxGuardError, InvalidIdError
+from ctxguard.errors import ConfigError, CtxGuardError, InvalidIdError, InvalidMessageError
 from ctxguard.guard import AsyncGuard, Guard
 
 from .conftest import LIMIT, RESERVE, assert_fits, assert_starts_on_user
@@ -398,3 +398,22 @@ def test_bad_arguments_are_one_line_typed_errors(guard: Guard, call: Any, error:
     with pytest.raises(error) as info:
         call(guard)
     assert "\n" not in str(info.value)
+
+
+def test_token_counter_counts_a_bare_string_as_one_human_message(guard: Guard) -> None:
+    """As a chat model takes it (``model.invoke("hi")``); before, LangChain's
+    convert_to_messages read it as one human message per character (5.3x the count
+    here)."""
+    count = token_counter(guard)
+    text = "what is the weather in Lima today?"
+    assert count(text) == count([HumanMessage(text)]) == count([("human", text)])
+    assert count(HumanMessage(text)) == count([HumanMessage(text)])
+    assert count(m for m in [HumanMessage(text)]) == count([HumanMessage(text)])
+
+
+@pytest.mark.parametrize("bad", [[object()], [HumanMessage("ok"), 5], {"role": "user"}, None])
+def test_token_counter_refuses_what_is_not_messages_in_one_line(guard: Guard, bad: Any) -> None:
+    """(before: LangChain's multi-line NotImplementedError, or a dict's keys counted)"""
+    with pytest.raises(InvalidMessageError) as exc:
+        token_counter(guard)(bad)
+    assert "\n" not in str(exc.value) and "messages" in str(exc.value)
