@@ -6,7 +6,9 @@
 >>> engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory)     # doctest: +SKIP
 
 * :class:`CtxGuardChatStore` implements ``BaseChatStore`` (keys are session ids)
-  with native async methods. ``get_keys`` walks the namespace with SCAN, never KEYS.
+  with native async methods. ``get_keys`` walks the namespace with SCAN, never KEYS,
+  and lists the keys sorted on every store (SCAN answers in no set order, and no
+  store keeps an order across sessions: not insertion order, as ``SimpleChatStore``).
 * :class:`CtxGuardMemory` implements ``BaseMemory``: ``get()`` returns the window
   the guard chose (system pinned, tool pairs whole, within budget), not the whole
   history; ``get_all()`` returns everything.
@@ -123,7 +125,8 @@ class CtxGuardChatStore(BaseChatStore):
         return to_llamaindex(removed) if removed else None
 
     def get_keys(self) -> list[str]:
-        return list(self._ref.sync().store.list_sessions())
+        """Every key (session id) in the namespace, sorted."""
+        return sorted(self._ref.sync().store.list_sessions())
 
     async def aset_messages(self, key: str, messages: list[ChatMessage]) -> None:
         new = _converted(key, messages)
@@ -165,7 +168,7 @@ class CtxGuardChatStore(BaseChatStore):
         guard = self._ref.aio()
         if guard is None:
             return await asyncio.to_thread(self.get_keys)
-        return [key async for key in guard.store.list_sessions()]
+        return sorted([key async for key in guard.store.list_sessions()])
 
 
 __all__ = ["CtxGuardChatStore", "CtxGuardLLM", "CtxGuardMemory", "to_ctxguard", "to_llamaindex"]
