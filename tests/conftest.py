@@ -211,6 +211,17 @@ def purge_namespace(url: str, namespace: str) -> int:
         client.close()
 
 
+def private_memory_url() -> str:
+    """The URL of an in-process store no other test sees: ``memory://<uuid4 hex>``.
+
+    ``memory://`` with no name is ONE store per process: every test that opens it
+    sees every other's sessions, so tests with fixed session ids ("s", "s1") saw
+    each other's records depending on their order. ``tests/test_suite_rules.py``
+    refuses a plain ``"memory://"`` in a test module.
+    """
+    return f"memory://{uuid.uuid4().hex}"
+
+
 @pytest.fixture
 def namespace(request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh key namespace for one test.

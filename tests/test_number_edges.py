@@ -16,6 +16,7 @@ from ctxguard.cli import cli
 from ctxguard.errors import ConfigError
 from ctxguard.kv import ModelLimit
 from ctxguard.stores.urls import parse_store_url, redact_url
+from tests.conftest import private_memory_url
 
 PAST = [math.nan, math.inf, -math.inf, 1e12, 2**64, MAX_SECONDS * 1.5, 0, -1]
 
@@ -26,7 +27,7 @@ def test_guard_timeouts_past_any_wait_are_refused(name: str, value: float) -> No
     with pytest.raises(ConfigError, match=name):
         GuardConfig(**{name: value})
     with pytest.raises(ConfigError, match=name):
-        Guard("memory://", counter="approx", limit=4096, **{name: value})
+        Guard(private_memory_url(), counter="approx", limit=4096, **{name: value})
 
 
 @pytest.mark.parametrize("value", PAST)

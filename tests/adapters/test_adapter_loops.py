@@ -25,6 +25,7 @@ import pytest
 
 from ctxguard.adapters._loops import PerLoop
 from ctxguard.adapters.openai_agents import CtxGuardSession
+from tests.conftest import private_memory_url
 
 CALLS = 60
 
@@ -212,7 +213,7 @@ def test_threads_that_first_ask_for_the_sync_guard_at_once_share_one() -> None:
     from ctxguard.adapters._shared import GuardRef
 
     for _ in range(5):
-        ref = GuardRef("memory://", limit=4096)
+        ref = GuardRef(private_memory_url(), limit=4096)
         start = threading.Barrier(8)
 
         def first_call(_: int, ref: GuardRef = ref, start: threading.Barrier = start) -> int:

@@ -163,7 +163,7 @@ CALLS: dict[str, tuple[Callable[[str], Any], Callable[[Any, Any], Any]]] = {
     "lc.init.guard": (lc, lambda a, v: CtxGuardChatMessageHistory(v, "s")),
     "lc.init.max_tokens": (
         lc,
-        lambda a, v: CtxGuardChatMessageHistory("memory://", "s", max_tokens=v),
+        lambda a, v: CtxGuardChatMessageHistory(fresh_url(), "s", max_tokens=v),
     ),
     # OpenAI Agents
     "ag.add_items": (ag, lambda a, v: a.add_items(v)),
@@ -172,8 +172,8 @@ CALLS: dict[str, tuple[Callable[[str], Any], Callable[[Any, Any], Any]]] = {
     "ag.model_input_filter.tools": (ag, lambda a, v: a.model_input_filter(tools=v)),
     "ag.init.session_id": (ag, lambda a, v: CtxGuardSession(v, fresh_url())),
     "ag.init.guard": (ag, lambda a, v: CtxGuardSession("s", v)),
-    "ag.init.window": (ag, lambda a, v: CtxGuardSession("s", "memory://", window=v)),
-    "ag.init.max_tokens": (ag, lambda a, v: CtxGuardSession("s", "memory://", max_tokens=v)),
+    "ag.init.window": (ag, lambda a, v: CtxGuardSession("s", fresh_url(), window=v)),
+    "ag.init.max_tokens": (ag, lambda a, v: CtxGuardSession("s", fresh_url(), max_tokens=v)),
     "ag.add_items.item_fields": (ag, lambda a, v: a.add_items([v])),
     # LlamaIndex chat store
     "li.set_messages": (li, lambda a, v: a.set_messages("s", v)),
@@ -200,8 +200,14 @@ CALLS: dict[str, tuple[Callable[[str], Any], Callable[[Any, Any], Any]]] = {
     "lm.set": (lm, lambda a, v: a.set(v)),
     "lm.aset": (lm, lambda a, v: a.aset(v)),
     "lm.get.initial_token_count": (lm, lambda a, v: a.get(initial_token_count=v)),
-    "lm.from_defaults.session_id": (lm, lambda a, v: CtxGuardMemory.from_defaults(session_id=v)),
-    "lm.from_defaults.max_tokens": (lm, lambda a, v: CtxGuardMemory.from_defaults(max_tokens=v)),
+    "lm.from_defaults.session_id": (
+        lm,
+        lambda a, v: CtxGuardMemory.from_defaults(fresh_url(), session_id=v),
+    ),
+    "lm.from_defaults.max_tokens": (
+        lm,
+        lambda a, v: CtxGuardMemory.from_defaults(fresh_url(), max_tokens=v),
+    ),
     "lm.from_defaults.chat_history": (
         lm,
         lambda a, v: CtxGuardMemory.from_defaults(fresh_url(), chat_history=v),

@@ -36,6 +36,7 @@ from ctxguard.adapters.langchain import (
 from ctxguard.errors import InvalidMessageError
 from ctxguard.guard import AsyncGuard, Guard
 from ctxguard.messages import Message
+from tests.conftest import private_memory_url
 
 from .conftest import LIMIT, RESERVE, assert_fits, assert_prepared_fits
 
@@ -252,7 +253,7 @@ async def test_fit_takes_what_a_chat_model_takes() -> None:
     """(role, content) tuples, role/content dicts, strings, a prompt value, mixed with
     messages, are fitted as a chat model reads them, the messages given returned as
     themselves (tuples and dicts raised a bare AttributeError)."""
-    guard = Guard("memory://", limit=LIMIT, counter="approx")
+    guard = Guard(private_memory_url(), limit=LIMIT, counter="approx")
     system, answer = SystemMessage("be terse"), AIMessage("hello")
     mixed: list[Any] = [system, ("user", "hi"), answer, {"role": "user", "content": "and?"}]
     expected = [system, HumanMessage("hi"), answer, HumanMessage("and?")]
@@ -271,7 +272,7 @@ async def test_fit_takes_what_a_chat_model_takes() -> None:
 async def test_fit_refuses_what_a_chat_model_refuses(value: Any) -> None:
     """Input a chat model cannot read is a one-line InvalidMessageError (it was a bare
     TypeError, AttributeError or NotImplementedError)."""
-    guard = Guard("memory://", limit=LIMIT, counter="approx")
+    guard = Guard(private_memory_url(), limit=LIMIT, counter="approx")
     runnable = window_runnable(guard, max_tokens=RESERVE)
     calls = [
         lambda: fit_messages(guard, value, max_tokens=RESERVE),

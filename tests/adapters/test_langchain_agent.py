@@ -42,6 +42,7 @@ from ctxguard.adapters.langchain import (
 )
 from ctxguard.errors import ConfigError, CtxGuardError, InvalidIdError, InvalidMessageError
 from ctxguard.guard import AsyncGuard, Guard
+from tests.conftest import private_memory_url
 
 from .conftest import LIMIT, RESERVE, assert_fits, assert_starts_on_user
 
@@ -160,7 +161,7 @@ async def test_middleware_fits_every_call_and_records_usage(
 
 def test_middleware_with_an_exact_counter() -> None:
     pytest.importorskip("tiktoken")
-    guard = Guard("memory://", limit=LIMIT, counter="tiktoken:cl100k_base")
+    guard = Guard(private_memory_url(), limit=LIMIT, counter="tiktoken:cl100k_base")
     assert guard.counter.exact
     model = WeatherModel()
     agent = weather_agent(model, CtxGuardMiddleware(guard, max_tokens=RESERVE))
@@ -389,7 +390,7 @@ def test_chat_openai_pointed_at_vllm_takes_the_profile() -> None:
         (lambda g: model_profile(g, max_tokens=-1), CtxGuardError),
         (lambda g: token_counter("approx"), ConfigError),
         (lambda g: token_counter(g, tools=[object()]), CtxGuardError),
-        (lambda g: CtxGuardMiddleware("memory://"), ConfigError),
+        (lambda g: CtxGuardMiddleware(private_memory_url()), ConfigError),
         (lambda g: CtxGuardMiddleware(g, session_id=""), CtxGuardError),
         (lambda g: CtxGuardMiddleware(g, max_tokens=-1), CtxGuardError),
     ],

@@ -29,6 +29,7 @@ from ctxguard import Guard  # noqa: E402
 from ctxguard.adapters.litellm import CtxGuardGuardrail, GuardrailRefusal  # noqa: E402
 from ctxguard.errors import ConfigError, CtxGuardError  # noqa: E402
 from ctxguard.messages import Message  # noqa: E402
+from tests.conftest import private_memory_url  # noqa: E402
 
 from .conftest import LIMIT, RESERVE, assert_fits  # noqa: E402
 
@@ -355,10 +356,12 @@ async def test_store_down_is_a_503_without_the_password() -> None:
 
 def test_settings_are_checked_when_the_proxy_starts() -> None:
     with pytest.raises(ConfigError, match="upstream"):
-        from_config(url="memory://", counter="approx")
+        from_config(url=private_memory_url(), counter="approx")
     with pytest.raises(ConfigError, match="max_tokens"):
-        from_config(url="memory://", counter="approx", limit=100, max_tokens=0)
-    g = from_config(url="memory://", counter="approx", limit="100")  # os.environ/ gives text
+        from_config(url=private_memory_url(), counter="approx", limit=100, max_tokens=0)
+    g = from_config(
+        url=private_memory_url(), counter="approx", limit="100"
+    )  # os.environ/ gives text
     assert g.gateway.config.limit == 100
 
 
@@ -372,7 +375,7 @@ def test_the_readme_config_snippet_builds_the_guardrail(monkeypatch: pytest.Monk
     entry = yaml.safe_load(snippet)["guardrails"][0]
     params = dict(entry["litellm_params"])
     assert params["guardrail"] == "ctxguard.adapters.litellm.CtxGuardGuardrail"
-    params["url"] = "memory://"  # os.environ/CTXGUARD_URL, resolved by the proxy
+    params["url"] = private_memory_url()  # os.environ/CTXGUARD_URL, resolved by the proxy
     for key in ("guardrail", "mode", "default_on"):
         params.pop(key)
     g = from_config(**params)

@@ -22,6 +22,7 @@ from ctxguard.adapters.llamaindex import (
 )
 from ctxguard.errors import CtxGuardError, InvalidMessageError, UncountableContentError
 from ctxguard.guard import AsyncGuard, Guard
+from tests.conftest import private_memory_url
 
 from .conftest import RESERVE, assert_fits, assert_prepared_fits
 
@@ -89,7 +90,7 @@ def test_malformed_tool_calls_are_invalid_message_errors(tool_calls: Any) -> Non
     with pytest.raises(InvalidMessageError) as info:
         to_ctxguard(message)
     assert "\n" not in str(info.value) and "tool_calls" in str(info.value)
-    store = CtxGuardChatStore("memory://")
+    store = CtxGuardChatStore(private_memory_url())
     with pytest.raises(InvalidMessageError):
         store.add_message("k", message)
     assert store.get_messages("k") == []

@@ -35,6 +35,7 @@ from ctxguard.errors import BudgetError, ConfigError, CtxGuardError, InvalidMess
 from ctxguard.guard import AsyncGuard, Guard
 from ctxguard.guard.policies import tool_problems
 from ctxguard.messages import Message
+from tests.conftest import private_memory_url
 
 from .conftest import LIMIT, assert_starts_on_user
 from .pydantic_ai_parts import (
@@ -343,7 +344,7 @@ async def close(guard: Guard | AsyncGuard) -> None:
 
 async def test_capability_with_an_exact_counter() -> None:
     pytest.importorskip("tiktoken")
-    guard = Guard("memory://", limit=LIMIT, counter="tiktoken:cl100k_base")
+    guard = Guard(private_memory_url(), limit=LIMIT, counter="tiktoken:cl100k_base")
     assert guard.counter.exact
     calls: list[tuple[list[pai.ModelMessage], AgentInfo]] = []
     capability = CtxGuardCapability(guard, session_id="exact", max_tokens=RESERVE)

@@ -8,12 +8,13 @@ from kv.conftest import FakeServer, fake_vllm, vllm_metrics, vllm_models
 from ctxguard import ContextLimit, Guard, ModelLimit, ServerLimit
 from ctxguard.adapters import _served
 from ctxguard.errors import ConfigError
+from tests.conftest import private_memory_url
 
 __all__ = ["fake_vllm"]  # the fixture, shared with the KV tests
 
 
 def test_served_limit_of_every_source() -> None:
-    guard = Guard("memory://", limit=900)
+    guard = Guard(private_memory_url(), limit=900)
     assert _served.served_limit(guard).tokens == 900
     assert _served.served_limit(512).tokens == 512
     assert _served.served_limit(ContextLimit(77, "t")).tokens == 77
@@ -43,7 +44,7 @@ def test_seen_ids_forget_the_least_recent_sessions() -> None:
 def test_a_running_servers_limit_becomes_each_frameworks_window(fake_vllm: FakeServer) -> None:
     fake_vllm.json("/v1/models", vllm_models("m", 32768))
     fake_vllm.text("/metrics", vllm_metrics(52_510, 16))
-    guard = Guard("memory://", limit=ServerLimit(fake_vllm.url), max_tokens=1024)
+    guard = Guard(private_memory_url(), limit=ServerLimit(fake_vllm.url), max_tokens=1024)
     assert _served.served_limit(ServerLimit(fake_vllm.url)).tokens == 32768
     langchain = pytest.importorskip("ctxguard.adapters.langchain")
     assert langchain.model_profile(guard) == {"max_input_tokens": 32768 - 1024}

@@ -11,6 +11,7 @@ import pytest
 from ctxguard.guard import Guard
 from ctxguard.guard.sent import sent_seqs
 from ctxguard.stores.base import SessionStore, Summary
+from tests.conftest import private_memory_url
 
 from .conftest import Cli
 
@@ -119,5 +120,5 @@ def test_without_url_the_cli_says_it_looks_at_an_empty_in_process_store(
 
 @pytest.mark.parametrize("command", ["sessions", "show", "audit", "export", "report", "import"])
 def test_exit_codes_are_documented_in_help(command: str) -> None:
-    result = Cli("memory://", "x")(command, "--help")
+    result = Cli(private_memory_url(), "x")(command, "--help")
     assert "Exit codes:" in result.stdout and "2 bad input" in result.stdout

@@ -7,6 +7,7 @@ from click.testing import CliRunner
 
 from ctxguard.cli import cli
 from ctxguard.stores.base import SessionStore
+from tests.conftest import private_memory_url
 
 from .conftest import CHAT, CORRUPT, TOOLS, VIOLATION, Cli
 
@@ -73,7 +74,7 @@ def test_show_lists_an_undecodable_record_instead_of_failing(run: Cli, sessions:
 
 def test_every_command_has_help_with_examples() -> None:
     for name in cli.list_commands(None):  # type: ignore[arg-type]
-        result = Cli("memory://", "x")(name, "--help")
+        result = Cli(private_memory_url(), "x")(name, "--help")
         assert result.exit_code == 0, name
         assert "Examples:" in result.stdout, name
 
@@ -105,7 +106,7 @@ def test_python_dash_m_ctxguard_is_the_same_command() -> None:
     import sys
 
     ran = subprocess.run(
-        [sys.executable, "-m", "ctxguard", "sessions", "--url", "memory://", "--json"],
+        [sys.executable, "-m", "ctxguard", "sessions", "--url", private_memory_url(), "--json"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -33,6 +33,7 @@ from ctxguard.messages import Message
 from ctxguard.stores import NewMessage, WriteOptions, open_async_store, open_store
 from ctxguard.stores.redis import RetryPolicy
 from ctxguard.stores.urls import parse_store_url
+from tests.conftest import private_memory_url
 
 from .fake_servers import Behaviour, FakeServer, fake_server
 from .helpers import RecordingPolicy, append_until_stored, assert_once_in_order, new
@@ -353,7 +354,7 @@ def test_bad_timeouts_are_config_errors(value: object) -> None:
     with pytest.raises(ConfigError, match="positive number of seconds"):
         GuardConfig(read_timeout=value)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="positive number of seconds"):
-        Guard("memory://", counter="approx", limit=100, connect_timeout=value)
+        Guard(private_memory_url(), counter="approx", limit=100, connect_timeout=value)
     with pytest.raises(ConfigError, match="positive number of seconds"):
         open_store("redis://h:1/0", read_timeout=value)  # type: ignore[arg-type]
 

@@ -9,6 +9,7 @@ import uuid
 
 from ctxguard import Guard
 from ctxguard.messages import Message, record_of
+from tests.conftest import private_memory_url
 
 
 def stored_records(guard: Guard, session: str) -> list[dict[str, object]]:
@@ -16,7 +17,7 @@ def stored_records(guard: Guard, session: str) -> list[dict[str, object]]:
 
 
 def test_a_dict_message_is_stored_as_its_record() -> None:
-    guard = Guard("memory://", counter="approx", limit=4000, max_tokens=100)
+    guard = Guard(private_memory_url(), counter="approx", limit=4000, max_tokens=100)
     new = guard.core.encode_new([{"role": "user", "content": "hi", "metadata": {"k": [1]}}])
     assert new[0].record == new[0].message.to_record()
     assert json.loads(new[0].record)["metadata"] == {"k": [1]}
@@ -24,7 +25,7 @@ def test_a_dict_message_is_stored_as_its_record() -> None:
 
 def test_a_message_changed_after_it_was_made_is_stored_as_it_is_now() -> None:
     sid = uuid.uuid4().hex
-    guard = Guard("memory://", counter="approx", limit=4000, max_tokens=100)
+    guard = Guard(private_memory_url(), counter="approx", limit=4000, max_tokens=100)
     message = Message(role="user", content="hi", metadata={"step": 1})
     message.metadata["step"] = 2  # frozen model, mutable dict: what is stored is what it holds
     new = guard.core.encode_new([message])
@@ -44,7 +45,7 @@ def test_record_of_gives_the_validation_json_once_then_serialises_again() -> Non
 
 def test_a_reply_is_stored_as_its_record_and_a_shrunk_one_as_shrunk() -> None:
     sid = uuid.uuid4().hex  # memory:// is one store per process
-    guard = Guard("memory://", counter="approx", limit=4000, max_tokens=100,
+    guard = Guard(private_memory_url(), counter="approx", limit=4000, max_tokens=100,
                   max_message_tokens=20, oversized="truncate")  # fmt: skip
     req = guard.prepare(sid, [{"role": "user", "content": "hi"}])
     guard.complete(
@@ -60,7 +61,7 @@ def test_a_reply_is_stored_as_its_record_and_a_shrunk_one_as_shrunk() -> None:
 
 def test_a_reply_message_changed_after_it_was_made_is_stored_as_it_is_now() -> None:
     sid = uuid.uuid4().hex
-    guard = Guard("memory://", counter="approx", limit=4000, max_tokens=100)
+    guard = Guard(private_memory_url(), counter="approx", limit=4000, max_tokens=100)
     guard.prepare(sid, [{"role": "user", "content": "hi"}])
     reply = Message(role="assistant", content="ok", metadata={"step": 1})
     reply.metadata["step"] = 2

@@ -10,6 +10,7 @@ from ctxguard import Guard
 from ctxguard.guard.plan import Budget
 from ctxguard.messages import Message
 from ctxguard.stores.base import SessionInfo, StoredMessage, WindowFetch
+from tests.conftest import private_memory_url
 
 ROLES = ["system", "user", "assistant", "user", "system", "assistant", "user"]
 
@@ -26,7 +27,7 @@ def fetch_of(tokens: list[int | None]) -> WindowFetch:
 
 
 def test_known_and_unknown_counts_make_the_same_items_and_recount_order() -> None:
-    guard = Guard("memory://", counter="approx", limit=4000, max_tokens=100)
+    guard = Guard(private_memory_url(), counter="approx", limit=4000, max_tokens=100)
     core = guard.core
     budget = Budget(4000, 100, 0, 3, "static")
     counted: list[str] = []

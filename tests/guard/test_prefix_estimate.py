@@ -14,7 +14,7 @@ from ctxguard.kv.prefix import PrefixCache
 from ctxguard.messages import Message
 from ctxguard.tokens import load_counter
 from ctxguard.tokens.prompt_ids import prompt_ids, reply_ids
-from tests.conftest import recorded_ids
+from tests.conftest import private_memory_url, recorded_ids
 
 COUNTER = "tiktoken:cl100k_base"
 
@@ -176,7 +176,7 @@ def test_the_state_is_bounded_by_sessions_and_bytes() -> None:
 @pytest.mark.parametrize("bad", [0, -16, 1.5, True, "16"])
 def test_a_bad_block_size_is_refused(bad: object) -> None:
     with pytest.raises(ConfigError, match="prefix_block_size"):
-        Guard("memory://", counter=COUNTER, limit=900, prefix_block_size=bad)
+        Guard(private_memory_url(), counter=COUNTER, limit=900, prefix_block_size=bad)
 
 
 def test_estimates_do_not_need_the_window_cache() -> None:

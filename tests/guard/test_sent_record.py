@@ -18,7 +18,7 @@ from ctxguard.guard import Guard
 from ctxguard.guard.sent import ids_digest, sent_count, sent_fields, sent_ids, sent_seqs, seq_ranges
 from ctxguard.messages import Message
 from ctxguard.stores import open_store
-from tests.conftest import recorded_ids
+from tests.conftest import private_memory_url, recorded_ids
 
 
 @given(st.lists(st.integers(0, 300), unique=True).map(sorted))
@@ -190,7 +190,9 @@ def test_request_records_policy_is_made_once_per_config_and_held_by_each_record(
     guard.prepare("s", [{"role": "user", "content": "three"}])
     last = [r for r in guard.store.read_audit("s") if r.get("kind") == "request"][-1]
     assert last["policy"] == {**want, "start_on_user": False}
-    held = Guard("memory://", counter="approx", limit=2000, max_tokens=50, audit_mode="with_reply")
+    held = Guard(
+        private_memory_url(), counter="approx", limit=2000, max_tokens=50, audit_mode="with_reply"
+    )
     one = held.prepare("h", [{"role": "user", "content": "one"}]).pending_audit
     two = held.prepare("h", [{"role": "user", "content": "two"}]).pending_audit
     assert one is not None and two is not None and one["policy"] == two["policy"]

@@ -10,6 +10,7 @@ import pytest
 from ctxguard.errors import ConfigError
 from ctxguard.kv import ServerLimit, afetch_server_info, fetch_server_info
 from ctxguard.kv.server import parse_prometheus_labels, redact
+from tests.conftest import private_memory_url
 
 from .conftest import FakeServer, vllm_metrics, vllm_models
 
@@ -245,7 +246,7 @@ def test_a_drip_feeding_server_cannot_hold_prepare(mode: str) -> None:
 
     with drip_server(mode) as server:
         url = server.url.replace("http://", "http://admin:s3cret@")
-        guard = Guard("memory://", limit=ServerLimit(url, timeout=1))
+        guard = Guard(private_memory_url(), limit=ServerLimit(url, timeout=1))
         with pytest.raises(ConfigError) as info:
             guard.prepare("s", [{"role": "user", "content": "hi"}])
     message = str(info.value)

@@ -20,6 +20,7 @@ from ctxguard.guard.events import OperationEvent
 from ctxguard.observe import BackgroundObserver, background, fan_out
 from ctxguard.observe.metrics import PrometheusObserver
 from ctxguard.observe.tracing import TracingObserver
+from tests.conftest import private_memory_url
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 
@@ -217,7 +218,7 @@ def test_a_guard_answers_whatever_the_observer_does() -> None:
     seen: list[OperationEvent] = []
     deliverer = background(fan_out(broken, seen.append))  # fan_out's observers, flattened
     assert len(deliverer.observers) == 2
-    guard = Guard("memory://", limit=400, max_tokens=64, observer=deliverer)
+    guard = Guard(private_memory_url(), limit=400, max_tokens=64, observer=deliverer)
     assert guard.prepare("b4", [user(0)]).tokens > 0
     deliverer.close()
     assert [e.kind for e in seen] == ["prepare"]

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from ctxguard.guard import Guard
 from ctxguard.observe.metrics import PrometheusObserver
+from tests.conftest import private_memory_url
 
 GRAFANA = Path(__file__).resolve().parents[2] / "examples" / "grafana"
 VLLM = {
@@ -42,7 +43,9 @@ def test_json_is_the_generators_output() -> None:
 
 def test_every_queried_metric_exists() -> None:
     registry = CollectorRegistry()
-    guard = Guard("memory://", limit=400, max_tokens=64, observer=PrometheusObserver(registry))
+    guard = Guard(
+        private_memory_url(), limit=400, max_tokens=64, observer=PrometheusObserver(registry)
+    )
     guard.prepare("d1", [{"role": "user", "content": "hi"}])
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     names = {m.name + end for m in registry.collect() for end in suffixes[m.type]}
@@ -75,7 +78,9 @@ def test_the_picture_draws_every_panel_of_the_dashboard() -> None:
     assert [len(t) for t in targets] == [len(p["targets"]) for p in stored["panels"]]
     # samples of a real registry after real turns, plus vLLM-shaped ones, at 4 times
     registry = CollectorRegistry()
-    guard = Guard("memory://", limit=400, max_tokens=64, observer=PrometheusObserver(registry))
+    guard = Guard(
+        private_memory_url(), limit=400, max_tokens=64, observer=PrometheusObserver(registry)
+    )
     series: dict[Any, list[tuple[float, float]]] = {}
     one = frozenset({("engine", "0")})
     for step in range(8):

@@ -16,6 +16,7 @@ from ctxguard.guard import AsyncGuard, Guard
 from ctxguard.guard.events import OperationEvent
 from ctxguard.observe import fan_out
 from ctxguard.observe.metrics import PrometheusObserver, start_http_server
+from tests.conftest import private_memory_url
 
 from .metrics_server import Serving
 
@@ -42,7 +43,7 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
 @pytest.fixture(params=["memory", "redis"])
 def store_url(request: pytest.FixtureRequest, namespace: str) -> Iterator[str]:
     if request.param == "memory":
-        yield "memory://"
+        yield private_memory_url()
     else:
         yield request.getfixturevalue("redis_url")
 
@@ -145,7 +146,7 @@ def test_failed_summary_counted(namespace: str) -> None:
 
     registry = CollectorRegistry()
     guard = Guard(
-        "memory://",
+        private_memory_url(),
         limit=400,
         max_tokens=64,
         observer=PrometheusObserver(registry),
@@ -165,7 +166,7 @@ def test_store_errors_by_operation(redis_url: str, namespace: str) -> None:
     from ctxguard.errors import StoreConnectionError
     from ctxguard.stores import open_store
 
-    store = open_store("memory://")
+    store = open_store(private_memory_url())
     calls = {"n": 0}
     real = store.append_with_audit
 
@@ -224,17 +225,19 @@ def test_observer_errors_never_change_the_answer() -> None:
     def broken(event: OperationEvent) -> None:
         raise RuntimeError("observer bug")
 
-    guard = Guard("memory://", limit=400, max_tokens=64, observer=fan_out(broken, seen.append))
+    guard = Guard(
+        private_memory_url(), limit=400, max_tokens=64, observer=fan_out(broken, seen.append)
+    )
     prepared = guard.prepare("s5", [user(0)])
     assert prepared.tokens > 0
     assert [e.kind for e in seen] == ["prepare"]
-    guard2 = Guard("memory://", limit=400, max_tokens=64, observer=broken)
+    guard2 = Guard(private_memory_url(), limit=400, max_tokens=64, observer=broken)
     assert guard2.prepare("s5b", [user(0)]).tokens == prepared.tokens
 
 
 def test_bad_observer_and_registry_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="observer must be a callable"):
-        Guard("memory://", limit=400, max_tokens=64, observer=42)  # type: ignore[arg-type]
+        Guard(private_memory_url(), limit=400, max_tokens=64, observer=42)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="CollectorRegistry"):
         PrometheusObserver({})  # type: ignore[arg-type]
 
@@ -275,7 +278,9 @@ def test_start_http_server_on_a_taken_port_is_a_config_error() -> None:
 
 def test_start_http_server_serves_the_registry() -> None:
     registry = CollectorRegistry()
-    guard = Guard("memory://", limit=400, max_tokens=64, observer=PrometheusObserver(registry))
+    guard = Guard(
+        private_memory_url(), limit=400, max_tokens=64, observer=PrometheusObserver(registry)
+    )
     guard.prepare("s6", [user(0)])
     serving = Serving(start_http_server(0, registry=registry))
     try:

@@ -16,6 +16,7 @@ from ctxguard.errors import BudgetError, ConfigError, CtxGuardError, ServerBusyE
 from ctxguard.guard import AsyncGuard, Guard
 from ctxguard.observe.metrics import PrometheusObserver
 from ctxguard.observe.pressure import PressureLimit, parse_metrics
+from tests.conftest import private_memory_url
 
 from .metrics_server import MetricsServer, sglang_text, vllm_text
 
@@ -60,7 +61,9 @@ PHASES = [
 def test_budget_follows_pressure_with_hysteresis(server: MetricsServer, namespace: str) -> None:
     limit = PressureLimit(4000, unique(server.url), interval=0)
     registry = CollectorRegistry()
-    guard = Guard("memory://", limit=limit, max_tokens=64, observer=PrometheusObserver(registry))
+    guard = Guard(
+        private_memory_url(), limit=limit, max_tokens=64, observer=PrometheusObserver(registry)
+    )
     session = "p-" + namespace
     seen: list[str] = []
     for i in range(len(PHASES)):
@@ -95,7 +98,7 @@ def test_budget_follows_pressure_with_hysteresis(server: MetricsServer, namespac
 )
 def test_hold_waits_for_pressure_to_fall(server: MetricsServer) -> None:
     limit = PressureLimit(4000, unique(server.url), interval=0, hold_seconds=30)
-    guard = Guard("memory://", limit=limit, max_tokens=64)
+    guard = Guard(private_memory_url(), limit=limit, max_tokens=64)
     assert guard.prepare("h1", [user(0)]).limit == 4000  # refused, held, then ok
     assert server.scrapes == 2
 
@@ -111,7 +114,9 @@ KV_ONLY = '# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engin
 def test_a_full_cache_refuses_only_with_a_queue(server: MetricsServer) -> None:
     """vLLM fills its KV cache by design: full with no queue is lowered, not refused."""
     guard = Guard(
-        "memory://", limit=PressureLimit(4000, unique(server.url), interval=0), max_tokens=64
+        private_memory_url(),
+        limit=PressureLimit(4000, unique(server.url), interval=0),
+        max_tokens=64,
     )
     assert guard.prepare("f1", [user(0)]).limit == 2000  # 0.99 KV, nothing waiting
     assert guard.prepare("f1", [user(1)]).limit == 2000  # 7 waiting: under waiting_lower
@@ -122,8 +127,8 @@ def test_a_full_cache_refuses_only_with_a_queue(server: MetricsServer) -> None:
 @pytest.mark.parametrize("server", [[(200, vllm_text(0.9, 0))]], indirect=True)
 def test_one_reader_per_url_per_process(server: MetricsServer) -> None:
     url = unique(server.url)
-    a = Guard("memory://", limit=PressureLimit(4000, url, interval=3600), max_tokens=64)
-    b = Guard("memory://", limit=PressureLimit(8000, url, interval=3600), max_tokens=64)
+    a = Guard(private_memory_url(), limit=PressureLimit(4000, url, interval=3600), max_tokens=64)
+    b = Guard(private_memory_url(), limit=PressureLimit(8000, url, interval=3600), max_tokens=64)
     assert a.prepare("o1", [user(0)]).limit == 2000
     assert b.prepare("o2", [user(0)]).limit == 4000
     assert server.scrapes == 1
@@ -152,7 +157,9 @@ def test_negative_readings_are_ignored() -> None:
 )
 async def test_async_guard_alike(server: MetricsServer) -> None:
     guard = AsyncGuard(
-        "memory://", limit=PressureLimit(4000, unique(server.url), interval=0), max_tokens=64
+        private_memory_url(),
+        limit=PressureLimit(4000, unique(server.url), interval=0),
+        max_tokens=64,
     )
     assert (await guard.prepare("a1", [user(0)])).limit == 4000
     with pytest.raises(ServerBusyError):
@@ -164,7 +171,9 @@ async def test_async_guard_alike(server: MetricsServer) -> None:
 @pytest.mark.parametrize("server", [[(200, sglang_text(0.9, 0))]], indirect=True)
 def test_sglang_usage(server: MetricsServer) -> None:
     guard = Guard(
-        "memory://", limit=PressureLimit(4000, unique(server.url), interval=0), max_tokens=64
+        private_memory_url(),
+        limit=PressureLimit(4000, unique(server.url), interval=0),
+        max_tokens=64,
     )
     assert guard.prepare("g1", [user(0)]).limit == 2000
 
@@ -174,7 +183,7 @@ def test_unreachable_metrics_fail_open_within_the_timeout() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     limit = PressureLimit(4000, f"http://user:pw@127.0.0.1:{port}/metrics", interval=0, timeout=0.5)
-    got = Guard("memory://", limit=limit, max_tokens=64).prepare("u1", [user(0)])
+    got = Guard(private_memory_url(), limit=limit, max_tokens=64).prepare("u1", [user(0)])
     assert got.limit == 4000
     assert "pw" not in got.limit_source and "pressure ok" in got.limit_source
 
@@ -182,7 +191,10 @@ def test_unreachable_metrics_fail_open_within_the_timeout() -> None:
 @pytest.mark.parametrize("server", [[(500, "oops")]], indirect=True)
 def test_server_error_fails_open(server: MetricsServer) -> None:
     limit = PressureLimit(4000, unique(server.url), interval=0)
-    assert Guard("memory://", limit=limit, max_tokens=64).prepare("e1", [user(0)]).limit == 4000
+    assert (
+        Guard(private_memory_url(), limit=limit, max_tokens=64).prepare("e1", [user(0)]).limit
+        == 4000
+    )
 
 
 @pytest.mark.parametrize(

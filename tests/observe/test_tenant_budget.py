@@ -16,7 +16,7 @@ from ctxguard.guard import Guard
 from ctxguard.observe import fan_out
 from ctxguard.observe.tenant_budget import TenantBudget
 from ctxguard.stores.keys import KeySpace
-from tests.conftest import raw_client
+from tests.conftest import private_memory_url, raw_client
 
 
 def user(i: int) -> dict[str, str]:
@@ -47,7 +47,9 @@ def test_charges_add_up_and_are_shared(url: str, namespace: str) -> None:
 
 def test_guard_limit_capped_then_refused(url: str, namespace: str) -> None:
     budget = TenantBudget(url, tokens=3000, window_seconds=3600, namespace=namespace, tenant="t")
-    guard = Guard("memory://", limit=budget.limit(4000), observer=fan_out(budget), max_tokens=64)
+    guard = Guard(
+        private_memory_url(), limit=budget.limit(4000), observer=fan_out(budget), max_tokens=64
+    )
     sid = f"b1-{namespace}"
     try:
         first = guard.prepare(sid, [user(0)])
@@ -148,7 +150,7 @@ def test_bad_settings(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         TenantBudget("redis://127.0.0.1:1/0", **args)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="Redis"):
-        TenantBudget("memory://", tokens=10, window_seconds=1)
+        TenantBudget(private_memory_url(), tokens=10, window_seconds=1)
 
 
 def test_a_charge_past_2_53_is_a_config_error(redis_url: str, namespace: str) -> None:

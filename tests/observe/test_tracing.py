@@ -18,6 +18,7 @@ from ctxguard import Message
 from ctxguard.errors import BudgetError, ConfigError
 from ctxguard.guard import AsyncGuard, Guard
 from ctxguard.observe.tracing import CAPTURE_ENV, TracingObserver
+from tests.conftest import private_memory_url
 
 SECRET = "the-sentence-that-must-not-leak"
 
@@ -129,12 +130,16 @@ def test_content_only_with_the_capture_switch(
 ) -> None:
     provider, memory = exporter
     monkeypatch.setenv(CAPTURE_ENV, "true")
-    guard = Guard("memory://", limit=400, max_tokens=64, observer=TracingObserver(provider))
+    guard = Guard(
+        private_memory_url(), limit=400, max_tokens=64, observer=TracingObserver(provider)
+    )
     guard.prepare("c2", [user(0)])
     (span,) = memory.get_finished_spans()[-1:]
     assert SECRET in str((span.attributes or {})["gen_ai.input.messages"])
     monkeypatch.setenv(CAPTURE_ENV, "false")
-    guard = Guard("memory://", limit=400, max_tokens=64, observer=TracingObserver(provider))
+    guard = Guard(
+        private_memory_url(), limit=400, max_tokens=64, observer=TracingObserver(provider)
+    )
     guard.prepare("c2b", [user(0)])
     assert "gen_ai.input.messages" not in (memory.get_finished_spans()[-1].attributes or {})
 
@@ -168,7 +173,9 @@ def test_operation_span_joins_the_callers_trace(
     exporter: tuple[TracerProvider, InMemorySpanExporter],
 ) -> None:
     provider, memory = exporter
-    guard = Guard("memory://", limit=400, max_tokens=64, observer=TracingObserver(provider))
+    guard = Guard(
+        private_memory_url(), limit=400, max_tokens=64, observer=TracingObserver(provider)
+    )
     with provider.get_tracer("app").start_as_current_span("handler") as handler:
         guard.prepare("c4", [user(0)])
     (prepare,) = named(memory.get_finished_spans(), "ctxguard prepare")
@@ -181,7 +188,7 @@ def test_store_spans_can_be_left_out(
 ) -> None:
     provider, memory = exporter
     observer = TracingObserver(provider, store_spans=False)
-    guard = Guard("memory://", limit=400, max_tokens=64, observer=observer)
+    guard = Guard(private_memory_url(), limit=400, max_tokens=64, observer=observer)
     guard.prepare("c5", [user(0)])
     assert [s.name for s in memory.get_finished_spans()] == ["ctxguard prepare"]
 

@@ -17,13 +17,16 @@ from hangup_server import HangUpOnce
 from ctxguard._http import KEEPALIVE_EXPIRY
 from ctxguard.serve import create_app
 from ctxguard.serve.config import ServeConfig
+from tests.conftest import private_memory_url
 
 from .test_chat import chat
 from .upstream import serve_in_thread, stop_server
 
 
 def test_a_chat_after_an_idle_spell_goes_out_on_a_new_connection(hangup: HangUpOnce) -> None:
-    config = ServeConfig(upstream=hangup.url, url="memory://", limit=4096, counter="approx")
+    config = ServeConfig(
+        upstream=hangup.url, url=private_memory_url(), limit=4096, counter="approx"
+    )
     server, gateway = serve_in_thread(create_app(config))
     try:
         first = chat(gateway, "hello")

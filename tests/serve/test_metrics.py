@@ -13,6 +13,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import private_memory_url
+
 from .processes import ROOT, CliGateway
 from .test_chat import chat
 from .upstream import FakeVLLM
@@ -57,7 +59,7 @@ def test_metrics_count_the_turns(gateway: str, vllm: FakeVLLM) -> None:
 
 
 def test_metrics_can_be_turned_off(start_gateway: Callable[..., str]) -> None:
-    url = start_gateway(url="memory://", limit=4096, counter="approx", metrics=False)
+    url = start_gateway(url=private_memory_url(), limit=4096, counter="approx", metrics=False)
     response = httpx.get(url + "/metrics", timeout=10)
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "not_found"

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ctxguard.serve import forward
+from tests.conftest import private_memory_url
 
 from .conftest import Start
 from .upstream import serve_in_thread, stop_server
@@ -127,7 +128,7 @@ def hostile(hostile_server: tuple[Hostile, str]) -> Hostile:
 @pytest.fixture
 def start(start_gateway: Start, hostile_server: tuple[Hostile, str]) -> Callable[..., str]:
     def go(**settings: Any) -> str:
-        settings.setdefault("url", "memory://")
+        settings.setdefault("url", private_memory_url())
         return start_gateway(
             upstream=hostile_server[1],
             upstream_api_key=KEY,
