@@ -15,6 +15,7 @@ import pytest
 from ctxguard.errors import CtxGuardError, InvalidInputError
 from ctxguard.guard import Guard
 from ctxguard.messages import Message
+from tests.conftest import private_memory_url
 
 CASES = {
     "lone-surrogate-content": {"role": "user", "content": "a\ud800b"},
@@ -30,7 +31,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_unstorable_input_is_refused_typed_and_stores_nothing(case: str) -> None:
-    guard = Guard(f"memory://gap-{case}", counter="approx", limit=4096)
+    guard = Guard(private_memory_url(), counter="approx", limit=4096)
     data: Any = CASES[case]
     with pytest.raises(InvalidInputError):
         Message.from_openai(data)

@@ -9,6 +9,7 @@ import pytest
 from local_http import JsonServer
 
 from ctxguard import ConfigError, Guard, Message, OpenAISummarizer, SummarizerError
+from tests.conftest import private_memory_url
 
 
 class Endpoint:
@@ -98,7 +99,7 @@ async def test_credentials_in_the_endpoint_url_never_reach_errors_or_the_audit_t
         OpenAISummarizer(base_url.replace("http", "ftp", 1), "m")
     assert SECRET not in str(bad_scheme.value)
     guard = Guard(
-        "memory://openai-summary-secret",
+        private_memory_url(),
         counter="approx",
         limit=300,
         max_tokens=40,
@@ -115,7 +116,7 @@ async def test_credentials_in_the_endpoint_url_never_reach_errors_or_the_audit_t
 
 def test_guard_uses_the_endpoint_for_its_rolling_summary(endpoint: Endpoint) -> None:
     guard = Guard(
-        "memory://openai-summary",
+        private_memory_url(),
         counter="approx",
         limit=300,
         max_tokens=40,

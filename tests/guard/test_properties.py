@@ -21,6 +21,7 @@ from ctxguard import BudgetError, TemplateRefusedError
 from ctxguard.guard import Guard, PreparedRequest
 from ctxguard.guard.policies import tool_problems
 from ctxguard.tokens import load_counter
+from tests.conftest import private_memory_url
 
 from .conversations import conversation
 
@@ -116,7 +117,9 @@ def test_requests_fit_and_are_valid_on_redis(
 
 
 def test_history_that_fits_is_sent_whole() -> None:
-    guard = Guard("memory://whole", counter="tiktoken:cl100k_base", limit=100_000, max_tokens=100)
+    guard = Guard(
+        private_memory_url(), counter="tiktoken:cl100k_base", limit=100_000, max_tokens=100
+    )
     guard.append("s", [SYSTEM])
     for i in range(5):
         req = guard.prepare("s", [{"role": "user", "content": f"q{i}"}])

@@ -14,6 +14,7 @@ import pytest
 from ctxguard import Message
 from ctxguard.guard import AsyncGuard, ExtractiveSummarizer, Guard
 from ctxguard.guard.policies import tool_problems
+from tests.conftest import private_memory_url
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 
@@ -106,7 +107,7 @@ async def test_async_summarizer_is_awaited_and_committed() -> None:
         await asyncio.sleep(0)
         return (previous or "") + f" {len(messages)} folded"
 
-    guard = AsyncGuard("memory://async-sum", **guard_kwargs(summarize))
+    guard = AsyncGuard(private_memory_url(), **guard_kwargs(summarize))
     await guard.append("s", [SYSTEM])
     for i in range(12):
         req = await guard.prepare("s", chat(i))
@@ -117,7 +118,7 @@ async def test_async_summarizer_is_awaited_and_committed() -> None:
 
 
 def test_extractive_summary_is_inserted_and_counted_within_budget() -> None:
-    guard = Guard("memory://extractive", **guard_kwargs(ExtractiveSummarizer(max_chars=300)))
+    guard = Guard(private_memory_url(), **guard_kwargs(ExtractiveSummarizer(max_chars=300)))
     guard.append("s", [SYSTEM])
     for i in range(12):
         req = guard.prepare("s", chat(i))

@@ -8,6 +8,7 @@ import pytest
 
 from ctxguard import Guard, Message, SessionFullError, StoreError
 from ctxguard.stores import NewMessage, WriteOptions
+from tests.conftest import private_memory_url
 
 if TYPE_CHECKING:
     from tests.conftest import StoreFacade
@@ -44,7 +45,7 @@ async def test_a_new_session_over_the_cap_is_not_created(store: StoreFacade) -> 
 
 def test_guard_setting_caps_the_session() -> None:
     guard = Guard(
-        "memory://capacity", counter="approx", limit=1000, max_tokens=100, max_stored_messages=2
+        private_memory_url(), counter="approx", limit=1000, max_tokens=100, max_stored_messages=2
     )
     guard.append("s", [{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}])
     with pytest.raises(SessionFullError):
