@@ -8,13 +8,17 @@ they did not start, and ``scripts/services.sh`` never picks up a server by chanc
   (``shared_servers_refused``), and the real ones leave such a server untouched;
 * ``services.sh start`` with nothing named never talks to 6379, and says which
   servers it started (``CTXGUARD_TEST_*_PRIVATE``);
-* an exception in a thread a test started, or in a ``__del__``, fails the test.
+* an exception in a thread a test started, or in a ``__del__``, fails the test;
+* a test opens an in-process store of its own: no plain ``"memory://"`` (one store per
+  process) outside the tests of what that URL means, no fixed ``memory://<name>`` in two
+  tests.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -330,3 +334,116 @@ def test_an_exception_in_a_thread_or_a_del_fails_the_test(tmp_path: Path) -> Non
     assert "FAILED" in out and "test_a_thread_it_started_dies" in out, out
     assert "test_an_exception_nothing_can_catch" in out, out
     assert "2 failed, 1 passed" in out, out
+
+
+# -- memory:// is one store per process ------------------------------------------------
+
+# ``memory://`` with no name is ONE store per process: tests that opened it with fixed
+# session ids ("s", "s1") saw each other's sessions in some orders (a CI run read 3 audit
+# records where 2 were written). A test opens ``conftest.private_memory_url()``
+# (``memory://<uuid4 hex>``) or ``f"memory://{namespace}"``. Allowed, by module and test
+# function, only where the plain URL itself is what is tested:
+SHARED_MEMORY_ALLOWED = {
+    # what open_store makes of the URL with no name; names refused before a store is made
+    "tests/stores/test_urls.py": {
+        "test_bad_namespace_or_tenant_is_refused",
+        "test_scheme_table_and_query_options",
+    },
+    # the CLI's default store, on a fresh map of in-process stores (monkeypatched)
+    "tests/cli/test_findings.py": {
+        "test_without_url_the_cli_says_it_looks_at_an_empty_in_process_store"
+    },
+}
+_PLAIN_MEMORY = re.compile(r"memory://(\?.*)?", re.IGNORECASE | re.DOTALL)  # no name
+_NAMED_MEMORY = re.compile(r"memory://([^?{}]+)(\?.*)?", re.IGNORECASE | re.DOTALL)
+_TEXT_TESTS = {"startswith", "endswith", "removeprefix", "removesuffix"}
+
+
+def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
+    return {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+
+def _test_of(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> str:
+    """The outermost function holding ``node`` (its decorators too), or "<module>"."""
+    name = "<module>"
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            name = node.name
+    return name
+
+
+def _only_compared(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    """``url.startswith("memory://")``, ``"memory://" in text``: text looked at, no store."""
+    parent = parents.get(node)
+    if isinstance(parent, ast.Call) and node in parent.args:
+        return isinstance(parent.func, ast.Attribute) and parent.func.attr in _TEXT_TESTS
+    return (
+        isinstance(parent, ast.Compare)
+        and parent.left is node
+        and all(isinstance(op, ast.In | ast.NotIn) for op in parent.ops)
+    )
+
+
+def memory_urls(tree: ast.AST) -> tuple[list[tuple[int, str]], list[tuple[int, str, str]]]:
+    """A module's plain memory:// URLs as (line, test), and its fixed memory://<name> URLs
+    as (line, test, name); f"memory://{...}" is named, f"memory://?{...}" is plain."""
+    parents = _parents(tree)
+    plain: list[tuple[int, str]] = []
+    named: list[tuple[int, str, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            first = node.values[0] if node.values else None
+            text = first.value if isinstance(first, ast.Constant) else ""
+            if isinstance(text, str) and text.lower().startswith("memory://?"):
+                plain.append((node.lineno, _test_of(node, parents)))
+            continue
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            continue
+        if isinstance(parents.get(node), ast.JoinedStr) or _only_compared(node, parents):
+            continue
+        if _PLAIN_MEMORY.fullmatch(node.value):
+            plain.append((node.lineno, _test_of(node, parents)))
+        elif match := _NAMED_MEMORY.fullmatch(node.value):
+            named.append((node.lineno, _test_of(node, parents), match[1]))
+    return plain, named
+
+
+def test_the_scan_sees_every_form_of_a_plain_memory_url() -> None:
+    source = """
+STORE = "memory://"
+def test_a():
+    Guard("memory://", limit=1)
+    open_store(f"memory://?namespace={ns}")
+    open_store("memory://?tenant=t")
+    Guard(f"memory://{uuid.uuid4().hex}")  # named
+    Guard(f"memory://{namespace}")  # named
+    Guard("memory://fixed")
+    assert url.startswith("memory://") and "memory://" in text  # no store opened
+@pytest.mark.parametrize("url", ["memory://", "redis://h:1/0"])
+def test_b(url):
+    Guard("memory://fixed")
+"""
+    plain, named = memory_urls(ast.parse(source))
+    assert plain == [(2, "<module>"), (4, "test_a"), (5, "test_a"), (6, "test_a"), (11, "test_b")]
+    assert named == [(9, "test_a", "fixed"), (13, "test_b", "fixed")]
+
+
+def test_every_test_opens_an_in_process_store_of_its_own() -> None:
+    plain = []
+    by_name: dict[str, dict[str, list[int]]] = {}  # name -> "module (test)" -> lines
+    for path in sorted(TESTS.rglob("*.py")):
+        if path == Path(__file__).resolve():
+            continue  # this module only names the URLs
+        module = str(path.relative_to(ROOT))
+        found, named = memory_urls(ast.parse(path.read_text(), str(path)))
+        allowed = SHARED_MEMORY_ALLOWED.get(module, set())
+        plain += [f"{module}:{line} ({test})" for line, test in found if test not in allowed]
+        for line, test, name in named:
+            by_name.setdefault(name, {}).setdefault(f"{module} ({test})", []).append(line)
+    assert not plain, (
+        "memory:// with no name is one store per process, seen by every test: use "
+        f"conftest.private_memory_url() (or add the test to SHARED_MEMORY_ALLOWED): {plain}"
+    )
+    shared = {name: tests for name, tests in by_name.items() if len(tests) > 1}
+    assert not shared, f"one memory://<name> in several tests is one store: {shared}"
