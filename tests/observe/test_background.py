@@ -355,7 +355,7 @@ def test_a_wait_past_a_million_seconds_is_refused() -> None:
         deliverer.close(1e300)
     deliverer.close()
     with pytest.raises(InvalidInputError, match="1,000,000"):
-        Guard("memory://", limit=400).wait_for_summaries(1e300)
+        Guard(private_memory_url(), limit=400).wait_for_summaries(1e300)
     assert isinstance(background(print), BackgroundObserver)
 
 
