@@ -310,6 +310,15 @@ def check_count(value: object, what: str) -> None:
         raise InvalidInputError(one_line(f"{what} must be a non-negative int, got {show(value)}"))
 
 
+def check_tail_args(start: object, expected_count: object) -> None:
+    """``replace_tail``'s position and expected count (the store's and the guard's door)."""
+    check_count(start, "start")
+    if expected_count is not None:
+        check_count(expected_count, "expected_count")
+    if start > MAX_INT or (expected_count is not None and expected_count > MAX_INT):  # type: ignore[operator]
+        raise InvalidInputError(f"start and expected_count must be at most {MAX_INT}")
+
+
 def check_optional_int(value: object, what: str) -> None:
     if value is not None and type(value) is not int:
         raise InvalidInputError(one_line(f"{what} must be an int or None, got {show(value)}"))

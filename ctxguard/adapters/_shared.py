@@ -4,8 +4,10 @@ Framework-free on purpose: each adapter module imports its framework and
 converts messages; everything it does to the store goes through here, so the
 three adapters store, read and rewrite sessions the same way.
 
-Kept whole at ~400 lines on purpose: it is the one door the adapters share; a split
-would hand each adapter two modules to keep in step.
+Kept whole past ~400 lines on purpose: it is the one door the adapters share; a split
+would hand each adapter two modules to keep in step. Every write that rewrites stored
+history (``replace``, ``remove_at``, ``split_newest``) is one atomic store write
+(``Guard.replace_tail`` or ``store.retract``), never a removal and an append.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ctxguard import _validate
 from ctxguard.adapters._loops import PerLoop
 from ctxguard.errors import (
     ConfigError,
+    ConflictError,
     InvalidInputError,
     InvalidMessageError,
     MissingDependencyError,
@@ -267,31 +270,35 @@ async def aclear(ref: GuardRef, session_id: str) -> None:
         await guard.store.delete(session_id)
 
 
-def pop_tail(guard: Guard, session_id: str, index: int) -> list[Message]:
-    """Remove messages ``index`` and later in one atomic, audited store call.
+def remove_at(guard: Guard, session_id: str, index: int) -> Message | None:
+    """Remove message ``index`` in one atomic, audited write; returns it (None when there
+    is none). The tail from ``index`` is replaced by the messages after it, with their ids
+    (``Guard.replace_tail``), so a reader sees the history with or without the message,
+    never a shorter one; the count read with the tail must still hold (a message another
+    process appended meanwhile is never lost: ConflictError instead)."""
+    if index < 0:
+        return None
+    tail = guard.store.read(session_id, index)
+    if not tail:
+        return None
+    rest = [s.message for s in tail[1:]]
+    guard.replace_tail(session_id, index, rest, expected_count=index + len(tail))
+    return tail[0].message
 
-    ``store.retract`` compares the session's length first, so a message that
-    another process appended meanwhile is never removed by mistake (the call
-    raises ConflictError instead). Returns the removed messages, oldest first.
-    """
-    count = guard.store.info(session_id)
-    total = 0 if count is None else count.message_count
-    if not 0 <= index < total:
-        return []
-    return [s.message for s in guard.store.retract(session_id, total - index, total)]
 
-
-async def apop_tail(ref: GuardRef, session_id: str, index: int) -> list[Message]:
-    """Async :func:`pop_tail`."""
+async def aremove_at(ref: GuardRef, session_id: str, index: int) -> Message | None:
+    """Async :func:`remove_at`."""
     guard = ref.aio()
     if guard is None:
-        return await asyncio.to_thread(pop_tail, ref.sync(), session_id, index)
-    info = await guard.store.info(session_id)
-    total = 0 if info is None else info.message_count
-    if not 0 <= index < total:
-        return []
-    removed = await guard.store.retract(session_id, total - index, total)
-    return [s.message for s in removed]
+        return await asyncio.to_thread(remove_at, ref.sync(), session_id, index)
+    if index < 0:
+        return None
+    tail = await guard.store.read(session_id, index)
+    if not tail:
+        return None
+    rest = [s.message for s in tail[1:]]
+    await guard.replace_tail(session_id, index, rest, expected_count=index + len(tail))
+    return tail[0].message
 
 
 def pop_newest(guard: Guard, session_id: str) -> Message | None:
@@ -309,19 +316,74 @@ async def apop_newest(ref: GuardRef, session_id: str) -> Message | None:
     return removed[0].message if removed else None
 
 
-def replace(guard: Guard, session_id: str, messages: Sequence[Message]) -> None:
-    """Replace a session's whole history (a framework's ``set_messages``): delete, then append.
+SPLIT_ATTEMPTS = 3  # reads of the newest message, each after another process's write
 
-    The batch is checked first (:func:`check_appendable`), so a batch the append would
-    refuse leaves the session as it was. Only for "replace everything" calls; removing
-    single messages goes through :func:`pop_tail`, which is atomic and keeps the summary
-    and audit trail.
-    """
-    if messages:
-        check_appendable(guard, session_id, messages)
-    guard.store.delete(session_id)
-    if messages:
-        guard.append(session_id, messages)
+
+async def asplit_newest(
+    ref: GuardRef, session_id: str, rest_of: Callable[[Message], Sequence[Message]]
+) -> Message | None:
+    """Take the newest message and leave ``rest_of(it)`` in its place (the part the
+    caller does not pop: an Agents session's parallel calls share one message), in one
+    atomic, audited write: a retract when nothing is left, else ``Guard.replace_tail``.
+    Either checks the count read with the message; when another process wrote
+    meanwhile (nothing was written) the newest is read again, at most
+    :data:`SPLIT_ATTEMPTS` times (then ConflictError). Returns the message taken,
+    None when there is none."""
+    guard = ref.aio()
+    if guard is None:
+        return await asyncio.to_thread(split_newest, ref.sync(), session_id, rest_of)
+    for attempt in range(SPLIT_ATTEMPTS):
+        newest = await guard.store.read_last(session_id, 1)
+        if not newest:
+            return None
+        seq, message = newest[0].seq, newest[0].message
+        rest = rest_of(message)
+        try:
+            if rest:
+                await guard.replace_tail(session_id, seq, rest, expected_count=seq + 1)
+            else:
+                await guard.store.retract(session_id, 1, seq + 1)
+        except ConflictError:
+            if attempt + 1 == SPLIT_ATTEMPTS:
+                raise
+            continue
+        return message
+    return None  # (not reached)
+
+
+def split_newest(
+    guard: Guard, session_id: str, rest_of: Callable[[Message], Sequence[Message]]
+) -> Message | None:
+    """Sync :func:`asplit_newest`."""
+    for attempt in range(SPLIT_ATTEMPTS):
+        newest = guard.store.read_last(session_id, 1)
+        if not newest:
+            return None
+        seq, message = newest[0].seq, newest[0].message
+        rest = rest_of(message)
+        try:
+            if rest:
+                guard.replace_tail(session_id, seq, rest, expected_count=seq + 1)
+            else:
+                guard.store.retract(session_id, 1, seq + 1)
+        except ConflictError:
+            if attempt + 1 == SPLIT_ATTEMPTS:
+                raise
+            continue
+        return message
+    return None  # (not reached)
+
+
+def replace(guard: Guard, session_id: str, messages: Sequence[Message]) -> None:
+    """Replace a session's whole history (a framework's ``set_messages``) in one atomic,
+    audited write (``Guard.replace_tail`` from 0): the batch is counted once, and a batch
+    the guard or the store refuses writes nothing. The summary goes (it covered the old
+    history); the audit trail and turn numbers stay, with a ``replace`` record. An empty
+    batch deletes the session, as :func:`clear`."""
+    if not messages:
+        guard.store.delete(session_id)
+        return
+    guard.replace_tail(session_id, 0, messages)
 
 
 async def areplace(ref: GuardRef, session_id: str, messages: Sequence[Message]) -> None:
@@ -329,23 +391,10 @@ async def areplace(ref: GuardRef, session_id: str, messages: Sequence[Message]) 
     guard = ref.aio()
     if guard is None:
         await asyncio.to_thread(replace, ref.sync(), session_id, messages)
-        return
-    if messages:
-        await asyncio.to_thread(check_appendable, guard, session_id, messages)  # may be slow
-    await guard.store.delete(session_id)
-    if messages:
-        await guard.append(session_id, messages)
-
-
-def check_appendable(
-    guard: Guard | AsyncGuard, session_id: str, messages: Sequence[Message]
-) -> None:
-    """Raise what ``guard.append`` would refuse ``messages`` with, touching no session store:
-    they are appended to a scratch in-memory guard with the same counter and settings,
-    under the caller's session id (an error names it, not a scratch session)."""
-    _scratch(guard, max_stored_messages=guard.config.max_stored_messages).append(
-        session_id, messages
-    )
+    elif not messages:
+        await guard.store.delete(session_id)
+    else:
+        await guard.replace_tail(session_id, 0, messages)
 
 
 def prepare(
@@ -404,12 +453,10 @@ def fit(
     return dataclasses.replace(prepared, messages=own_ids), origins
 
 
-def _scratch(guard: Guard | AsyncGuard, max_stored_messages: int | None = None) -> Guard:
+def _scratch(guard: Guard | AsyncGuard) -> Guard:
     """A guard over a fresh in-memory store with ``guard``'s counter, limit and settings
-    (no summarizer)."""
-    config = dataclasses.replace(
-        guard.config, summarizer=None, max_stored_messages=max_stored_messages
-    )
+    (no summarizer, no cap on stored messages)."""
+    config = dataclasses.replace(guard.config, summarizer=None, max_stored_messages=None)
     return Guard(MemoryStore(), counter=guard.counter, limit=guard.limit_source, config=config)
 
 

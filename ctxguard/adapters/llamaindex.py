@@ -20,10 +20,16 @@ LlamaIndex users import both from here; the conversion (lossless, see
 :mod:`ctxguard.adapters._llamaindex_convert`) and the memory
 (:mod:`ctxguard.adapters._llamaindex_memory`) live beside it.
 
-``delete_last_message`` is one atomic, audited ``store.retract``. ``delete_message``
-retracts the tail from that index (atomically, checking nothing was appended
-meanwhile) and appends back the messages after it with their ids, so a reader
-may briefly see the shorter history; summary and audit trail are kept.
+Every write is one atomic step: a reader (or a crash) sees the history before or
+after it, never a part. ``set_messages`` (and the memory's ``set`` and
+``from_defaults(chat_history=...)``) is ``Guard.replace_tail`` from 0: the batch is
+counted once, a refused batch leaves the session as it was, the summary goes (it
+covered the old history) and the audit trail stays, with a ``replace`` record;
+an empty list deletes the session, as ``delete_messages`` does.
+``delete_last_message`` is one audited ``store.retract``. ``delete_message``
+replaces the tail from that index with the messages after it (their ids kept), in
+one write that checks nothing was appended since the tail was read (ConflictError
+otherwise); a summary covering the removed message goes, the audit trail stays.
 """
 
 from __future__ import annotations
@@ -103,19 +109,14 @@ class CtxGuardChatStore(BaseChatStore):
         return [to_llamaindex(m) for m in found] or None
 
     def delete_message(self, key: str, idx: int) -> ChatMessage | None:
-        """Remove message ``idx``: retract the tail from it, put back the rest.
-
-        An index past the end (or negative) returns None, as LlamaIndex's stores do."""
+        """Remove message ``idx`` in one atomic, audited write (the later messages keep
+        their ids). An index past the end (or negative) returns None, as LlamaIndex's
+        stores do."""
         _key(key)
         _shared.check_index(idx, "idx")
         with self._lock:
-            guard = self._ref.sync()
-            removed = _shared.pop_tail(guard, key, idx)
-            if not removed:
-                return None
-            if removed[1:]:
-                guard.append(key, removed[1:])
-        return to_llamaindex(removed[0])
+            removed = _shared.remove_at(self._ref.sync(), key, idx)
+        return None if removed is None else to_llamaindex(removed)
 
     def delete_last_message(self, key: str) -> ChatMessage | None:
         """Remove the newest message (one atomic, audited retract)."""
@@ -151,12 +152,8 @@ class CtxGuardChatStore(BaseChatStore):
         _key(key)
         _shared.check_index(idx, "idx")
         async with self._alocks.get():
-            removed = await _shared.apop_tail(self._ref, key, idx)
-            if not removed:
-                return None
-            if removed[1:]:
-                await _shared.aappend(self._ref, key, removed[1:])
-        return to_llamaindex(removed[0])
+            removed = await _shared.aremove_at(self._ref, key, idx)
+        return None if removed is None else to_llamaindex(removed)
 
     async def adelete_last_message(self, key: str) -> ChatMessage | None:
         _key(key)

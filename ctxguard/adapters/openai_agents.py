@@ -27,9 +27,11 @@ tool calls, then the results. Each original item is kept verbatim in
 * The Runner asks for history before it stores the new input, so the exact
   budget belongs in :meth:`CtxGuardSession.model_input_filter`: it fits every
   model call (instructions + history + new input + this run's tool turns).
-* ``pop_item`` returns and removes the newest item: one atomic, audited
-  ``store.retract`` of the newest message; when that message held several
-  items (parallel calls), the others are put back with its id.
+* ``pop_item`` returns and removes the newest item in one atomic, audited write:
+  a ``store.retract`` of the newest message, or, when that message held several
+  items (parallel calls), ``Guard.replace_tail`` of it by the others, with its id
+  (a reader never sees them gone). Either checks that nothing was appended since
+  the message was read (:class:`~ctxguard.errors.ConflictError` otherwise).
 """
 
 from __future__ import annotations
@@ -312,18 +314,8 @@ class CtxGuardSession:
     async def pop_item(self, *, wrapper: Any = None) -> Item | None:
         """Remove and return the newest item (atomic retract; see the module docstring)."""
         async with self._lock():
-            last = await _shared.apop_newest(self.ref, self.session_id)
-            if last is None:
-                return None
-            items = message_to_items(last)
-            if len(items) > 1:
-                rest = items_to_messages(items[:-1])
-                keep = [
-                    m.model_copy(update={"id": last.id, "created_at": last.created_at})
-                    for m in rest
-                ]
-                await _shared.aappend(self.ref, self.session_id, keep)
-            return items[-1]
+            last = await _shared.asplit_newest(self.ref, self.session_id, _rest_of)
+            return None if last is None else message_to_items(last)[-1]
 
     async def clear_session(self, *, wrapper: Any = None) -> None:
         async with self._lock():
@@ -374,6 +366,14 @@ class CtxGuardSession:
             return ModelInputData(input=items, instructions=instructions)
 
         return fit_call
+
+
+def _rest_of(last: Message) -> list[Message]:
+    """What stays of the newest message when its last item is popped: the other items
+    (parallel calls), as one message with its id and time (none for a single item)."""
+    items = message_to_items(last)
+    rest = items_to_messages(items[:-1])
+    return [m.model_copy(update={"id": last.id, "created_at": last.created_at}) for m in rest]
 
 
 def _settings(value: object) -> SessionSettings | None:

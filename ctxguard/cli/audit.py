@@ -229,7 +229,7 @@ def _summary_range(snap: Snapshot) -> list[Violation]:
 
 
 def _retract_positions(snap: Snapshot) -> list[int]:
-    return [i for i, r in enumerate(snap.audit) if r.get("kind") == "retract"]
+    return [i for i, r in enumerate(snap.audit) if r.get("kind") in ("retract", "replace")]
 
 
 def _newest_sent(snap: Snapshot, record: dict[str, Any]) -> list[Violation]:
@@ -237,7 +237,7 @@ def _newest_sent(snap: Snapshot, record: dict[str, Any]) -> list[Violation]:
 
     The guard always sends the messages a prepare adds, so a request without
     them (for example only a summary that claims to cover them) is a violation.
-    Requests followed by a retraction are skipped: their history is gone.
+    Requests followed by a retraction (or a replace) are skipped: their history is gone.
     """
     count = record.get("message_count")
     if not isinstance(count, int) or count <= 0:

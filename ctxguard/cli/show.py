@@ -183,6 +183,15 @@ def _audit_cells(kind: str, record: dict[str, Any]) -> tuple[str, str, str, str,
         shown = ", ".join(ids[:5]) + (f" (+{len(ids) - 5} more)" if len(ids) > 5 else "")
         detail = f"removed {record.get('count', len(ids))} newest message(s): {shown or '-'}"
         return "-", "", "", "", detail
+    if kind == "replace":
+        ids = [str(i) for i in record.get("ids") or []]
+        shown = ", ".join(ids[:5]) + (f" (+{len(ids) - 5} more)" if len(ids) > 5 else "")
+        stored = len(record.get("stored") or [])
+        detail = (
+            f"replaced {record.get('count', len(ids))} message(s) from position "
+            f"{record.get('start', '?')}: {shown or '-'}; stored {stored}"
+        )
+        return "-", "", "", "", detail
     if kind == "repair":
         changes = "; ".join(str(c) for c in record.get("changes") or []) or "nothing to change"
         return "-", "", "", "", f"repaired: {changes}"

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ctxguard._validate import check_tail_args
 from ctxguard.errors import SummarizerError
 from ctxguard.guard import flows
 from ctxguard.guard.base import GuardBase, report_background_failure
@@ -21,7 +22,7 @@ from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.kv.limit import ContextLimit, LimitSource
 from ctxguard.messages import MessageLike
 from ctxguard.stores import open_async_store
-from ctxguard.stores.base import AppendResult, AsyncSessionStore, Summary
+from ctxguard.stores.base import AppendResult, AsyncSessionStore, ReplaceResult, Summary
 from ctxguard.tokens._protocol import TokenCounter
 
 
@@ -64,6 +65,29 @@ class AsyncGuard(GuardBase):
         self._prepare_args(session_id, messages, None, None, "messages")
         flow = flows.append(self.core, session_id, messages)
         return await self._run(self._observed("append", session_id, flow))
+
+    async def replace_tail(
+        self,
+        session_id: str,
+        start: int,
+        messages: Iterable[MessageLike],
+        *,
+        expected_count: int | None = None,
+    ) -> ReplaceResult:
+        """Replace messages ``start`` and later (0: the whole history) with ``messages``
+        (each counted once, now), in one atomic write: a reader sees the history
+        before or after, never a part of it. For a framework's ``set_messages``
+        (``start=0``) or ``delete_message`` (the messages after the deleted one put
+        back). With ``expected_count`` the session must still hold that many messages
+        (else :class:`ConflictError`: read it again and retry). The removed messages'
+        ids are freed, and a summary covering one of them is dropped; the audit trail
+        and the turn numbers are kept, with a ``replace`` record of the removed and
+        stored ids. A refused batch (a message the guard refuses, an id stored before
+        ``start``, a full session) writes nothing."""
+        self._prepare_args(session_id, messages, None, None, "messages")
+        check_tail_args(start, expected_count)
+        flow = flows.replace_tail(self.core, session_id, start, messages, expected_count)
+        return await self._run(self._observed("replace", session_id, flow))
 
     async def prepare(
         self,

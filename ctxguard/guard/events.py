@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from ctxguard.guard.prepared import PreparedRequest
 
-Kind = Literal["prepare", "complete", "summarize", "append"]
+Kind = Literal["prepare", "complete", "summarize", "append", "replace"]
 CacheUse = Literal["hit", "stale", "miss"]
 SummaryOutcome = Literal["committed", "failed", "lost_race"]
 

@@ -41,6 +41,7 @@ from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
     RecordWrite,
+    ReplaceResult,
     StoredMessage,
     Summary,
     WindowFetch,
@@ -101,6 +102,23 @@ def append(core: GuardCore, session_id: str, values: Iterable[MessageLike]) -> F
     core.check_call_ids(new)
     result: AppendResult = yield StoreCall("append", (session_id, new, core.write_options))
     core.cache.appended(session_id, new, result)
+    return result
+
+
+def replace_tail(
+    core: GuardCore,
+    session_id: str,
+    start: int,
+    values: Iterable[MessageLike],
+    expected_count: int | None,
+) -> Flow[ReplaceResult]:
+    new = core.encode_new(values)  # counted once; a refusal here writes nothing
+    core.check_call_ids(new)
+    try:
+        args = (session_id, start, new, expected_count, core.write_options)
+        result: ReplaceResult = yield StoreCall("replace_tail", args)
+    finally:
+        core.cache.evict(session_id)  # the cached window's messages may be gone
     return result
 
 

@@ -86,7 +86,7 @@ class PrometheusObserver:
         )
         self.operations = Histogram(
             f"{p}_operation_duration_seconds",
-            "Guard operations (prepare, complete, summarize, append), end to end",
+            "Guard operations (prepare, complete, summarize, append, replace), end to end",
             ["operation"],
             buckets=STORE_BUCKETS,
             registry=r,

@@ -67,7 +67,7 @@ class TracingObserver:
         self.tracer: Tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
         self.capture_content = capture_from_env() if capture_content is None else capture_content
         self.store_spans = store_spans  # False: one span per operation (and summary), half the cost
-        kinds = ("prepare", "complete", "summarize", "append")
+        kinds = ("prepare", "complete", "summarize", "append", "replace")
         self._names = {kind: f"ctxguard {kind}" for kind in kinds}
         self._store_names: dict[str, str] = {}
 

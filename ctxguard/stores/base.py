@@ -14,6 +14,7 @@ from ctxguard.stores.contract import (
     AsyncSessionStore,
     NewMessage,
     RecordWrite,
+    ReplaceResult,
     SessionInfo,
     SessionStore,
     StoredMessage,
@@ -21,6 +22,7 @@ from ctxguard.stores.contract import (
     WindowFetch,
     WindowHit,
     WriteOptions,
+    stored_before,
 )
 from ctxguard.stores.records import (
     REQUEST_RECORD_HEAD,
@@ -54,6 +56,7 @@ __all__ = [
     "AsyncSessionStore",
     "NewMessage",
     "RecordWrite",
+    "ReplaceResult",
     "SessionInfo",
     "SessionStore",
     "StoredMessage",
@@ -72,6 +75,7 @@ __all__ = [
     "encode_audit",
     "estimate_unknown_tokens",
     "ms_to_datetime",
+    "stored_before",
     "tokens_or_none",
     "virtual_window",
     "walk_back",

@@ -55,6 +55,24 @@ class AppendResult:
 
 @fast_init
 @dataclass(frozen=True, slots=True)
+class ReplaceResult:
+    """What a :meth:`~SessionStore.replace_tail` did, in one atomic step: the messages it
+    removed (oldest first, with their positions and counts) and the append that followed."""
+
+    removed: tuple[StoredMessage, ...]
+    appended: AppendResult
+
+
+def stored_before(msg_id: str, seq: int) -> str:
+    """Why a replace refused a batch: one of its ids names a message the replace keeps."""
+    return (
+        f"message id {msg_id!r} is stored at position {seq}, before the messages being "
+        "replaced; give the new message another id (nothing was written)"
+    )
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
 class SessionInfo:
     """A session's metadata, readable without reading its messages."""
 
@@ -231,6 +249,25 @@ class SessionStore(Protocol):
     def retract(
         self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
     ) -> list[StoredMessage]: ...
+    def replace_tail(
+        self,
+        session_id: str,
+        start: int,
+        messages: Sequence[NewMessage],
+        expected_count: int | None = None,
+        options: WriteOptions = ...,
+    ) -> ReplaceResult:
+        """Remove messages ``start`` and later (0: all) and append ``messages`` in their
+        place, in one atomic step: a reader sees the history before or after, never
+        between. Removing is as :meth:`retract` (their ids freed, their pins and a summary
+        covering one of them dropped); the turn counter and the audit trail are kept, and
+        when something was removed a ``replace`` record names the removed and the stored
+        ids. Refused, with nothing written: fewer than ``start`` messages, or not
+        ``expected_count`` (ConflictError); an id of ``messages`` stored before ``start``
+        (InvalidMessageError); more than ``options.max_messages`` after
+        (SessionFullError)."""
+        ...
+
     def restore(
         self,
         session_id: str,
@@ -321,6 +358,14 @@ class AsyncSessionStore(Protocol):
     async def retract(
         self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
     ) -> list[StoredMessage]: ...
+    async def replace_tail(
+        self,
+        session_id: str,
+        start: int,
+        messages: Sequence[NewMessage],
+        expected_count: int | None = None,
+        options: WriteOptions = ...,
+    ) -> ReplaceResult: ...
     async def restore(
         self,
         session_id: str,

@@ -18,11 +18,19 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from ctxguard._validate import check_count, check_prefix, check_range, check_store_args, show
+from ctxguard._validate import (
+    check_count,
+    check_prefix,
+    check_range,
+    check_store_args,
+    check_tail_args,
+    show,
+)
 from ctxguard.errors import (
     ConflictError,
     CorruptRecordError,
     InvalidInputError,
+    InvalidMessageError,
     SessionFullError,
 )
 from ctxguard.ids import validate_id
@@ -31,6 +39,7 @@ from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
     RecordWrite,
+    ReplaceResult,
     SessionInfo,
     StoredMessage,
     Summary,
@@ -42,6 +51,7 @@ from ctxguard.stores.base import (
     decode_audits,
     decode_summary,
     encode_audit,
+    stored_before,
     with_rid,
 )
 from ctxguard.stores.integrity import RawSession, RepairPlan
@@ -328,6 +338,58 @@ class MemoryStore:
             session.audit.append(encode_audit(record))
             self._touch(session, WriteOptions(ttl_seconds=ttl or None))
             return removed
+
+    def replace_tail(
+        self,
+        session_id: str,
+        start: int,
+        messages: Sequence[NewMessage],
+        expected_count: int | None = None,
+        options: WriteOptions = WriteOptions(),  # noqa: B008
+    ) -> ReplaceResult:
+        """Messages ``start`` and later replaced by ``messages`` (as replace.lua): every
+        check first, then the removal (as :meth:`retract`) and the append, under the lock."""
+        check_tail_args(start, expected_count)
+        check_store_args(new=messages, options=options)
+        with self._lock:
+            session = self._live(session_id)
+            held = 0 if session is None else len(session.records)
+            if start > held or expected_count not in (None, held):
+                raise ConflictError(
+                    f"session {session_id!r} now holds {held} messages, not the expected "
+                    "count; read it again and retry"
+                )
+            ids = {} if session is None else session.ids
+            fresh = {n.message.id for n in messages}
+            for msg_id in fresh:
+                if ids.get(msg_id, start) < start:
+                    raise InvalidMessageError(stored_before(msg_id, ids[msg_id]))
+            cap = options.max_messages
+            if cap and messages and start + len(fresh) > cap:
+                raise SessionFullError(session_id, held)
+            removed: tuple[StoredMessage, ...] = ()
+            before = None
+            if session is not None:  # (None: start is 0, nothing to remove)
+                removed = tuple(stored_message(session_id, session, s) for s in range(start, held))
+                before = session.state_token
+            if not removed and not messages:
+                return ReplaceResult((), AppendResult((), (), held, before, before))
+            if session is not None and removed:
+                drop_tail(session, start)
+                session.changed()
+            session = self._for_write(session_id, options)
+            appended = self._append_locked(session, messages, options, before)
+            if removed:
+                record = {
+                    "kind": "replace",
+                    "at": datetime.now(UTC).isoformat(),
+                    "start": start,
+                    "count": len(removed),
+                    "ids": [r.message.id for r in removed],
+                    "stored": list(appended.stored),
+                }
+                session.audit.append(encode_audit(record))
+            return ReplaceResult(removed, appended)
 
     def restore(
         self,

@@ -15,6 +15,7 @@ from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
     RecordWrite,
+    ReplaceResult,
     SessionInfo,
     StoredMessage,
     Summary,
@@ -100,6 +101,16 @@ class AsyncMemoryStore:
         self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
     ) -> list[StoredMessage]:
         return self.sync.retract(session_id, count, expected_count, ttl)
+
+    async def replace_tail(
+        self,
+        session_id: str,
+        start: int,
+        messages: Sequence[NewMessage],
+        expected_count: int | None = None,
+        options: WriteOptions = WriteOptions(),  # noqa: B008
+    ) -> ReplaceResult:
+        return self.sync.replace_tail(session_id, start, messages, expected_count, options)
 
     async def restore(
         self,

@@ -28,9 +28,9 @@ have:
   already committed by the lost attempt answers "committed"), ``restore``
   (raises the turn counter to a value, sets a summary only if there is none),
   ``delete``.
-* not retried: ``retract`` (removes the newest messages: a repeat would remove
-  more; it raises :class:`~ctxguard.errors.StoreConnectionError` and the caller
-  reads the session to see whether it ran).
+* not retried: ``retract`` and ``replace_tail`` (they remove the newest messages:
+  a repeat would remove more; they raise :class:`~ctxguard.errors.StoreConnectionError`
+  and the caller reads the session to see whether it ran).
 
 So at the guard level ``prepare``, ``complete`` (with or without usage),
 ``append`` and the summary commit are all retried the same way.
@@ -58,12 +58,13 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from ctxguard._validate import check_count, check_prefix, check_store_args
+from ctxguard._validate import check_count, check_prefix, check_store_args, check_tail_args
 from ctxguard.errors import CorruptRecordError
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
     RecordWrite,
+    ReplaceResult,
     SessionInfo,
     StoredMessage,
     Summary,
@@ -309,6 +310,21 @@ class RedisStore(RedisStoreBase):
         """Remove the newest ``count`` messages (explicit deletion, audited); returns them."""
         call = self.protocol.retract_call(session_id, count, expected_count, ttl)
         return self.protocol.parse_retract(session_id, self._run(call, idempotent=False))
+
+    def replace_tail(
+        self,
+        session_id: str,
+        start: int,
+        messages: Sequence[NewMessage],
+        expected_count: int | None = None,
+        options: WriteOptions = _DEFAULT_OPTIONS,
+    ) -> ReplaceResult:
+        """Messages ``start`` and later replaced by ``messages``: one script (replace.lua)."""
+        check_tail_args(start, expected_count)
+        check_store_args(new=messages, options=options)
+        call = self.protocol.replace_call(session_id, start, messages, expected_count, options)
+        reply = self._run(call, idempotent=False)  # a repeat would remove more
+        return self.protocol.parse_replace(session_id, messages, reply)
 
     def restore(
         self,

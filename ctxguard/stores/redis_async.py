@@ -24,12 +24,13 @@ from redis.exceptions import (
 )
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ctxguard._validate import check_count, check_prefix, check_store_args
+from ctxguard._validate import check_count, check_prefix, check_store_args, check_tail_args
 from ctxguard.errors import CorruptRecordError
 from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
     RecordWrite,
+    ReplaceResult,
     SessionInfo,
     StoredMessage,
     Summary,
@@ -308,6 +309,21 @@ class AsyncRedisStore(RedisStoreBase):
     ) -> list[StoredMessage]:
         call = self.protocol.retract_call(session_id, count, expected_count, ttl)
         return self.protocol.parse_retract(session_id, await self._run(call, idempotent=False))
+
+    async def replace_tail(
+        self,
+        session_id: str,
+        start: int,
+        messages: Sequence[NewMessage],
+        expected_count: int | None = None,
+        options: WriteOptions = _DEFAULT_OPTIONS,
+    ) -> ReplaceResult:
+        """Messages ``start`` and later replaced by ``messages``: one script (replace.lua)."""
+        check_tail_args(start, expected_count)
+        check_store_args(new=messages, options=options)
+        call = self.protocol.replace_call(session_id, start, messages, expected_count, options)
+        reply = await self._run(call, idempotent=False)  # a repeat would remove more
+        return self.protocol.parse_replace(session_id, messages, reply)
 
     async def restore(
         self,

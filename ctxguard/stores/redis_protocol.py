@@ -27,6 +27,7 @@ from ctxguard.errors import (
     ConflictError,
     CorruptRecordError,
     InvalidInputError,
+    InvalidMessageError,
     SessionFullError,
 )
 from ctxguard.stores.audit_compact import expand
@@ -35,6 +36,7 @@ from ctxguard.stores.base import (
     AppendResult,
     NewMessage,
     RecordWrite,
+    ReplaceResult,
     SessionInfo,
     StoredMessage,
     Summary,
@@ -49,6 +51,7 @@ from ctxguard.stores.base import (
     decode_summary,
     encode_audit,
     ms_to_datetime,
+    stored_before,
     tokens_or_none,
     virtual_window,
 )
@@ -67,6 +70,7 @@ SCRIPT_NAMES = (
     "add_audit",
     "record",
     "retract",
+    "replace",
     "restore",
     "repair",
     "lease",
@@ -329,6 +333,41 @@ class RedisProtocol:
                 "count; read it again and retry"
             )
         return list(self._stored_run(session_id, int(reply[3]), reply[1], reply[2]))
+
+    def replace_call(
+        self,
+        session_id: str,
+        start: int,
+        messages: Sequence[NewMessage],
+        expected: int | None,
+        options: WriteOptions,
+    ) -> Call:
+        head: list[str | int] = [
+            start,
+            -1 if expected is None else expected,
+            options.counter or "",
+            _ttl_arg(options),
+            options.max_messages or 0,
+            datetime.now(UTC).isoformat(),
+            _now_arg(),
+        ]
+        return Call("replace", self.keys(session_id), head + _message_args(messages))
+
+    def parse_replace(
+        self, session_id: str, messages: Sequence[NewMessage], reply: Sequence[Any]
+    ) -> ReplaceResult:
+        code = int(reply[0])
+        if code == -1:
+            raise ConflictError(
+                f"session {session_id!r} now holds {int(reply[1])} messages, not the expected "
+                "count; read it again and retry"
+            )
+        if code == -2:
+            raise InvalidMessageError(stored_before(_text(reply[1]), int(reply[2])))
+        if code == -3:
+            raise SessionFullError(session_id, int(reply[1]))
+        removed = tuple(self._stored_run(session_id, int(reply[3]), reply[1], reply[2]))
+        return ReplaceResult(removed, self.parse_append(session_id, messages, reply[4:]))
 
     def restore_call(
         self,

@@ -337,8 +337,8 @@ def test_an_empty_list_to_fit_is_refused_in_the_callers_terms() -> None:
 
 
 def test_a_batch_too_big_to_store_names_the_callers_session() -> None:
-    """A history set whole (``set_messages``-style replace) is checked on a scratch
-    store first; its refusal names the caller's session, not the scratch one."""
+    """A history set whole (``set_messages``-style replace, one atomic write) that the
+    store refuses names the caller's session and stores nothing."""
     from ctxguard import Guard
     from ctxguard.adapters import _shared
     from ctxguard.errors import SessionFullError
