@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
@@ -178,3 +179,40 @@ async def test_runner_end_to_end(store_url: str, namespace: str, aguard: AsyncGu
         window = [{"role": "system", "content": recorded.system_instructions}, *recorded.input]
         assert_fits(aguard, items_to_messages(window), RESERVE)
     assert len(model.calls[-1].input) < len(stored)
+
+
+@pytest.mark.parametrize("crash", [False, True])
+async def test_pop_item_of_parallel_calls_is_one_write(
+    store_url: str, namespace: str, crash: bool
+) -> None:
+    """The newest message holds two parallel calls; popping the second leaves the first
+    in its place, with its id, in one store write: a reader never sees both gone, and a
+    crash after the first write loses neither (it was a retract, then an append)."""
+    from ctxguard import AsyncGuard
+    from ctxguard.stores import open_async_store
+
+    from .watched_store import Crash, WatchedStore
+
+    store = WatchedStore(open_async_store(store_url, namespace=namespace), "s1")
+    guard = AsyncGuard(store, limit=400, counter="approx")  # type: ignore[arg-type]
+    session = CtxGuardSession("s1", guard)
+    try:
+        await session.add_items(items()[:5])  # ... reasoning, call a, call b: one message
+        newest = (await store.inner.read_last("s1", 1))[0].message.id
+        store.reset(crash_after=1 if crash else None)
+        with contextlib.suppress(Crash):
+            assert await session.pop_item() == items()[4]
+        assert store.writes == ["replace_tail"]
+        kept = await session.get_items()
+        assert kept in (items()[:4], items()[:5])
+        if not crash:
+            assert kept == items()[:4]
+            assert store.seen == [[m.message.id for m in await store.inner.read("s1")]]
+            assert (await store.inner.read_last("s1", 1))[0].message.id == newest
+            audit = await store.inner.read_audit("s1")
+            assert audit[-1]["kind"] == "replace" and audit[-1]["ids"] == [newest]
+        store.reset()
+        assert await session.pop_item() == items()[3]  # the last call: a plain retract
+        assert store.writes == ["retract"]
+    finally:
+        await store.inner.close()

@@ -9,6 +9,7 @@ import pytest
 
 from ctxguard import ConflictError, InvalidMessageError, Message, SessionFullError
 from ctxguard.stores import NewMessage, Summary, WriteOptions
+from tests.stores import test_corrupt_keys as corrupt_keys
 
 if TYPE_CHECKING:
     from tests.conftest import StoreFacade
@@ -219,3 +220,57 @@ async def test_a_concurrent_append_between_read_and_replace_is_refused(
     again = [NewMessage(s.message, s.tokens) for s in tail[1:]]
     await first.replace_tail("s", 1, again, 1 + len(tail), OPTIONS)
     assert [m.message.id for m in await first.read("s")] == ["id0", "id2", "id3", "id50"]
+
+
+# -- every check before the first write (Redis keeps a failed script's writes) ----------
+
+_LATE = [
+    # the last check replace.lua makes (after meta, lengths, pins and the batch's counts):
+    # an id mapped to something that is not a position; nothing may be written before it
+    pytest.param(lambda c, k: c.hset(k["ids"], "stray", "x"), "ids", id="ids-not-a-position"),
+]
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("cluster", marks=pytest.mark.cluster),
+    ]
+)
+def server(request: pytest.FixtureRequest) -> str:
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    return url
+
+
+def _dump(client: Any, keys: dict[str, str]) -> dict[str, Any]:
+    return {suffix: (client.dump(key), client.pttl(key) > 0) for suffix, key in keys.items()}
+
+
+@pytest.mark.parametrize(("corrupt", "suffix"), [*_LATE, *corrupt_keys.CORRUPTIONS])
+def test_a_damaged_key_is_found_before_anything_is_written(
+    server: str, purge_after: Any, namespace: str, corrupt: Any, suffix: str
+) -> None:
+    """Every key replace reads or writes, damaged in turn: the script answers CORRUPT
+    and every key of the session is byte for byte (and TTL) as it was."""
+    from ctxguard.errors import CorruptRecordError
+    from ctxguard.stores import open_store
+    from ctxguard.stores.keys import SUFFIXES, KeySpace
+    from tests.conftest import raw_client
+
+    purge_after(server)
+    store = open_store(server, namespace=namespace)
+    client = raw_client(server)
+    try:
+        store.append("s", [system("sys"), *batch(4)], WriteOptions(counter="c1", ttl_seconds=600))
+        assert store.commit_summary("s", Summary(version=1, text="t", covers_to=2), 0)
+        store.add_audit("s", {"kind": "note"}, 0)
+        keys = dict(zip(SUFFIXES, KeySpace(namespace, "default").session_keys("s"), strict=True))
+        corrupt(client, keys)
+        before = _dump(client, keys)
+        new = [system("sys2"), *batch(2, start=10)]  # a pinned one: pins are written too
+        with pytest.raises(CorruptRecordError):
+            store.replace_tail("s", 2, new, None, WriteOptions(counter="c2", ttl_seconds=900))
+        assert _dump(client, keys) == before
+    finally:
+        client.close()
+        store.close()

@@ -19,7 +19,7 @@
 --          or an error reply CORRUPT <key> <what> (nothing written).
 local FIRST = 9
 local start, n = tonumber(ARGV[1]), tonumber(ARGV[8])
-local bad = check_types(K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM, K_AUDIT)
+local bad = check_types(K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM, K_AUDIT, K_RIDS)
 if bad then return redis.error_reply(bad) end
 local st
 bad, st = check_for_append(ARGV[3], FIRST, n, '')
