@@ -5,7 +5,7 @@ for every thread of the process, as a Lua script is on Redis. Nothing survives
 the process. :class:`AsyncMemoryStore` (``memory_async.py``, re-exported here) is
 the same object behind ``async def``: there is no I/O to wait for. The session's
 data and the walks every operation shares are in ``memory_session.py``.
-What stays here (~470 lines) is one method per operation, each atomic under the
+What stays here (~550 lines) is one method per operation, each atomic under the
 one lock as its Lua script is on Redis.
 """
 
