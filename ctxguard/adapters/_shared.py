@@ -81,7 +81,14 @@ class GuardRef:
         namespace: str | None = None,
         tenant: str | None = None,
         config: GuardConfig | None = None,
+        **unknown: Any,
     ) -> None:
+        if unknown:  # (an adapter passes its **guard_options on: a typo was a bare TypeError)
+            raise ConfigError(
+                f"unknown option {', '.join(map(repr, sorted(unknown)))}: an adapter opened "
+                "from a URL takes limit, counter, namespace, tenant and config (GuardConfig "
+                "holds the guard's settings)"
+            )
         self._sync: Guard | None = None
         self._async: AsyncGuard | None = None
         self._options: dict[str, Any] = {}

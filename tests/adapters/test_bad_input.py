@@ -348,3 +348,24 @@ def test_a_batch_too_big_to_store_names_the_callers_session() -> None:
     with pytest.raises(SessionFullError, match="session 'chat-7'"):
         _shared.replace(guard, "chat-7", two)
     assert guard.store.info("chat-7") is None
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda url: CtxGuardChatMessageHistory(url, "s", max_stored_messages=1),
+        lambda url: CtxGuardChatStore(url, max_stored_messages=1),
+        lambda url: CtxGuardMemory.from_defaults(url, session_id="s", max_stored_messages=1),
+        lambda url: CtxGuardSession("s", url, max_stored_messages=1),
+    ],
+    ids=["langchain-history", "llamaindex-store", "llamaindex-memory", "agents-session"],
+)
+def test_an_unknown_guard_option_is_a_config_error_naming_it(make: Callable[[str], Any]) -> None:
+    """(An adapter passes its ``**guard_options`` on to the guard it opens: a typo was a
+    bare ``TypeError`` from an internal class.)"""
+    from ctxguard.errors import ConfigError
+
+    with pytest.raises(ConfigError) as exc:
+        make(fresh_url())
+    text = str(exc.value)
+    assert "'max_stored_messages'" in text and "limit, counter" in text and "\n" not in text
