@@ -94,6 +94,23 @@ class GuardRef:
         self._options: dict[str, Any] = {}
         self._opening = threading.Lock()
         self.per_loop: PerLoop[AsyncGuard] = PerLoop(self._open_async, AsyncGuard.aclose)
+        given = [
+            name
+            for name, value, default in (
+                ("limit", limit, None),
+                ("counter", counter, "approx"),
+                ("namespace", namespace, None),
+                ("tenant", tenant, None),
+                ("config", config, None),
+            )
+            if value is not default and value != default
+        ]
+        if given and isinstance(guard_or_url, Guard | AsyncGuard):  # (they were ignored)
+            raise ConfigError(
+                f"{', '.join(given)} given with a {type(guard_or_url).__name__}: these options "
+                "are for a guard the adapter opens from a store URL; set them on the guard "
+                "you pass, or pass the URL instead"
+            )
         if isinstance(guard_or_url, Guard):
             self._sync = guard_or_url
         elif isinstance(guard_or_url, AsyncGuard):

@@ -369,3 +369,19 @@ def test_an_unknown_guard_option_is_a_config_error_naming_it(make: Callable[[str
         make(fresh_url())
     text = str(exc.value)
     assert "'max_stored_messages'" in text and "limit, counter" in text and "\n" not in text
+
+
+def test_guard_options_given_with_a_guard_are_refused_not_ignored() -> None:
+    """(``CtxGuardChatMessageHistory(guard, "s", limit=4000)`` ran with the guard's own
+    limit: the options only apply to a guard the adapter opens from a URL.)"""
+    from ctxguard import AsyncGuard, Guard
+    from ctxguard.errors import ConfigError
+
+    url = fresh_url()
+    for guard in (Guard(url, limit=100), AsyncGuard(url, limit=100)):
+        CtxGuardChatStore(guard)  # no options: the guard's own
+        with pytest.raises(ConfigError, match=r"^limit, counter given with a") as exc:
+            CtxGuardChatMessageHistory(guard, "s", limit=4000, counter="approx:3")
+        assert "\n" not in str(exc.value)
+        with pytest.raises(ConfigError, match=r"^namespace given with a"):
+            CtxGuardSession("s", guard, namespace="other")
