@@ -49,7 +49,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ctxguard.stores.audit_derive import derivation, derived, guard_derivation
-from ctxguard.stores.records import encode_audit, encode_finite
+from ctxguard.stores.records import encode_audit, encode_finite, too_deep
 
 MARKER = "~"
 ALIASES: dict[str, str] = {
@@ -87,10 +87,13 @@ def compact_json(record: Mapping[str, Any]) -> str:
     it reads back (:func:`_proven`); anything else takes the byte check
     (:func:`_checked_json`). Both store the same bytes for every record they both take.
     """
-    stored = _proven(record)
-    if stored is not None:
-        return encode_finite(stored)  # (_proven found every number finite)
-    return _checked_json(record)
+    try:
+        stored = _proven(record)
+        if stored is not None:
+            return encode_finite(stored)  # (_proven found every number finite)
+        return _checked_json(record)
+    except RecursionError:  # the walks recurse: a record nested ~1,000 deep
+        raise too_deep() from None
 
 
 def _checked_json(record: Mapping[str, Any]) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 import pydantic
 import pydantic_core
 
+from ctxguard._validate import MAX_JSON_DEPTH
 from ctxguard.errors import CorruptRecordError, InvalidInputError
 from ctxguard.ids import new_message_id
 from ctxguard.messages import Message
@@ -105,6 +106,15 @@ def encode_audit(record: Mapping[str, Any]) -> str:
     return raw
 
 
+def too_deep() -> InvalidInputError:
+    """The error for an audit record nested past what the encoders can walk (a
+    ``RecursionError`` caught at the door, before anything is written)."""
+    return InvalidInputError(
+        f"an audit record is nested too deep to encode as JSON; flatten it (every other "
+        f"door takes at most {MAX_JSON_DEPTH} levels)"
+    )
+
+
 def encode_finite(record: Mapping[str, Any]) -> str:
     """:func:`encode_audit` of a record already walked and found to hold finite numbers
     only (``audit_compact._proven``): without the search for ``NaN``/``Infinity``."""
@@ -112,7 +122,10 @@ def encode_finite(record: Mapping[str, Any]) -> str:
         return pydantic_core.to_json(record, fallback=str).decode()
     except (pydantic_core.PydanticSerializationError, ValueError, UnicodeError):
         # e.g. a lone surrogate in a summarizer's error text: escaped JSON still round-trips
-        return json.dumps(record, default=str, ensure_ascii=True, separators=(",", ":"))
+        try:
+            return json.dumps(record, default=str, ensure_ascii=True, separators=(",", ":"))
+        except RecursionError:
+            raise too_deep() from None
 
 
 def refuse_non_finite(record: Mapping[str, Any]) -> None:

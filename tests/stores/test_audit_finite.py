@@ -90,3 +90,37 @@ async def test_the_words_nan_and_infinity_in_text_are_kept(store: StoreFacade) -
     await store.add_audit("s", record, 0)
     (stored,) = await store.read_audit("s")
     assert {k: v for k, v in stored.items() if k != "rid"} == record
+
+
+def nested(depth: int, dicts: bool) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = {"k": value} if dicts else [value]
+    return value
+
+
+@pytest.mark.parametrize("dicts", [True, False], ids=["dicts", "lists"])
+async def test_an_audit_record_nested_past_what_json_can_encode_is_refused_typed(
+    store: StoreFacade, dicts: bool
+) -> None:
+    """Found by the larger-budget fuzz run: a record nested 2,000 deep raised a bare
+    RecursionError out of the encoder (pydantic-core's depth limit, then json's)."""
+    await store.append("s", [new("q0")], COUNTED)
+    before = await snapshot(store)
+    record = {"kind": "note", "k": nested(2_000, dicts)}
+    write = RecordWrite(counter="c", counts={0: 7}, audit=record, retention=0)
+    token = (await store.fetch_window("s", BIG, COUNTED)).token
+    assert token is not None
+    doors = [
+        lambda: store.add_audit("s", record, 0),
+        lambda: store.record("s", write),
+        lambda: store.append_with_audit("s", [new("reply", "assistant")], COUNTED, write),
+        lambda: store.commit_if_unchanged("s", token, BIG, COUNTED, [new("q1")], 0, write),
+    ]
+    for door in doors:
+        with pytest.raises(InvalidInputError) as exc:
+            await door()
+        text = str(exc.value)
+        assert "\n" not in text and "nested" in text, text
+    assert await snapshot(store) == before
+    assert [m.tokens for m in await store.read("s")] == [3]
