@@ -319,6 +319,17 @@ def check_tail_args(start: object, expected_count: object) -> None:
         raise InvalidInputError(f"start and expected_count must be at most {MAX_INT}")
 
 
+def check_state_arg(expected_state: object) -> None:
+    """A rewrite's ``expected_state``: None, or the state token a read returned."""
+    if expected_state is not None and type(expected_state) is not str:
+        raise InvalidInputError(
+            one_line(
+                "expected_state must be the state token a read returned (str) or None, "
+                f"got {show(expected_state)}"
+            )
+        )
+
+
 def check_optional_int(value: object, what: str) -> None:
     if value is not None and type(value) is not int:
         raise InvalidInputError(one_line(f"{what} must be an int or None, got {show(value)}"))

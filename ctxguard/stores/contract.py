@@ -7,6 +7,9 @@ version for compare-and-set, and a capped list of audit records. Sync and async
 stores have the same methods; :func:`ctxguard.stores.open_store` picks one by URL.
 
 Positions (``seq``) count from 0 in append order and never change.
+
+Kept whole past ~400 lines on purpose: it is the one contract every backend answers
+to, its sync and async halves side by side so that they cannot drift apart.
 """
 
 from __future__ import annotations
@@ -206,6 +209,14 @@ class SessionStore(Protocol):
     def read(
         self, session_id: str, start: int = 0, stop: int | None = None
     ) -> list[StoredMessage]: ...
+    def read_with_token(
+        self, session_id: str, start: int = 0, stop: int | None = None
+    ) -> tuple[list[StoredMessage], str]:
+        """:meth:`read`, and the session's state token at that read ('' = no session),
+        in one atomic step: what a rewrite based on the read passes as ``expected_state``
+        to :meth:`retract` or :meth:`replace_tail`."""
+        ...
+
     def read_last(self, session_id: str, count: int) -> list[StoredMessage]: ...
     def info(self, session_id: str) -> SessionInfo | None: ...
     def delete(self, session_id: str) -> bool: ...
@@ -247,8 +258,27 @@ class SessionStore(Protocol):
     def get_summary(self, session_id: str) -> Summary | None: ...
     def commit_summary(self, session_id: str, summary: Summary, expected_version: int) -> bool: ...
     def retract(
-        self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
-    ) -> list[StoredMessage]: ...
+        self,
+        session_id: str,
+        count: int = 1,
+        expected_count: int | None = None,
+        ttl: int = 0,
+        expected_state: str | None = None,
+    ) -> list[StoredMessage]:
+        """Remove the newest ``count`` messages (explicit deletion, audited in a
+        ``retract`` record of their ids) and return them, oldest first.
+
+        Refused with ConflictError, nothing written: the session does not hold
+        ``expected_count`` messages, or its state token is not ``expected_state`` (the
+        one :meth:`read_with_token` returned, '' for no session). The count alone misses
+        a writer that removed k messages and appended k others since the caller read:
+        a caller that chose what to remove from a read passes that read's token. Refused
+        with CorruptRecordError, nothing written: a message to remove does not decode as
+        a record (a record that is JSON with an id but not a message this version reads,
+        a newer ctxguard's, is removed and returned unvalidated, flagged
+        ``metadata["ctxguard_undecodable"]``: the write is never followed by an error)."""
+        ...
+
     def replace_tail(
         self,
         session_id: str,
@@ -256,14 +286,17 @@ class SessionStore(Protocol):
         messages: Sequence[NewMessage],
         expected_count: int | None = None,
         options: WriteOptions = ...,
+        expected_state: str | None = None,
     ) -> ReplaceResult:
         """Remove messages ``start`` and later (0: all) and append ``messages`` in their
         place, in one atomic step: a reader sees the history before or after, never
         between. Removing is as :meth:`retract` (their ids freed, their pins and a summary
-        covering one of them dropped); the turn counter and the audit trail are kept, and
-        when something was removed a ``replace`` record names the removed and the stored
-        ids. Refused, with nothing written: fewer than ``start`` messages, or not
-        ``expected_count`` (ConflictError); an id of ``messages`` stored before ``start``
+        covering one of them dropped; a record that does not decode refused, one this
+        version cannot read returned flagged); the turn counter and the audit trail are
+        kept, and when something was removed a ``replace`` record names the removed and
+        the stored ids. Refused, with nothing written: fewer than ``start`` messages, not
+        ``expected_count``, or not the state token ``expected_state`` (ConflictError; see
+        :meth:`retract`); an id of ``messages`` stored before ``start``
         (InvalidMessageError); more than ``options.max_messages`` after
         (SessionFullError)."""
         ...
@@ -326,6 +359,9 @@ class AsyncSessionStore(Protocol):
     async def read(
         self, session_id: str, start: int = 0, stop: int | None = None
     ) -> list[StoredMessage]: ...
+    async def read_with_token(
+        self, session_id: str, start: int = 0, stop: int | None = None
+    ) -> tuple[list[StoredMessage], str]: ...
     async def read_last(self, session_id: str, count: int) -> list[StoredMessage]: ...
     async def info(self, session_id: str) -> SessionInfo | None: ...
     async def delete(self, session_id: str) -> bool: ...
@@ -356,7 +392,12 @@ class AsyncSessionStore(Protocol):
         self, session_id: str, summary: Summary, expected_version: int
     ) -> bool: ...
     async def retract(
-        self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
+        self,
+        session_id: str,
+        count: int = 1,
+        expected_count: int | None = None,
+        ttl: int = 0,
+        expected_state: str | None = None,
     ) -> list[StoredMessage]: ...
     async def replace_tail(
         self,
@@ -365,6 +406,7 @@ class AsyncSessionStore(Protocol):
         messages: Sequence[NewMessage],
         expected_count: int | None = None,
         options: WriteOptions = ...,
+        expected_state: str | None = None,
     ) -> ReplaceResult: ...
     async def restore(
         self,

@@ -5,7 +5,7 @@ for every thread of the process, as a Lua script is on Redis. Nothing survives
 the process. :class:`AsyncMemoryStore` (``memory_async.py``, re-exported here) is
 the same object behind ``async def``: there is no I/O to wait for. The session's
 data and the walks every operation shares are in ``memory_session.py``.
-What stays here (~550 lines) is one method per operation, each atomic under the
+What stays here (~590 lines) is one method per operation, each atomic under the
 one lock as its Lua script is on Redis.
 """
 
@@ -22,6 +22,7 @@ from ctxguard._validate import (
     check_count,
     check_prefix,
     check_range,
+    check_state_arg,
     check_store_args,
     check_tail_args,
     show,
@@ -184,6 +185,19 @@ class MemoryStore:
             seqs = range(len(session.records))[start:stop]
             return [stored_message(session_id, session, seq) for seq in seqs]
 
+    def read_with_token(
+        self, session_id: str, start: int = 0, stop: int | None = None
+    ) -> tuple[list[StoredMessage], str]:
+        """:meth:`read` and the session's state token ('' = no session), together."""
+        check_range(start, stop)
+        with self._lock:
+            session = self._live(session_id)
+            if session is None:
+                return [], ""
+            seqs = range(len(session.records))[start:stop]
+            found = [stored_message(session_id, session, seq) for seq in seqs]
+            return found, session.state_token
+
     def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
         check_count(count, "count")
         with self._lock:
@@ -306,21 +320,29 @@ class MemoryStore:
             return None if session is None else decode_summary(session_id, session.summary)
 
     def retract(
-        self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
+        self,
+        session_id: str,
+        count: int = 1,
+        expected_count: int | None = None,
+        ttl: int = 0,
+        expected_state: str | None = None,
     ) -> list[StoredMessage]:
         """Remove the newest ``count`` messages (explicit deletion, audited); returns them."""
         if not isinstance(count, int) or count < 0:
             raise InvalidInputError(f"count must be a non-negative int, got {show(count)}")
         check_store_args(ints={"expected_count": expected_count, "ttl": ttl})
+        check_state_arg(expected_state)
         with self._lock:
             session = self._live(session_id)
             if session is None:
+                _check_state(session_id, None, expected_state)
                 return []
             if expected_count is not None and expected_count != len(session.records):
                 raise ConflictError(
                     f"session {session_id!r} now holds {len(session.records)} messages, not the "
                     "expected count; read it again and retry"
                 )
+            _check_state(session_id, session, expected_state)
             keep = len(session.records) - min(count, len(session.records))
             removed = [
                 stored_message(session_id, session, s) for s in range(keep, len(session.records))
@@ -346,11 +368,13 @@ class MemoryStore:
         messages: Sequence[NewMessage],
         expected_count: int | None = None,
         options: WriteOptions = WriteOptions(),  # noqa: B008
+        expected_state: str | None = None,
     ) -> ReplaceResult:
         """Messages ``start`` and later replaced by ``messages`` (as replace.lua): every
         check first, then the removal (as :meth:`retract`) and the append, under the lock."""
         check_tail_args(start, expected_count)
         check_store_args(new=messages, options=options)
+        check_state_arg(expected_state)
         with self._lock:
             session = self._live(session_id)
             held = 0 if session is None else len(session.records)
@@ -359,6 +383,7 @@ class MemoryStore:
                     f"session {session_id!r} now holds {held} messages, not the expected "
                     "count; read it again and retry"
                 )
+            _check_state(session_id, session, expected_state)
             ids = {} if session is None else session.ids
             fresh = {n.message.id for n in messages}
             for msg_id in fresh:
@@ -546,6 +571,16 @@ class MemoryStore:
 
     def close(self) -> None:
         """Nothing to release; present so every store closes the same way."""
+
+
+def _check_state(session_id: str, session: Session | None, expected: str | None) -> None:
+    """A rewrite's expected state token (None: no check; '' = no session), as
+    ``state_holds`` in _lib.lua: a mismatch writes nothing."""
+    if expected is not None and expected != ("" if session is None else session.state_token):
+        raise ConflictError(
+            f"session {session_id!r} was written since it was read (its state token moved "
+            "on); read it again and retry"
+        )
 
 
 def _audit_raw(write: RecordWrite | None) -> str | None:

@@ -52,6 +52,11 @@ class AsyncMemoryStore:
     ) -> list[StoredMessage]:
         return self.sync.read(session_id, start, stop)
 
+    async def read_with_token(
+        self, session_id: str, start: int = 0, stop: int | None = None
+    ) -> tuple[list[StoredMessage], str]:
+        return self.sync.read_with_token(session_id, start, stop)
+
     async def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
         return self.sync.read_last(session_id, count)
 
@@ -98,9 +103,16 @@ class AsyncMemoryStore:
         return self.sync.get_summary(session_id)
 
     async def retract(
-        self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
+        self,
+        session_id: str,
+        count: int = 1,
+        expected_count: int | None = None,
+        ttl: int = 0,
+        expected_state: str | None = None,
     ) -> list[StoredMessage]:
-        return self.sync.retract(session_id, count, expected_count, ttl)
+        return self.sync.retract(
+            session_id, count, expected_count, ttl, expected_state=expected_state
+        )
 
     async def replace_tail(
         self,
@@ -109,8 +121,11 @@ class AsyncMemoryStore:
         messages: Sequence[NewMessage],
         expected_count: int | None = None,
         options: WriteOptions = WriteOptions(),  # noqa: B008
+        expected_state: str | None = None,
     ) -> ReplaceResult:
-        return self.sync.replace_tail(session_id, start, messages, expected_count, options)
+        return self.sync.replace_tail(
+            session_id, start, messages, expected_count, options, expected_state=expected_state
+        )
 
     async def restore(
         self,

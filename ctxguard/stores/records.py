@@ -18,6 +18,7 @@ from typing import Any
 import pydantic
 import pydantic_core
 
+from ctxguard import _record_time
 from ctxguard._validate import MAX_JSON_DEPTH
 from ctxguard.errors import CorruptRecordError, InvalidInputError
 from ctxguard.ids import new_message_id
@@ -39,6 +40,29 @@ def decode_message(session_id: str, seq: int, raw: str | bytes) -> Message:
     except (pydantic.ValidationError, ValueError, InvalidInputError) as exc:
         detail = str(exc).splitlines()[0][:200]
         raise CorruptRecordError(session_id, seq, detail) from None
+
+
+def undecodable_message(raw: str | bytes, detail: str) -> Message:
+    """A record a write removed that this version cannot read as a message (a newer
+    ctxguard's), given back instead of an error raised after the write: its fields as
+    far as they go, unvalidated (``Message.model_construct``), and
+    ``metadata["ctxguard_undecodable"]`` saying why. (A record that is not JSON with a
+    string id is refused by the script before it writes: see ``removed_tail`` in
+    ``_lib.lua``.)"""
+    try:
+        data = json.loads(_record_time.expand_record(raw))
+    except (ValueError, TypeError, IndexError, UnicodeDecodeError):
+        data = None
+    if isinstance(data, list):  # a positional record that did not expand
+        data = {"id": data[2]} if len(data) > 2 else None
+    fields = data if isinstance(data, dict) else {}
+    found_id = fields.get("id")
+    return Message.model_construct(
+        role=fields.get("role"),
+        content=fields.get("content"),
+        id=found_id if isinstance(found_id, str) else "",
+        metadata={"ctxguard_undecodable": detail},
+    )
 
 
 def decode_summary(session_id: str, raw: str | bytes | None) -> Summary | None:

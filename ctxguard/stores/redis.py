@@ -204,6 +204,12 @@ class RedisStore(RedisStoreBase):
             session_id, self._run(self.protocol.read_call(session_id, start, stop))
         )
 
+    def read_with_token(
+        self, session_id: str, start: int = 0, stop: int | None = None
+    ) -> tuple[list[StoredMessage], str]:
+        call = self.protocol.read_call(session_id, start, stop, with_token=True)
+        return self.protocol.parse_read_with_token(session_id, self._run(call))
+
     def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
         check_count(count, "count")
         if count == 0:
@@ -305,10 +311,15 @@ class RedisStore(RedisStoreBase):
         )
 
     def retract(
-        self, session_id: str, count: int = 1, expected_count: int | None = None, ttl: int = 0
+        self,
+        session_id: str,
+        count: int = 1,
+        expected_count: int | None = None,
+        ttl: int = 0,
+        expected_state: str | None = None,
     ) -> list[StoredMessage]:
         """Remove the newest ``count`` messages (explicit deletion, audited); returns them."""
-        call = self.protocol.retract_call(session_id, count, expected_count, ttl)
+        call = self.protocol.retract_call(session_id, count, expected_count, ttl, expected_state)
         return self.protocol.parse_retract(session_id, self._run(call, idempotent=False))
 
     def replace_tail(
@@ -318,11 +329,14 @@ class RedisStore(RedisStoreBase):
         messages: Sequence[NewMessage],
         expected_count: int | None = None,
         options: WriteOptions = _DEFAULT_OPTIONS,
+        expected_state: str | None = None,
     ) -> ReplaceResult:
         """Messages ``start`` and later replaced by ``messages``: one script (replace.lua)."""
         check_tail_args(start, expected_count)
         check_store_args(new=messages, options=options)
-        call = self.protocol.replace_call(session_id, start, messages, expected_count, options)
+        call = self.protocol.replace_call(
+            session_id, start, messages, expected_count, options, expected_state
+        )
         reply = self._run(call, idempotent=False)  # a repeat would remove more
         return self.protocol.parse_replace(session_id, messages, reply)
 

@@ -23,6 +23,7 @@ from typing import Any
 import pydantic
 
 from ctxguard._frozen import fast_init
+from ctxguard._validate import check_state_arg
 from ctxguard.errors import (
     ConflictError,
     CorruptRecordError,
@@ -57,9 +58,13 @@ from ctxguard.stores.base import (
 )
 from ctxguard.stores.integrity import RawSession, RepairPlan
 from ctxguard.stores.keys import SUFFIXES, KeySpace
+from ctxguard.stores.records import undecodable_message
 
 # CORRUPT <key> <what>, as _lib.lua's corrupt() answers (Redis may add " script: ...")
 _CORRUPT_REPLY = re.compile(r"CORRUPT (\S+) ([^'\"]*?)(?: script: |['\"]|$)")
+
+# removed_tail's CORRUPT <msgs key> ...: the position of the record that does not decode
+_RECORD_AT = re.compile(r"record that does not decode at position (\d+)$")
 
 SCRIPT_NAMES = (
     "append",
@@ -228,6 +233,28 @@ def _message_args(messages: Sequence[NewMessage]) -> list[str | int]:
     return args
 
 
+def _state_arg(expected_state: str | None) -> str:
+    """A rewrite's expected state token as its script takes it ('' = no check)."""
+    check_state_arg(expected_state)
+    return "" if expected_state is None else "=" + expected_state
+
+
+def _check_rewrite(session_id: str, reply: Sequence[Any]) -> int:
+    """A retract's or replace's reply code; the conflicts raised (nothing was written)."""
+    code = int(reply[0])
+    if code == -1:
+        raise ConflictError(
+            f"session {session_id!r} now holds {int(reply[1])} messages, not the expected "
+            "count; read it again and retry"
+        )
+    if code == -4:
+        raise ConflictError(
+            f"session {session_id!r} was written since it was read (its state token moved "
+            "on); read it again and retry"
+        )
+    return code
+
+
 class RedisProtocol:
     """Builds script calls and parses their replies for one key space."""
 
@@ -305,10 +332,13 @@ class RedisProtocol:
             counts = [len(write.counts), *_count_pairs(write.counts)]
         return Call("window", self.keys(session_id), head + _message_args(new) + counts)
 
-    def read_call(self, session_id: str, start: int, stop: int | None) -> Call:
+    def read_call(
+        self, session_id: str, start: int, stop: int | None, with_token: bool = False
+    ) -> Call:
         if not isinstance(start, int) or (stop is not None and not isinstance(stop, int)):
             raise InvalidInputError("start and stop must be ints")
-        return Call("read", self.keys(session_id), [start, "" if stop is None else stop])
+        args: list[str | int] = [start, "" if stop is None else stop]
+        return Call("read", self.keys(session_id), [*args, "1"] if with_token else args)
 
     def set_counts_call(
         self, session_id: str, counter: str, counts: Mapping[int, int], ttl: int
@@ -316,23 +346,23 @@ class RedisProtocol:
         args: list[str | int] = [counter, ttl, *_count_pairs(counts)]
         return Call("set_counts", self.keys(session_id), args)
 
-    def retract_call(self, session_id: str, count: int, expected: int | None, ttl: int) -> Call:
+    def retract_call(
+        self,
+        session_id: str,
+        count: int,
+        expected: int | None,
+        ttl: int,
+        expected_state: str | None = None,
+    ) -> Call:
         if not isinstance(count, int) or count < 0:
             raise InvalidInputError(f"count must be a non-negative int, got {count!r}")
         now = datetime.now(UTC).isoformat()
-        return Call(
-            "retract",
-            self.keys(session_id),
-            [count, -1 if expected is None else expected, ttl, now],
-        )
+        args: list[str | int] = [count, -1 if expected is None else expected, ttl, now]
+        return Call("retract", self.keys(session_id), [*args, _state_arg(expected_state)])
 
     def parse_retract(self, session_id: str, reply: Sequence[Any]) -> list[StoredMessage]:
-        if int(reply[0]) < 0:
-            raise ConflictError(
-                f"session {session_id!r} now holds {int(reply[1])} messages, not the expected "
-                "count; read it again and retry"
-            )
-        return list(self._stored_run(session_id, int(reply[3]), reply[1], reply[2]))
+        _check_rewrite(session_id, reply)
+        return list(self._removed(session_id, int(reply[3]), reply[1], reply[2]))
 
     def replace_call(
         self,
@@ -341,6 +371,7 @@ class RedisProtocol:
         messages: Sequence[NewMessage],
         expected: int | None,
         options: WriteOptions,
+        expected_state: str | None = None,
     ) -> Call:
         head: list[str | int] = [
             start,
@@ -350,23 +381,19 @@ class RedisProtocol:
             options.max_messages or 0,
             datetime.now(UTC).isoformat(),
             _now_arg(),
+            _state_arg(expected_state),
         ]
         return Call("replace", self.keys(session_id), head + _message_args(messages))
 
     def parse_replace(
         self, session_id: str, messages: Sequence[NewMessage], reply: Sequence[Any]
     ) -> ReplaceResult:
-        code = int(reply[0])
-        if code == -1:
-            raise ConflictError(
-                f"session {session_id!r} now holds {int(reply[1])} messages, not the expected "
-                "count; read it again and retry"
-            )
+        code = _check_rewrite(session_id, reply)
         if code == -2:
             raise InvalidMessageError(stored_before(_text(reply[1]), int(reply[2])))
         if code == -3:
             raise SessionFullError(session_id, int(reply[1]))
-        removed = tuple(self._stored_run(session_id, int(reply[3]), reply[1], reply[2]))
+        removed = self._removed(session_id, int(reply[3]), reply[1], reply[2])
         return ReplaceResult(removed, self.parse_append(session_id, messages, reply[4:]))
 
     def restore_call(
@@ -569,10 +596,43 @@ class RedisProtocol:
     ) -> CorruptRecordError:
         found = self.keyspace.session_id_from_key(candidates[0] if candidates else key)
         session_id, suffix = found if found is not None else ("?", "?")
+        at = _RECORD_AT.search(what)
+        if suffix == "msgs" and at is not None:  # one record (removed_tail): named as read names it
+            return CorruptRecordError(session_id, int(at[1]), "not a record ctxguard wrote")
         return CorruptRecordError(session_id, suffix, what, key=key)
 
     def parse_read(self, session_id: str, reply: Sequence[Any]) -> list[StoredMessage]:
         return list(self._stored_run(session_id, int(reply[0]), reply[1], reply[2]))
+
+    def parse_read_with_token(
+        self, session_id: str, reply: Sequence[Any]
+    ) -> tuple[list[StoredMessage], str]:
+        """A read and the session's state token, in one script call ('' = no session)."""
+        return self.parse_read(session_id, reply), _text(reply[3])
+
+    def _removed(
+        self, session_id: str, first: int, records: Sequence[Any], counts: Sequence[Any]
+    ) -> tuple[StoredMessage, ...]:
+        """What a retract or replace removed, parsed after its write: never an error.
+
+        The script refused (CORRUPT, nothing written) a record that is not JSON with a
+        string id; one that is but is not a message this version reads (a newer
+        ctxguard's) was removed, and raising now would tell the caller its write failed
+        (it would be retried). Its message is read as far as it goes, unvalidated
+        (``Message.model_construct``), flagged ``metadata["ctxguard_undecodable"]``.
+        """
+        try:
+            return self._stored_run(session_id, first, records, counts)
+        except CorruptRecordError:
+            pass
+        found = []
+        for i, raw in enumerate(records):
+            try:
+                message = decode_message(session_id, first + i, raw)
+            except CorruptRecordError as exc:
+                message = undecodable_message(raw, str(exc))
+            found.append(StoredMessage(first + i, message, _count_at(counts, i)))
+        return tuple(found)
 
     @staticmethod
     def _stored_run(

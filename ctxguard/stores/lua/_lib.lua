@@ -14,7 +14,7 @@ end
 -- every change a window could see (messages, counts, counter, summary), and the
 -- time of that change in microseconds (so that two histories that diverged, e.g.
 -- across a failover that lost a write, never share a token): the caller's clock for
--- an append (append_many), the server's TIME for the other changes. A guard that
+-- an append (see the append below), the server's TIME for the other changes. A guard that
 -- cached a window sends it back; window.lua commits only if it still holds.
 local function state_token()
   local v = redis.call('HMGET', KEYS[K_META], 'epoch', 'ver', 'stamp')
@@ -219,6 +219,97 @@ local function check_pins(len)
     end
   end
   return pins, nil
+end
+
+-- A rewrite's (retract, replace) exact precondition: `expect` is '' (no check) or
+-- '=' .. the state token a read returned ('=' alone: the read found no session);
+-- `meta` is check_meta's fields (an empty table: no session). Unlike a message count,
+-- the token moves on with every write, so a writer that removed k messages and appended
+-- k others between the caller's read and its rewrite is seen.
+local function state_holds(expect, meta)
+  return expect == '' or string.sub(expect, 2) == token_of(meta)
+end
+
+-- The ids hash read whole (id -> position, a number), every value checked to be a
+-- position; the script checked the key's type. Returns the error, or nil and the map.
+local function id_positions()
+  local all = redis.call('HGETALL', KEYS[K_IDS])
+  local positions = {}
+  for i = 1, #all, 2 do
+    local seq = all[i + 1]
+    if not is_integer(seq) then
+      return corrupt(K_IDS, 'maps an id to a value that is not a position')
+    end
+    positions[all[i]] = tonumber(seq)
+  end
+  return nil, positions
+end
+
+-- The messages from position `keep` on, which a removal (retract, replace) returns,
+-- read and checked before its first write: each a record ctxguard wrote (JSON with a
+-- string id: its "id", or a positional record's third element, ["u",<content>,"<id>",
+-- <time>]). A record that is not answers CORRUPT (nothing written): removed anyway, it
+-- could not be given back, and an error raised after the write would be retried.
+-- Returns nil and the error, or {records, counts, ids, known = the sum of the known
+-- counts}.
+local function removed_tail(keep)
+  local records = redis.call('LRANGE', KEYS[K_MSGS], keep, -1)
+  local counts = redis.call('LRANGE', KEYS[K_TOKS], keep, -1)
+  local ids, known = {}, 0
+  for i, record in ipairs(records) do
+    local ok, decoded = pcall(cjson.decode, record)
+    local id = nil
+    if ok and type(decoded) == 'table' then
+      id = decoded['id']
+      if id == nil then id = decoded[3] end
+    end
+    if type(id) ~= 'string' then
+      return nil, corrupt(K_MSGS, 'holds a record that does not decode at position '
+        .. (keep + i - 1))
+    end
+    ids[i] = id
+    local c = tonumber(counts[i]) or -1
+    if c > 0 then known = known + c end
+  end
+  return {records = records, counts = counts, ids = ids, known = known}
+end
+
+-- The writes of a removal of the messages from position `keep` on, every check made:
+-- msgs and toks cut, the ids at `keep` and later freed (`positions`: id_positions),
+-- the pins past `keep` dropped (`pins`: check_pins), and the summary (`summary`: as
+-- read, nil for none) dropped when it covers a removed message. meta is the caller's.
+local function cut_tail(keep, positions, pins, summary)
+  if keep == 0 then  -- LTRIM 0 -1 would keep everything
+    redis.call('DEL', KEYS[K_MSGS], KEYS[K_TOKS])
+  else
+    redis.call('LTRIM', KEYS[K_MSGS], 0, keep - 1)
+    redis.call('LTRIM', KEYS[K_TOKS], 0, keep - 1)
+  end
+  local gone = {}
+  for id, seq in pairs(positions) do
+    if seq >= keep then gone[#gone + 1] = id end
+  end
+  for i = 1, #gone, 1000 do
+    redis.call('HDEL', KEYS[K_IDS], unpack(gone, i, math.min(i + 999, #gone)))
+  end
+  local kept = {}
+  for _, seq in ipairs(pins) do
+    if tonumber(seq) < keep then kept[#kept + 1] = seq end
+  end
+  if #kept < #pins then
+    redis.call('DEL', KEYS[K_PINS])
+    if #kept > 0 then
+      redis.call('RPUSH', KEYS[K_PINS], unpack(kept))
+      MADE[K_PINS] = true  -- made anew: touch() gives it the session's TTL
+    end
+  end
+  if summary then
+    local ok, decoded = pcall(cjson.decode, summary)
+    if not ok or type(decoded) ~= 'table' or tonumber(decoded['covers_to']) == nil
+        or tonumber(decoded['covers_to']) > keep then
+      redis.call('DEL', KEYS[K_SUM])
+    end
+  end
 end
 
 -- The id of an audit record (`rid`), written by ctxguard right after the opening

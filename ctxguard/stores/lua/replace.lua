@@ -10,15 +10,18 @@
 -- ARGV: 1 start, 2 expected message count (-1 = no check), 3 counter fingerprint
 --       ('' = none), 4 ttl seconds, 5 max messages (0 = no cap), 6 time (ISO),
 --       7 the caller's clock in microseconds (see append_many),
---       8 n, then n x (id, record, tokens, pinned '1'/'0')
+--       8 expected state token ('' = no check; '=' .. the token a read returned, '='
+--       alone when it found no session: see state_holds),
+--       9 n, then n x (id, record, tokens, pinned '1'/'0')
 -- Returns: {-1, count_now} when the session holds fewer than `start` messages or not the
---          expected count, {-2, id, seq} when an id of the batch is stored before
---          `start`, {-3, count_now} when the cap would be exceeded (nothing written),
---          else {1, removed records, removed counts, start, count_after, flags (as
---          append_many), state token before, state token after},
---          or an error reply CORRUPT <key> <what> (nothing written).
-local FIRST = 9
-local start, n = tonumber(ARGV[1]), tonumber(ARGV[8])
+--          expected count, {-4, count_now} when not the expected state token, {-2, id,
+--          seq} when an id of the batch is stored before `start`, {-3, count_now} when
+--          the cap would be exceeded (nothing written), else {1, removed records,
+--          removed counts, start, count_after, flags (as append_many), state token
+--          before, state token after}, or an error reply CORRUPT <key> <what> (nothing
+--          written; also for a record to remove that does not decode: removed_tail).
+local FIRST = 10
+local start, n = tonumber(ARGV[1]), tonumber(ARGV[9])
 local bad = check_types(K_META, K_MSGS, K_TOKS, K_IDS, K_PINS, K_SUM, K_AUDIT, K_RIDS)
 if bad then return redis.error_reply(bad) end
 local st
@@ -29,20 +32,10 @@ local pins, bad_pins = check_pins(len)
 if bad_pins then return redis.error_reply(bad_pins) end
 local expected = tonumber(ARGV[2])
 if start > len or (expected >= 0 and expected ~= len) then return {-1, len} end
-local gone = {}  -- the ids at `start` and later: freed by the removal
-local positions = {}
-do
-  local all = redis.call('HGETALL', KEYS[K_IDS])
-  for i = 1, #all, 2 do
-    local seq = all[i + 1]
-    if not is_integer(seq) then
-      return redis.error_reply(corrupt(K_IDS, 'maps an id to a value that is not a position'))
-    end
-    seq = tonumber(seq)
-    positions[all[i]] = seq
-    if seq >= start then gone[#gone + 1] = all[i] end
-  end
-end
+if not state_holds(ARGV[8], st.meta) then return {-4, len} end
+local positions
+bad, positions = id_positions()
+if bad then return redis.error_reply(bad) end
 local fresh, seen = 0, {}
 for i = 0, n - 1 do
   local id = ARGV[FIRST + 4 * i]
@@ -55,54 +48,22 @@ for i = 0, n - 1 do
 end
 local cap = tonumber(ARGV[5])
 if cap > 0 and n > 0 and start + fresh > cap then return {-3, len} end
-local records = redis.call('LRANGE', KEYS[K_MSGS], start, -1)
-local counts = redis.call('LRANGE', KEYS[K_TOKS], start, -1)
 local before = token_of(st.meta)
-if #records == 0 and n == 0 then return {1, {}, {}, start, len, {}, before, before} end
+if start == len and n == 0 then return {1, {}, {}, start, len, {}, before, before} end
+local tail = {records = {}, counts = {}, ids = {}, known = 0}
+if start < len then
+  local bad_tail
+  tail, bad_tail = removed_tail(start)
+  if not tail then return redis.error_reply(bad_tail) end
+end
 local summary = redis.call('GET', KEYS[K_SUM])
 -- every check is done: the writes follow
-local removed_ids, known = {}, 0
-if #records > 0 then
-  for i, record in ipairs(records) do
-    local ok, decoded = pcall(cjson.decode, record)
-    if ok and type(decoded) == 'table' then
-      local id = decoded['id']  -- as retract.lua: a positional record's id is its third
-      if id == nil then id = decoded[3] end
-      if type(id) == 'string' then removed_ids[#removed_ids + 1] = id end
-    end
-    local c = tonumber(counts[i]) or -1
-    if c > 0 then known = known + c end
-  end
-  if start == 0 then  -- LTRIM 0 -1 would keep everything
-    redis.call('DEL', KEYS[K_MSGS], KEYS[K_TOKS])
-  else
-    redis.call('LTRIM', KEYS[K_MSGS], 0, start - 1)
-    redis.call('LTRIM', KEYS[K_TOKS], 0, start - 1)
-  end
-  for i = 1, #gone, 1000 do
-    redis.call('HDEL', KEYS[K_IDS], unpack(gone, i, math.min(i + 999, #gone)))
-  end
-  local kept = {}
-  for _, seq in ipairs(pins) do
-    if tonumber(seq) < start then kept[#kept + 1] = seq end
-  end
-  if #kept < #pins then
-    redis.call('DEL', KEYS[K_PINS])
-    if #kept > 0 then
-      redis.call('RPUSH', KEYS[K_PINS], unpack(kept))
-      MADE[K_PINS] = true  -- made anew: touch() gives it the session's TTL
-    end
-  end
-  if summary then
-    local ok, decoded = pcall(cjson.decode, summary)
-    if not ok or type(decoded) ~= 'table' or tonumber(decoded['covers_to']) == nil
-        or tonumber(decoded['covers_to']) > start then
-      redis.call('DEL', KEYS[K_SUM])
-    end
-  end
+local removed = #tail.records
+if removed > 0 then
+  cut_tail(start, positions, pins, summary)
   -- what append_many writes from: the session as the removal left it, its version moved on
   local meta = st.meta
-  meta.tokens = tostring(tonumber(meta.tokens or '0') - known)
+  meta.tokens = tostring(tonumber(meta.tokens or '0') - tail.known)
   meta.ver = tostring(tonumber(meta.ver or '0') + 1)
   local t = redis.call('TIME')
   meta.stamp = t[1] .. '.' .. t[2]
@@ -118,7 +79,7 @@ else
     'stamp', meta.stamp, 'updated', now_ms())
   result = {start, {}, before, token_of(meta)}
 end
-if #records > 0 then
+if removed > 0 then
   local stored = {}
   for i, flag in ipairs(result[2]) do
     if flag == 1 then stored[#stored + 1] = ARGV[FIRST + 4 * (i - 1)] end
@@ -129,9 +90,9 @@ if #records > 0 then
     return cjson.encode(ids)
   end
   local record = '{"kind":"replace","at":' .. cjson.encode(ARGV[6]) .. ',"start":' .. start
-    .. ',"count":' .. #records .. ',"ids":' .. list(removed_ids) .. ',"stored":'
+    .. ',"count":' .. removed .. ',"ids":' .. list(tail.ids) .. ',"stored":'
     .. list(stored) .. '}'
   if redis.call('RPUSH', KEYS[K_AUDIT], record) == 1 then MADE[K_AUDIT] = true end
 end
 touch(ARGV[4])
-return {1, records, counts, start, result[1], result[2], result[3], result[4]}
+return {1, tail.records, tail.counts, start, result[1], result[2], result[3], result[4]}
