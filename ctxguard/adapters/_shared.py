@@ -298,15 +298,18 @@ def remove_at(guard: Guard, session_id: str, index: int) -> Message | None:
     """Remove message ``index`` in one atomic, audited write; returns it (None when there
     is none). The tail from ``index`` is replaced by the messages after it, with their ids
     (``Guard.replace_tail``), so a reader sees the history with or without the message,
-    never a shorter one; the count read with the tail must still hold (a message another
-    process appended meanwhile is never lost: ConflictError instead)."""
+    never a shorter one; the session must still be as read (its state token: a message
+    another process appended, or removed and replaced by another, meanwhile is never
+    lost or put back: ConflictError instead, nothing written)."""
     if index < 0:
         return None
-    tail = guard.store.read(session_id, index)
+    tail, token = guard.store.read_with_token(session_id, index)
     if not tail:
         return None
     rest = [s.message for s in tail[1:]]
-    guard.replace_tail(session_id, index, rest, expected_count=index + len(tail))
+    guard.replace_tail(
+        session_id, index, rest, expected_count=index + len(tail), expected_state=token
+    )
     return tail[0].message
 
 
@@ -317,11 +320,13 @@ async def aremove_at(ref: GuardRef, session_id: str, index: int) -> Message | No
         return await asyncio.to_thread(remove_at, ref.sync(), session_id, index)
     if index < 0:
         return None
-    tail = await guard.store.read(session_id, index)
+    tail, token = await guard.store.read_with_token(session_id, index)
     if not tail:
         return None
     rest = [s.message for s in tail[1:]]
-    await guard.replace_tail(session_id, index, rest, expected_count=index + len(tail))
+    await guard.replace_tail(
+        session_id, index, rest, expected_count=index + len(tail), expected_state=token
+    )
     return tail[0].message
 
 
@@ -349,7 +354,8 @@ async def asplit_newest(
     """Take the newest message and leave ``rest_of(it)`` in its place (the part the
     caller does not pop: an Agents session's parallel calls share one message), in one
     atomic, audited write: a retract when nothing is left, else ``Guard.replace_tail``.
-    Either checks the count read with the message; when another process wrote
+    Either checks the state token read with the message (a count would miss a writer
+    that retracted the message and appended another); when another process wrote
     meanwhile (nothing was written) the newest is read again, at most
     :data:`SPLIT_ATTEMPTS` times (then ConflictError). Returns the message taken,
     None when there is none."""
@@ -357,16 +363,18 @@ async def asplit_newest(
     if guard is None:
         return await asyncio.to_thread(split_newest, ref.sync(), session_id, rest_of)
     for attempt in range(SPLIT_ATTEMPTS):
-        newest = await guard.store.read_last(session_id, 1)
+        newest, token = await guard.store.read_with_token(session_id, -1)
         if not newest:
             return None
         seq, message = newest[0].seq, newest[0].message
         rest = rest_of(message)
         try:
             if rest:
-                await guard.replace_tail(session_id, seq, rest, expected_count=seq + 1)
+                await guard.replace_tail(
+                    session_id, seq, rest, expected_count=seq + 1, expected_state=token
+                )
             else:
-                await guard.store.retract(session_id, 1, seq + 1)
+                await guard.store.retract(session_id, 1, seq + 1, expected_state=token)
         except ConflictError:
             if attempt + 1 == SPLIT_ATTEMPTS:
                 raise
@@ -380,16 +388,18 @@ def split_newest(
 ) -> Message | None:
     """Sync :func:`asplit_newest`."""
     for attempt in range(SPLIT_ATTEMPTS):
-        newest = guard.store.read_last(session_id, 1)
+        newest, token = guard.store.read_with_token(session_id, -1)
         if not newest:
             return None
         seq, message = newest[0].seq, newest[0].message
         rest = rest_of(message)
         try:
             if rest:
-                guard.replace_tail(session_id, seq, rest, expected_count=seq + 1)
+                guard.replace_tail(
+                    session_id, seq, rest, expected_count=seq + 1, expected_state=token
+                )
             else:
-                guard.store.retract(session_id, 1, seq + 1)
+                guard.store.retract(session_id, 1, seq + 1, expected_state=token)
         except ConflictError:
             if attempt + 1 == SPLIT_ATTEMPTS:
                 raise

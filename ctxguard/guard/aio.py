@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ctxguard._validate import check_tail_args
+from ctxguard._validate import check_state_arg, check_tail_args
 from ctxguard.errors import SummarizerError
 from ctxguard.guard import flows
 from ctxguard.guard.base import GuardBase, report_background_failure
@@ -73,20 +73,27 @@ class AsyncGuard(GuardBase):
         messages: Iterable[MessageLike],
         *,
         expected_count: int | None = None,
+        expected_state: str | None = None,
     ) -> ReplaceResult:
         """Replace messages ``start`` and later (0: the whole history) with ``messages``
         (each counted once, now), in one atomic write: a reader sees the history
         before or after, never a part of it. For a framework's ``set_messages``
         (``start=0``) or ``delete_message`` (the messages after the deleted one put
-        back). With ``expected_count`` the session must still hold that many messages
-        (else :class:`ConflictError`: read it again and retry). The removed messages'
+        back). With ``expected_count`` the session must still hold that many messages,
+        with ``expected_state`` (the token ``store.read_with_token`` returned) it must
+        not have been written since that read: a writer that removed and appended as
+        many messages keeps the count, never the token (else :class:`ConflictError`,
+        nothing written: read it again and retry). The removed messages'
         ids are freed, and a summary covering one of them is dropped; the audit trail
         and the turn numbers are kept, with a ``replace`` record of the removed and
         stored ids. A refused batch (a message the guard refuses, an id stored before
         ``start``, a full session) writes nothing."""
         self._prepare_args(session_id, messages, None, None, "messages")
         check_tail_args(start, expected_count)
-        flow = flows.replace_tail(self.core, session_id, start, messages, expected_count)
+        check_state_arg(expected_state)
+        flow = flows.replace_tail(
+            self.core, session_id, start, messages, expected_count, expected_state
+        )
         return await self._run(self._observed("replace", session_id, flow))
 
     async def prepare(

@@ -111,11 +111,14 @@ def replace_tail(
     start: int,
     values: Iterable[MessageLike],
     expected_count: int | None,
+    expected_state: str | None = None,
 ) -> Flow[ReplaceResult]:
     new = core.encode_new(values)  # counted once; a refusal here writes nothing
     core.check_call_ids(new)
     try:
-        args = (session_id, start, new, expected_count, core.write_options)
+        args: tuple[Any, ...] = (session_id, start, new, expected_count, core.write_options)
+        if expected_state is not None:  # (a store without it still takes the call)
+            args = (*args, expected_state)
         result: ReplaceResult = yield StoreCall("replace_tail", args)
     finally:
         core.cache.evict(session_id)  # the cached window's messages may be gone
