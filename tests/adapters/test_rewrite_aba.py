@@ -131,3 +131,24 @@ async def test_delete_message_is_refused_after_another_writer_retracted_and_appe
     assert await _texts(store) == ["m0", "m1", "m2", "late"]
     assert await _settle(op(SESSION, 1)) is not None  # read again: it goes through
     assert await _texts(store) == ["m0", "m2", "late"]
+
+
+def test_guard_replace_tail_checks_the_state_token_it_is_given(guard: Guard) -> None:
+    from ctxguard import InvalidInputError
+
+    guard.append(SESSION, [{"role": "user", "content": "a"}])
+    _, token = guard.store.read_with_token(SESSION)
+    guard.append(SESSION, [{"role": "user", "content": "b"}])
+    new = [{"role": "user", "content": "c"}]
+    with pytest.raises(ConflictError):
+        guard.replace_tail(SESSION, 0, new, expected_state=token)
+    with pytest.raises(InvalidInputError, match="expected_state"):
+        guard.replace_tail(SESSION, 0, new, expected_state=1)  # type: ignore[arg-type]
+    assert [m.text for m in _stored(guard)] == ["a", "b"]
+    _, token = guard.store.read_with_token(SESSION)
+    guard.replace_tail(SESSION, 0, new, expected_state=token)
+    assert [m.text for m in _stored(guard)] == ["c"]
+
+
+def _stored(guard: Guard) -> list[Message]:
+    return [s.message for s in guard.store.read(SESSION)]
