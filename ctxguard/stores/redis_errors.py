@@ -133,7 +133,9 @@ def _connection_problem(
                 f"TLS handshake with {where} got no answer within {read_s}: is this a TLS port? "
                 f"{nothing}"
             )
-        reason = next((e.reason for e in chain if isinstance(e, ssl.SSLError) and e.reason), "")
+        # (an SSLError raised by SSLContext itself, set_ciphers say, has no reason)
+        reasons = (getattr(e, "reason", None) for e in chain if isinstance(e, ssl.SSLError))
+        reason = next((r for r in reasons if r), "")
         shown = f" ({reason})" if reason else ""
         return f"TLS handshake with {where} failed{shown}: is this a TLS port? {nothing}"
     if phase == "connect":

@@ -284,7 +284,7 @@ def test_store_and_url_reprs_are_redacted() -> None:
 
 def test_cluster_urls_refuse_options_the_cluster_client_lacks() -> None:
     with pytest.raises(ConfigError, match="ssl_ca_path cannot be set on a cluster URL"):
-        open_async_store("rediss+cluster://127.0.0.1:1,127.0.0.1:2?ssl_ca_path=/x")
+        open_async_store("rediss+cluster://127.0.0.1:1,127.0.0.1:2?ssl_ca_path=/")
 
 
 def test_redact_url_of_other_urls() -> None:
