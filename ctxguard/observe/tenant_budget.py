@@ -18,18 +18,28 @@ The check and the charge are two steps, so requests running at the same moment
 can pass a budget by at most what they spend together (the budget is a rate
 limit, not a reservation). The observer charges with a blocking Redis call (about
 one round trip); under AsyncGuard, prefer ``await budget.acharge(n)`` yourself.
+
+A charge the observer could not make (Redis down, a timeout) does not fail the request
+(a guard ignores what its observer raises), but it is not silent: the budget counts it
+(``charge_failures``, ``uncharged_tokens``: what the window is missing) and logs a
+WARNING on the ``ctxguard.observe`` logger, the first at once and then at most one per
+``LOG_EVERY`` seconds saying how many more failed, so an outage is not a line per request;
+an INFO line says when charges work again. The lines show the store URL redacted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import threading
+import time
 from importlib import resources
 from typing import Any
 
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
+from ctxguard._secrets import describe
 from ctxguard._validate import show
 from ctxguard.errors import ConfigError, StoreError, TenantBudgetError
 from ctxguard.guard.events import OperationEvent
@@ -46,6 +56,8 @@ SCRIPT = resources.files("ctxguard.observe").joinpath("lua/tenant_budget.lua").r
 # PEXPIRE, and failed as a StoreError naming the script's line.
 MAX_CHARGE = 2**53
 MAX_WINDOW_SECONDS = 10**9
+LOG_EVERY = 60.0  # seconds between two warnings about failed charges
+log = logging.getLogger("ctxguard.observe")
 
 
 class TenantBudget:
@@ -86,6 +98,13 @@ class TenantBudget:
         self._client: Any = None
         self._script: Any = None
         self._lock = threading.Lock()
+        self.charge_failures = 0  # charges the observer could not make
+        self.uncharged_tokens = 0  # the tokens they were for
+        self._failing = threading.Lock()  # the counts and the log's state below
+        self._streak = 0  # failures since charges last worked
+        self._unlogged = 0  # failures since the last warning
+        self._next_log = 0.0  # (monotonic) when another warning may be written
+        self._clock = time.monotonic
 
     def __repr__(self) -> str:
         return (
@@ -158,7 +177,47 @@ class TenantBudget:
             parts = (event.usage.get("prompt_tokens"), event.usage.get("completion_tokens"))
             total = sum(p for p in parts if isinstance(p, int))
         if total > 0:
-            self.charge(total)
+            try:
+                self.charge(total)
+            except Exception as exc:  # (a guard would drop it: the request must not fail)
+                self._charge_failed(total, exc)
+            else:
+                if self._streak:
+                    self._charges_work()
+
+    def _charge_failed(self, tokens: int, exc: Exception) -> None:
+        with self._failing:
+            self.charge_failures += 1
+            self.uncharged_tokens += tokens
+            self._streak += 1
+            self._unlogged += 1
+            now = self._clock()
+            if now < self._next_log:
+                return
+            self._next_log = now + LOG_EVERY
+            unlogged, self._unlogged = self._unlogged, 0
+        more = f" ({unlogged} failed since the last warning)" if unlogged > 1 else ""
+        log.warning(
+            "tenant budget of %r on %s could not charge %d tokens%s; the budget is not "
+            "counting them (%d uncharged so far): %s",
+            self.tenant,
+            self.store_url.redacted,
+            tokens,
+            more,
+            self.uncharged_tokens,
+            describe(exc),
+        )
+
+    def _charges_work(self) -> None:
+        with self._failing:
+            streak, self._streak, self._unlogged, self._next_log = self._streak, 0, 0, 0.0
+        if streak:
+            log.info(
+                "tenant budget of %r on %s charges again after %d failed charges",
+                self.tenant,
+                self.store_url.redacted,
+                streak,
+            )
 
     def close(self) -> None:
         if self._client is not None:
