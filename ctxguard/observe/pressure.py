@@ -4,7 +4,8 @@
 server's ``/metrics`` (at most once per ``interval`` seconds, one reader per URL
 shared by every guard of the process) and, from the KV-cache usage (vLLM
 ``vllm:kv_cache_usage_perc``, older ``vllm:gpu_cache_usage_perc``, SGLang
-``sglang:token_usage``; 0-1) and the waiting queue (``vllm:num_requests_waiting``,
+``sglang:token_usage``; fractions 0-1, a reading past 1 left out and said once) and
+the waiting queue (``vllm:num_requests_waiting``,
 ``sglang:num_queue_reqs``), picks a level:
 
 * ``ok``: the wrapped limit, unchanged;
@@ -28,7 +29,9 @@ the wrapped limit still holds). Every call has a deadline (``timeout``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -49,6 +52,7 @@ LEVELS: tuple[Level, ...] = ("ok", "lowered", "refused")
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
 _SECONDS = ("hold_seconds", "interval", "timeout", "stale_after")
+log = logging.getLogger("ctxguard.observe")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,20 +66,42 @@ class Pressure:
 
 def parse_metrics(text: str) -> tuple[float | None, float | None]:
     """KV usage (the highest over engines/models) and waiting requests (their sum)."""
+    usage, waiting, _ = read_metrics(text)
+    return usage, waiting
+
+
+# the metric's name: what a sample line starts with, up to blanks or its label set
+_NAME = re.compile(r"[^\s{]+")
+
+
+def read_metrics(text: str) -> tuple[float | None, float | None, float | None]:
+    """:func:`parse_metrics` and the highest KV usage reading past 1 that was left out.
+
+    Lines as the Prometheus text format allows them: tokens apart by any number of
+    blanks or tabs, leading and trailing blanks ignored. The KV gauges are fractions
+    (vLLM documents both ``kv_cache_usage_perc`` and ``gpu_cache_usage_perc`` as "1
+    means 100 percent usage"; SGLang's ``token_usage`` is used/total): a reading past 1
+    is no reading ctxguard knows how to take. Read as a fraction it would be a cache
+    fuller than full (every budget lowered or refused); read as a percent, a guess
+    (1.5: 1.5% or 150%?). It is left out, as a server that does not export the gauge
+    would be (the queue still counts), and answered third for the monitor to report.
+    """
     usage: float | None = None
     waiting: float | None = None
+    past_one: float | None = None
     for line in text.splitlines():
+        line = line.strip()
         if not line or line[0] == "#":
             continue
-        brace, space = line.find("{"), line.find(" ")
-        if brace != -1 and (space == -1 or brace < space):
-            name, rest = line[:brace], line.rpartition("}")[2]
-        elif space != -1:
-            name, rest = line[:space], line[space + 1 :]
-        else:
+        found = _NAME.match(line)
+        if found is None:
             continue
+        name = found.group()
         if name not in KV_USAGE and name not in WAITING:
             continue
+        rest = line[found.end() :].lstrip()
+        if rest[:1] == "{":  # (a label value may hold blanks, braces too: the value
+            rest = rest.rpartition("}")[2]  # follows the last brace)
         raw = rest.split()
         try:
             value = float(raw[0])
@@ -84,10 +110,13 @@ def parse_metrics(text: str) -> tuple[float | None, float | None]:
         if not math.isfinite(value) or value < 0:  # no usage or queue is negative: a
             continue  # -100 waiting would have cancelled another engine's real queue
         if name in KV_USAGE:
+            if value > 1:
+                past_one = value if past_one is None else max(past_one, value)
+                continue
             usage = value if usage is None else max(usage, value)
         else:
             waiting = value if waiting is None else waiting + value
-    return usage, waiting
+    return usage, waiting, past_one
 
 
 class PressureMonitor:
@@ -102,6 +131,7 @@ class PressureMonitor:
         self._lock = threading.Lock()  # held across a sync reading: others wait for it
         self._claim_lock = threading.Lock()  # held only to claim the next reading
         self._client: httpx.Client | None = None
+        self._warned = False  # a KV reading past 1 was logged
 
     def _claim(self) -> bool:
         """True for the one caller that reads now (until ``interval`` has passed again);
@@ -155,8 +185,20 @@ class PressureMonitor:
         if reply.status_code != 200:
             self.error = f"HTTP {reply.status_code}"
             return
-        usage, waiting = parse_metrics(reply.text)
+        usage, waiting, past_one = read_metrics(reply.text)
         self.last, self.error = Pressure(usage, waiting, self._checked), None
+        if past_one is not None:
+            self.error = f"KV usage {past_one:g} is past 1 (a 0-1 fraction): left out"
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "the model server at %s reports a KV cache usage of %g, past 1: the KV "
+                    "gauges (%s) are fractions 0-1, so the reading is left out and only the "
+                    "queue counts (said once per server)",
+                    self.shown,
+                    past_one,
+                    ", ".join(KV_USAGE),
+                )
 
     def _failed(self, exc: Exception) -> None:
         self._checked = time.monotonic()
