@@ -237,6 +237,28 @@ class CtxGuardMemory(BaseMemory):
     async def areset(self) -> None:
         await _shared.aclear(self.ref, self.session_id)
 
+    def close(self) -> None:
+        """Release the connections of the guard this memory opened from a store URL (a
+        Guard or AsyncGuard passed in is yours and stays open; copies of this memory
+        share the guard and open a new one when next used). Idempotent."""
+        self.ref.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, and the AsyncGuard it opened on the running loop."""
+        await self.ref.aclose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     def _reserve(self, guard: Guard | AsyncGuard, extra: object) -> int:
         count = _shared.check_optional_count(extra, "initial_token_count")
         base = guard.config.max_tokens if self.max_tokens is None else self.max_tokens

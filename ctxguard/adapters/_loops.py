@@ -103,6 +103,22 @@ class PerLoop(Generic[T]):
         such as "which counter does this guard use")."""
         return self._latest
 
+    async def close_here(self) -> None:
+        """Close and forget the running loop's value now (a later ``get()`` makes a new
+        one): its shutdown hook runs here, so the loop does not close it a second time."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            kept = self._kept.pop(loop, None)
+        if kept is None:
+            return
+        value, hook = kept
+        if self._latest is value:
+            self._latest = None
+        if hook is not None:
+            await hook.aclose()  # (its finally closes the value)
+        elif self._close is not None:
+            await self._close(value)
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._kept)

@@ -158,6 +158,33 @@ class GuardRef:
     def _open_async(self) -> AsyncGuard:
         return AsyncGuard(**self._options)
 
+    @property
+    def owns(self) -> bool:
+        """Whether the guards are this ref's own (opened from a URL), to close."""
+        return bool(self._options)
+
+    def close(self) -> None:
+        """Close the Guard this ref opened from a URL, releasing its store's connections;
+        a Guard or AsyncGuard it was given is the caller's and is left open. Idempotent;
+        a later call opens a new guard."""
+        if not self._options:
+            return
+        with self._opening:
+            guard, self._sync = self._sync, None
+        if guard is not None:
+            guard.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, and the running loop's AsyncGuard opened from the URL (another
+        loop's is closed by that loop's shutdown, see :mod:`ctxguard.adapters._loops`)."""
+        if not self._options:
+            return
+        try:
+            await self.per_loop.close_here()
+        finally:
+            if self._sync is not None:
+                await asyncio.to_thread(self.close)  # (it writes pending records)
+
     def any_guard(self) -> Guard | AsyncGuard:
         return self._sync or self._async or self.per_loop.latest() or self.sync()
 

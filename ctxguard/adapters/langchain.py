@@ -26,7 +26,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Self
 
 from ctxguard._validate import type_name
 from ctxguard.adapters import _served, _shared
@@ -168,6 +168,30 @@ class CtxGuardChatMessageHistory(BaseChatMessageHistory):
     def _window(self, prepared: PreparedRequest) -> list[BaseMessage]:
         self.last_prepared = prepared
         return [to_langchain(m) for m in prepared.messages]
+
+    # -- closing the guard opened from a URL -------------------------------------------
+
+    def close(self) -> None:
+        """Release the connections of the guard this history opened from a store URL (a
+        Guard or AsyncGuard passed in is yours and stays open). Idempotent; a later call
+        opens a new guard. Also ``with`` / ``async with``."""
+        self.ref.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, and the AsyncGuard it opened on the running loop."""
+        await self.ref.aclose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 # -- fitting prompts a chain assembles ----------------------------------------------

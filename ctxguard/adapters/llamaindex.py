@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from typing import Any, Self
 
 from ctxguard.adapters import _shared
 from ctxguard.adapters._llamaindex_convert import (
@@ -166,6 +166,30 @@ class CtxGuardChatStore(BaseChatStore):
         if guard is None:
             return await asyncio.to_thread(self.get_keys)
         return sorted([key async for key in guard.store.list_sessions()])
+
+    # -- closing the guard opened from a URL -------------------------------------------
+
+    def close(self) -> None:
+        """Release the connections of the guard this store opened from a store URL (a
+        Guard or AsyncGuard passed in is yours and stays open). Idempotent; a later call
+        opens a new guard. Also ``with`` / ``async with``."""
+        self._ref.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, and the AsyncGuard it opened on the running loop."""
+        await self._ref.aclose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 __all__ = ["CtxGuardChatStore", "CtxGuardLLM", "CtxGuardMemory", "to_ctxguard", "to_llamaindex"]

@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Self
 
 from ctxguard._validate import check_json, check_tools, one_line, show, type_name
 from ctxguard.adapters import _compaction, _shared
@@ -320,6 +320,20 @@ class CtxGuardSession:
     async def clear_session(self, *, wrapper: Any = None) -> None:
         async with self._lock():
             await _shared.aclear(self.ref, self.session_id)
+
+    async def close(self) -> None:
+        """Release the connections of the guards this session opened from a store URL:
+        the Guard and the running loop's AsyncGuard (another loop's closes with that
+        loop). A Guard or AsyncGuard passed in is yours and stays open. Idempotent; a
+        later call opens a new guard. Awaited, as the SDK's own ``RedisSession.close``
+        and ``AsyncSQLiteSession.close`` are; also ``async with session:``."""
+        await self.ref.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
     async def run_compaction(self, args: Any = None, *, wrapper: Any = None) -> None:
         """Fold old turns into the session's summary with the guard's summarizer.
