@@ -74,10 +74,37 @@ def abandon(client: Any) -> None:
             sock = writer.transport.get_extra_info("socket")
             if sock is not None:
                 sock.shutdown(socket.SHUT_RDWR)
+            _close_on_closed_loop(writer.transport)
         conn._reader = conn._writer = None  # as redis-py's own disconnect leaves it
     manager = getattr(client, "nodes_manager", None)
     if manager is not None and hasattr(manager, "default_node"):
         manager.default_node = None  # closed: its finalizer has no "unclosed client" to log
+
+
+def _close_on_closed_loop(transport: Any) -> None:
+    """Close a transport whose loop has closed, and its socket, now.
+
+    asyncio closes a socket in a callback of the transport's loop; a closed loop runs
+    none (its ``call_soon`` raises), so each socket of an ``asyncio.run`` that returned
+    stayed open until the garbage collector found its transport (a file descriptor per
+    connection per run meanwhile, and under ``python -X dev`` a ResourceWarning for the
+    socket, the transport and the stream: "unclosed transport", "loop is closed"). Marked
+    closing here, the stream and transport have nothing to warn about. A TLS transport's
+    socket is its inner transport's. A loop only stopped may run again and close them
+    itself: they are left to it.
+    """
+    loop = getattr(transport, "_loop", None)
+    if loop is None or not loop.is_closed():
+        return
+    with contextlib.suppress(RuntimeError):  # (its close asks the closed loop to call back)
+        transport.close()
+    raw = getattr(transport, "_sock", None)
+    if isinstance(raw, socket.socket) and transport.is_closing():
+        transport._sock = None  # what asyncio's own callback would have done
+        raw.close()
+    inner = getattr(getattr(transport, "_ssl_protocol", None), "_transport", None)
+    if inner is not None and inner is not transport:
+        _close_on_closed_loop(inner)
 
 
 def _connections(client: Any) -> list[Any]:

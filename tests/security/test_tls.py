@@ -141,3 +141,30 @@ def test_plain_redis_to_a_tls_port_is_a_typed_error(tls_server: tuple[RedisServe
     with pytest.raises(StoreConnectionError):
         store.read("s")
     store.close()
+
+
+def test_a_closed_loops_tls_sockets_are_closed_when_the_next_loop_takes_over(
+    tls_server: tuple[RedisServer, Path], namespace: str
+) -> None:
+    """(the TLS transport and the socket under it were left to the garbage collector:
+    "unclosed transport" ResourceWarnings under ``python -X dev``)"""
+    import asyncio
+    import gc
+    import warnings
+
+    server, ca = tls_server
+    url = f"rediss://127.0.0.1:{server.port}/0?ssl_ca_certs={ca}"
+    guard = AsyncGuard(url, namespace=namespace, counter="approx", limit=4096, max_tokens=64)
+
+    async def turn(tag: str) -> None:
+        await guard.prepare(tag, [{"role": "user", "content": tag}])
+
+    asyncio.run(turn("first"))
+    gc.collect()  # (what earlier tests left)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(turn("second"))  # takes the store over from the closed loop
+        gc.collect()
+    said = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert said == []
+    asyncio.run(guard.aclose())

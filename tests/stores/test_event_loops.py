@@ -176,3 +176,30 @@ def test_two_threads_with_loops_running_at_once(url: str, namespace: str) -> Non
         frozenset({"refused"}),
     }
     asyncio.run(g.aclose())  # both loops have closed: dropped without them
+
+
+def test_a_closed_loops_sockets_are_closed_when_the_next_loop_takes_over(
+    url: str, namespace: str
+) -> None:
+    """(they stayed open until the garbage collector found their transports: a file
+    descriptor per connection per ``asyncio.run`` meanwhile, and under ``python -X dev``
+    "unclosed transport", "unclosed socket" and "loop is closed" ResourceWarnings)"""
+    import gc
+    import warnings
+
+    from ctxguard.stores.redis_loops import _connections
+
+    g = guard(url, namespace)
+    asyncio.run(turns(g, "first"))
+    old = [c._writer.transport for c in _connections(g.store.client) if c._writer is not None]
+    assert old
+    gc.collect()  # (what earlier tests left)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(turns(g, "second"))  # takes the store over from the closed loop
+        assert all(t.is_closing() and t.get_extra_info("socket").fileno() == -1 for t in old)
+        del old
+        gc.collect()
+    said = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert said == []
+    asyncio.run(g.aclose())
