@@ -174,3 +174,40 @@ def _iso(micros: int) -> str:
         return (EPOCH + micros * MICROSECOND).isoformat()[:-6] + "Z"
     except OverflowError:
         return "out of range"
+
+
+_ROLE_NAMES = {code: role for role, code in ROLE_CODES.items()}
+_T_TAIL = re.compile(r',"t":[0-9]+\}\Z')
+_ISO_TIME = re.compile(r',"created_at":"[^"]*"')
+_ANY_TIME = re.compile(r",-?[0-9]+\]\Z")
+
+
+def untimed_record(record: str, message_id: str) -> str:
+    """A stored message record without its time, one form whatever form it was stored in:
+    what two records of "the same message" (a retry, maybe made at another time) share.
+
+    The object form without ``"t"`` or ``"created_at"``; a positional record (of
+    ``message_id``) as that object form (``{"role":..,"content":..,"id":..}``); anything
+    else as it is. ``_reuse.lua``'s ``untimed`` does exactly this on Redis (the two are
+    compared in tests/stores/test_id_reuse.py)."""
+    if record[:1] == "[":
+        comma = record.rfind(",")
+        role = _ROLE_NAMES.get(record[2:3])
+        quoted = to_json(message_id).decode()
+        tail = "," + quoted
+        body = record[:comma]
+        if (
+            role is None
+            or record[:2] != '["'
+            or record[3:5] != '",'
+            or not _ANY_TIME.match(record, comma)
+            or not body.endswith(tail)
+            or len(body) - len(tail) < 5
+        ):
+            return record
+        content = body[5 : len(body) - len(tail)]
+        return f'{{"role":"{role}","content":{content},"id":{quoted}}}'
+    found = _T_TAIL.search(record, max(0, len(record) - _TIME_TAIL))
+    if found is not None:
+        return record[: found.start()] + "}"
+    return _ISO_TIME.sub("", record, count=1)

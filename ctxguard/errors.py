@@ -7,6 +7,7 @@ Catch the family you can act on::
     CtxGuardError
     ├── InvalidInputError            bad input from the caller; nothing was stored
     │   ├── InvalidMessageError      a message that breaks the chat format
+    │   │   └── MessageIdReusedError a stored message's id given to another message
     │   ├── InvalidIdError           empty, over-long or control-character ids
     │   └── ConfigError              a bad URL, option or model configuration
     ├── StoreError                   the session store failed
@@ -44,6 +45,23 @@ class InvalidInputError(CtxGuardError, ValueError):
 
 class InvalidMessageError(InvalidInputError):
     """A message breaks the chat format (role, content, tool calls)."""
+
+
+class MessageIdReusedError(InvalidMessageError):
+    """A new message reuses the id of a stored message with other content (role,
+    content, name, tool calls, tool_call_id, metadata, extra: everything but the
+    time). An id names one message: the same id with the same message is a retry and
+    stores nothing; with another message it is refused, and nothing of the call is
+    stored. Not a :class:`ConflictError`: retrying cannot help, a new id does."""
+
+    def __init__(self, session_id: str, message_id: str) -> None:
+        self.session_id = session_id
+        self.message_id = message_id
+        super().__init__(
+            f"message id {message_id!r} is stored in session {session_id!r} with other "
+            "content; an id names one message: give this message a new id (nothing was "
+            "stored)"
+        )
 
 
 class InvalidIdError(InvalidInputError):
@@ -232,6 +250,7 @@ __all__ = [
     "InvalidIdError",
     "InvalidInputError",
     "InvalidMessageError",
+    "MessageIdReusedError",
     "MessageTooLongError",
     "MissingDependencyError",
     "SessionFullError",

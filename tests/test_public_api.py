@@ -25,6 +25,7 @@ EXPECTED = {
     "InvalidMessageError",
     "LimitSource",
     "Message",
+    "MessageIdReusedError",
     "MessageTooLongError",
     "MissingDependencyError",
     "OutputReserveError",

@@ -16,6 +16,7 @@ from ctxguard.errors import (
     CtxGuardError,
     InvalidIdError,
     InvalidInputError,
+    MessageIdReusedError,
     OutputReserveError,
     SessionFullError,
     StoreConnectionError,
@@ -98,6 +99,9 @@ def from_ctxguard(
         return ApiError(400, str(exc), param="messages", code="template_refused")
     if isinstance(exc, ConfigError):
         return ApiError(500, str(exc), type="server_error", code="gateway_config")
+    if isinstance(exc, MessageIdReusedError):
+        # 400, not 409: the client must send a new id, and the OpenAI SDKs retry a 409
+        return ApiError(400, str(exc), param="messages", code="message_id_reused")
     if isinstance(exc, InvalidInputError):
         return ApiError(400, str(exc), param="messages", code="invalid_message")
     if isinstance(exc, StoreConnectionError):

@@ -61,6 +61,7 @@ from ctxguard.stores.memory_async import AsyncMemoryStore
 from ctxguard.stores.memory_session import (
     Session,
     apply_repair,
+    check_reused,
     datetime_ms,
     drop_tail,
     now_ms,
@@ -129,6 +130,7 @@ class MemoryStore:
         """Cap check, create or switch counter, append (the lock is held)."""
         self._check_cap(session_id, messages, options)
         found = self._live(session_id)
+        check_reused(session_id, found, messages)  # before anything is written
         before = None if found is None else found.state_token
         session = self._for_write(session_id, options)
         return session, self._append_locked(session, messages, options, before)
@@ -271,6 +273,7 @@ class MemoryStore:
                 and not (session is not None and any(i in session.ids for i in ids))
             )
             if not unchanged:
+                check_reused(session_id, session, new)  # before the retry's answer
                 # as window.lua: a commit whose audit record is already written (a retry
                 # after a lost reply) is a hit, with the turn its first attempt was given
                 turn = self._audit_turn(session_id, write)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from ctxguard._record_time import untimed_record
+from ctxguard.errors import MessageIdReusedError
 from ctxguard.stores.base import (
     UNKNOWN_TOKENS,
     NewMessage,
@@ -139,6 +141,21 @@ def session_info(session_id: str, session: Session) -> SessionInfo:
     )
 
 
+def check_reused(session_id: str, session: Session | None, new: Sequence[NewMessage]) -> None:
+    """Refuse the first new message whose id is stored with another message (all but the
+    time differs: ``untimed_record``), as ``_reuse.lua`` does; writes nothing."""
+    if session is None:
+        return
+    for n in new:
+        msg_id = n.message.id
+        seq = session.ids.get(msg_id)
+        if seq is None or not 0 <= seq < len(session.records):
+            continue
+        stored, record = session.records[seq], n.encoded()
+        if stored != record and untimed_record(stored, msg_id) != untimed_record(record, msg_id):
+            raise MessageIdReusedError(session_id, msg_id)
+
+
 def session_window(
     session_id: str,
     session: Session | None,
@@ -147,6 +164,7 @@ def session_window(
     min_messages: int,
     new: Sequence[NewMessage],
 ) -> WindowFetch:
+    check_reused(session_id, session, new)
     records = session.records if session is not None else []
     stored_count = len(records)
     known: Mapping[str, int] = session.ids if session is not None else {}

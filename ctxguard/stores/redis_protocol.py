@@ -29,6 +29,7 @@ from ctxguard.errors import (
     CorruptRecordError,
     InvalidInputError,
     InvalidMessageError,
+    MessageIdReusedError,
     SessionFullError,
 )
 from ctxguard.stores.audit_compact import expand
@@ -116,7 +117,8 @@ def general_source(name: str) -> str:
     """:func:`general_script` before the key indices are written in."""
     lua = resources.files("ctxguard.stores") / "lua"
     body = (lua / f"{name}.lua").read_text()
-    chunks = _lib_chunks((lua / "_lib.lua").read_text())
+    # _reuse.lua's helpers after _lib.lua's (kept apart: see its opening comment)
+    chunks = _lib_chunks((lua / "_lib.lua").read_text() + "\n" + (lua / "_reuse.lua").read_text())
     wanted = set(_WORD.findall(body))
     added = True
     while added:  # the helpers the wanted ones use, until nothing new is reached
@@ -492,6 +494,8 @@ class RedisProtocol:
         self, session_id: str, messages: Sequence[NewMessage], reply: Any
     ) -> AppendResult:
         count, flags = int(reply[0]), reply[1]
+        if count == -2:  # the id of message `flags` (1-based) is stored with another
+            raise MessageIdReusedError(session_id, messages[int(flags) - 1].message.id)
         if count < 0:
             raise SessionFullError(session_id, int(flags))
         # 2: stored by an earlier attempt of this same call whose reply was lost

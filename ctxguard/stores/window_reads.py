@@ -202,7 +202,9 @@ def parse_reads(
     if new:
         seen: set[str] = set()
         for n, known in zip(new, replies[8 + 2 * len(heads)], strict=True):
-            flags.append(1 if known is None and n.message.id not in seen else 0)
+            if known is not None:
+                return SCRIPT  # a stored id: the script compares the messages (_reuse.lua)
+            flags.append(1 if n.message.id not in seen else 0)
             seen.add(n.message.id)
         cap = options.max_messages or 0
         if cap > 0 and stored + sum(flags) > cap:

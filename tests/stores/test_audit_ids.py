@@ -149,7 +149,9 @@ async def test_a_retried_append_reports_what_its_lost_attempt_stored(
     protocol = store.raw.protocol
     mine, theirs = new("mine", id="m-1"), new("theirs", id="m-2")
     await store.append("s", [mine, theirs], COUNTED)
-    same_id_other_bytes = new("not theirs", id="m-2")
+    # the same message made again (another time: other bytes); other content under the
+    # id would be refused (MessageIdReusedError, tests/stores/test_id_reuse.py)
+    same_id_other_bytes = new("theirs", id="m-2")
     fresh = new("fresh", id="m-3")
     batch = [mine, same_id_other_bytes, fresh]
     call = protocol.append_call("s", batch, COUNTED).again()

@@ -16,6 +16,7 @@ from ctxguard.errors import (
     InvalidIdError,
     InvalidInputError,
     InvalidMessageError,
+    MessageIdReusedError,
 )
 from ctxguard.messages import Message, to_messages
 from ctxguard.stores import AppendResult, NewMessage, StoredMessage, Summary, WriteOptions
@@ -80,8 +81,11 @@ async def test_duplicate_ids_are_stored_once(store: StoreFacade) -> None:
     twice_in_one_call = await store.append("s", [d, d])
     assert twice_in_one_call == AppendResult((d.message.id,), (d.message.id,), 4)
 
+    same_id_new_time = NewMessage(Message(role="user", content="a", id=a.message.id))
+    assert (await store.append("s", [same_id_new_time])).duplicates == (a.message.id,)
     same_id_new_text = NewMessage(Message(role="user", content="changed", id=a.message.id))
-    assert (await store.append("s", [same_id_new_text])).duplicates == (a.message.id,)
+    with pytest.raises(MessageIdReusedError):  # one id, one message (test_id_reuse.py)
+        await store.append("s", [same_id_new_text])
 
     assert texts(await store.read("s")) == ["a", "b", "c", "d"]
     info = await store.info("s")

@@ -310,14 +310,14 @@ async def test_a_current_commit_with_a_stored_or_repeated_id_is_the_fetch_and_wr
     token = await token_of(store)
     history = await store.read("s")
     batches = {
-        "the first id stored": [new("again", id="m0", tokens=1)],
+        "the first id stored": [new("a", id="m0", tokens=1)],
         "the first stored, the second new": [
-            new("again", id="m1", tokens=1),
+            new("b", id="m1", tokens=1),
             new("c", id="m2", tokens=1),
         ],
         "the first new, the second stored": [
             new("c", id="m2", tokens=1),
-            new("again", id="m0", tokens=1),
+            new("a", id="m0", tokens=1),
         ],
         "the first new, repeated": [new("c", id="m2", tokens=1), new("c", id="m2", tokens=1)],
         "the first stored, repeated": [new("a", id="m0", tokens=1), new("a", id="m0", tokens=1)],

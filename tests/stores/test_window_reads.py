@@ -271,7 +271,7 @@ async def test_the_async_store_reads_the_same_window(server: str, namespace: str
     opts = WriteOptions(counter="c1")
     try:
         sync.append("s", history(300, pinned_at=(0, 150)), opts)
-        new = [said("user", 3, 999, 4), said("user", 3, 5, 4)]  # m5 is stored already
+        new = [said("user", 3, 999, 4), said("user", 3, 999, 4)]  # one id repeated
         expected = whole(by_script(sync, "s", 2000, opts, new, 1))
         scripts: list[str] = []
         run = store._run
@@ -284,6 +284,12 @@ async def test_the_async_store_reads_the_same_window(server: str, namespace: str
         assert whole(await store.fetch_window("s", 2000, opts, new, 1)) == expected
         assert whole(await store.fetch_window("s", 2000, opts, new, 1)) == expected
         assert scripts == []
+        # an id stored already (m5, the same message): the script compares the two
+        # (_reuse.lua), and answers as it answers the sync store
+        stored = [said("user", 3, 999, 4), said("assistant", 20, 5, 25)]
+        expected = whole(by_script(sync, "s", 2000, opts, stored, 1))
+        assert whole(await store.fetch_window("s", 2000, opts, stored, 1)) == expected
+        assert scripts == ["window"]
     finally:
         sync.close()
         await store.close()

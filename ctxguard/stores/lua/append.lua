@@ -12,6 +12,8 @@
 --          attempt of this call}, state token before,
 --          state token after}
 --          or {-1, count_now} when the cap would be exceeded (nothing stored),
+--          or {-2, i} when the i-th message's id is stored with another message
+--          (_reuse.lua; nothing stored: the same message again is a duplicate, flag 0),
 --          or an error reply CORRUPT <key> <what> (nothing stored).
 local n = tonumber(ARGV[7])
 local after = 8 + 4 * n  -- what follows the messages: recounts, then the retry flag
@@ -25,6 +27,11 @@ if not bad and k > 0 then bad = check_counts(after - 2 * k, k) end
 if bad then return redis.error_reply(bad) end
 local full = over_cap(8, n, ARGV[3], st.len)
 if full then return {-1, full} end
+-- (the common append, _fast.lua, declined any stored id: this runs only here)
+if n > 0 and st.len > 0 then
+  local at = reused(8, n)
+  if at then return {-2, at} end
+end
 if n == 0 then
   local before = token_of(st.meta)  -- an audit record moves no part of it
   local token = before

@@ -19,7 +19,9 @@
 --           stored records of recent, their counts, pinned seqs, pinned records,
 --           pinned counts, ttl seconds, state token, count of the message before recent
 --           (-1 = none/unknown), stored message count}
---          or {{-1, count}} when the new messages would pass the cap.
+--          or {{-1, count}} when the new messages would pass the cap,
+--          or {{-2, i}} when the i-th new message's id is stored with another message
+--          (_reuse.lua; nothing written).
 -- The walk goes from the newest message (the new ones first, after the stored ones)
 -- back and stops before the first one that would push the running total of counts
 -- over the budget; an unknown count (-1, or another counter's) is under-estimated as
@@ -97,6 +99,12 @@ end
 if probe and must(K_IDS, redis.pcall('HEXISTS', KEYS[K_IDS], ARGV[11])) == 1 then
   flags[1] = 0
   table.remove(fresh, 1)
+end
+-- A new id stored with another message: refused, nothing written (the rare path: only
+-- when some new message would not be stored)
+if #fresh < n then
+  local at = reused(11, n)
+  if at then return {{-2, at}} end
 end
 -- A retried commit whose first attempt was a hit (its reply was lost): the audit
 -- record is already there. A hit again, with its turn; '' as the token (unknown now).
