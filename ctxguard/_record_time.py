@@ -182,18 +182,19 @@ _ISO_TIME = re.compile(r',"created_at":"[^"]*"')
 _ANY_TIME = re.compile(r",-?[0-9]+\]\Z")
 
 
-def untimed_record(record: str, message_id: str) -> str:
-    """A stored message record without its time, one form whatever form it was stored in:
-    what two records of "the same message" (a retry, maybe made at another time) share.
+def comparable_record(record: str, message_id: str) -> str:
+    """A stored message record without its time and its metadata (ctxguard's annotations,
+    never sent to a model), one form whatever form it was stored in: what two records of
+    "the same message" (a retry, maybe made at another time) share.
 
-    The object form without ``"t"`` or ``"created_at"``; a positional record (of
-    ``message_id``) as that object form (``{"role":..,"content":..,"id":..}``); anything
-    else as it is. ``_reuse.lua``'s ``untimed`` does exactly this on Redis (the two are
-    compared in tests/stores/test_id_reuse.py)."""
+    The object form without ``"t"``, ``"created_at"`` and ``"metadata"``; a positional
+    record (of ``message_id``) as that object form (``{"role":..,"content":..,"id":..}``);
+    anything else as it is. ``_reuse.lua``'s ``comparable`` does exactly this on Redis
+    (the two are compared in tests/stores/test_id_reuse.py)."""
+    quoted = to_json(message_id).decode()
     if record[:1] == "[":
         comma = record.rfind(",")
         role = _ROLE_NAMES.get(record[2:3])
-        quoted = to_json(message_id).decode()
         tail = "," + quoted
         body = record[:comma]
         if (
@@ -209,5 +210,28 @@ def untimed_record(record: str, message_id: str) -> str:
         return f'{{"role":"{role}","content":{content},"id":{quoted}}}'
     found = _T_TAIL.search(record, max(0, len(record) - _TIME_TAIL))
     if found is not None:
-        return record[: found.start()] + "}"
-    return _ISO_TIME.sub("", record, count=1)
+        record = record[: found.start()] + "}"
+    else:
+        record = _ISO_TIME.sub("", record, count=1)
+    head = '"id":' + quoted
+    start = record.find(head + ',"metadata":{')
+    if start < 0:
+        return record
+    depth, text, i = 0, False, start + len(head) + 12
+    while i < len(record):  # to the end of the metadata object (as the script scans)
+        c = record[i]
+        if text:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                text = False
+        elif c == '"':
+            text = True
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return record[: start + len(head)] + record[i + 1 :]
+        i += 1
+    return record

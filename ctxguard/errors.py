@@ -49,10 +49,11 @@ class InvalidMessageError(InvalidInputError):
 
 class MessageIdReusedError(InvalidMessageError):
     """A new message reuses the id of a stored message with other content (role,
-    content, name, tool calls, tool_call_id, metadata, extra: everything but the
-    time). An id names one message: the same id with the same message is a retry and
-    stores nothing; with another message it is refused, and nothing of the call is
-    stored. Not a :class:`ConflictError`: retrying cannot help, a new id does."""
+    content, name, tool calls, tool_call_id, extra: all but the time and ``metadata``,
+    ctxguard's annotations, which no model sees). An id names one message: the same id
+    with the same message is a retry and stores nothing; with another message it is
+    refused, and nothing of the call is stored. Not a :class:`ConflictError`: retrying
+    cannot help, a new id does."""
 
     def __init__(self, session_id: str, message_id: str) -> None:
         self.session_id = session_id

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from ctxguard._record_time import untimed_record
+from ctxguard._record_time import comparable_record
 from ctxguard.errors import MessageIdReusedError
 from ctxguard.stores.base import (
     UNKNOWN_TOKENS,
@@ -142,8 +142,9 @@ def session_info(session_id: str, session: Session) -> SessionInfo:
 
 
 def check_reused(session_id: str, session: Session | None, new: Sequence[NewMessage]) -> None:
-    """Refuse the first new message whose id is stored with another message (all but the
-    time differs: ``untimed_record``), as ``_reuse.lua`` does; writes nothing."""
+    """Refuse the first new message whose id is stored with another message (anything but
+    the time and the metadata differs: ``comparable_record``), as ``_reuse.lua`` does;
+    writes nothing."""
     if session is None:
         return
     for n in new:
@@ -152,7 +153,9 @@ def check_reused(session_id: str, session: Session | None, new: Sequence[NewMess
         if seq is None or not 0 <= seq < len(session.records):
             continue
         stored, record = session.records[seq], n.encoded()
-        if stored != record and untimed_record(stored, msg_id) != untimed_record(record, msg_id):
+        if stored != record and comparable_record(stored, msg_id) != comparable_record(
+            record, msg_id
+        ):
             raise MessageIdReusedError(session_id, msg_id)
 
 

@@ -18,7 +18,7 @@ from ctxguard import (
     MessageIdReusedError,
     StoreError,
 )
-from ctxguard._record_time import untimed_record
+from ctxguard._record_time import comparable_record
 from ctxguard.stores.base import NewMessage, RecordWrite, WriteOptions
 from ctxguard.stores.redis_protocol import general_source
 
@@ -57,8 +57,8 @@ OTHERS = {
     "content": said("m1", "goodbye"),
     "role": Message(role="assistant", content="hello", id="m1"),
     "name": said("m1", name="bob"),
-    "metadata": said("m1", metadata={"k": 1}),
     "extra": said("m1", extra={"refusal": None}),
+    "tool_call_id": Message(role="tool", content="hello", tool_call_id="c", id="m1"),
 }
 
 
@@ -91,6 +91,10 @@ async def test_the_same_message_again_is_a_duplicate_whatever_its_time(store: St
         said("m1", created_at=datetime(2020, 1, 1, tzinfo=PLUS_TWO)),  # the ISO form
         said("m2", name="bob", metadata={"k": [1, 2]}, created_at=later),
         said("m2", name="bob", metadata={"k": [1, 2]}, created_at=datetime(2021, 5, 5)),
+        # metadata is ctxguard's annotation, never sent to a model: not the message
+        said("m1", metadata={"loaded": '"}{[', "n": {"deep": [1]}}),
+        said("m2", name="bob"),
+        said("m2", name="bob", metadata={"other": 1}, created_at=datetime(2021, 5, 5)),
     ]
     records = [m.message.to_record() for m in await store.read("s")]
     for retry in retries:
@@ -167,19 +171,39 @@ async def test_the_guard_refuses_a_reused_id_in_prepare_complete_and_append(
     await call(guard.aclose() if hasattr(guard, "aclose") else guard.close())
 
 
+Q = 'q"\\'  # an id JSON escapes
 RECORDS = [
-    said("x").to_record(),
-    said('q"\\', 'a "quoted" , 1]').to_record(),
-    said("01ARZ3NDEKTSV4RRFFQ69G5FAV").to_record(),
-    said("x", created_at=datetime(2020, 1, 1, tzinfo=PLUS_TWO)).to_record(),
-    said("x", created_at=datetime(2020, 1, 1)).to_record(),
-    said("x", name="n", metadata={"created_at": "z"}).to_record(),
-    Message(role="tool", content="r", tool_call_id="c", id="x").to_record(),
-    '["u","hi","x",]',
-    '["z","hi","x",1]',
-    '["u","x",1]',
-    "not json",
+    (said("x").to_record(), "x"),
+    (said(Q, 'a "quoted" , 1]').to_record(), Q),
+    (said("01ARZ3NDEKTSV4RRFFQ69G5FAV").to_record(), "01ARZ3NDEKTSV4RRFFQ69G5FAV"),
+    (said("x", created_at=datetime(2020, 1, 1, tzinfo=PLUS_TWO)).to_record(), "x"),
+    (said("x", created_at=datetime(2020, 1, 1)).to_record(), "x"),
+    (said("x", name="n", metadata={"created_at": "z"}).to_record(), "x"),
+    (said("x", metadata={"a": '}"{\\', "b": [{"c": "]"}]}, extra={"e": 1}).to_record(), "x"),
+    (said(Q, metadata={"a": 1}, created_at=datetime(2020, 1, 1)).to_record(), Q),
+    ('{"role":"user","content":"x","id":"x","metadata":{"a":"\\"}', "x"),
+    (Message(role="tool", content="r", tool_call_id="c", id="x").to_record(), "x"),
+    ('["u","hi","x",]', "x"),
+    ('["z","hi","x",1]', "x"),
+    ('["u","x",1]', "x"),
+    ("not json", "x"),
 ]
+
+
+def test_a_comparable_record_keeps_all_but_the_time_and_the_metadata() -> None:
+    base = said(Q, "hi", name="n", extra={"e": [1]})
+    alike = [
+        said(Q, "hi", name="n", extra={"e": [1]}, created_at=datetime(2020, 1, 1)),
+        said(Q, "hi", name="n", extra={"e": [1]}, metadata={"m": '"}'}),
+    ]
+    other = [said(Q, "hi!", name="n", extra={"e": [1]}), said(Q, "hi", name="n", extra={})]
+    key = comparable_record(base.to_record(), Q)
+    assert all(comparable_record(m.to_record(), Q) == key for m in alike)
+    assert all(comparable_record(m.to_record(), Q) != key for m in other)
+    plain = said(Q, "hi")
+    assert comparable_record(plain.to_record(), Q) == comparable_record(
+        said(Q, "hi", metadata={"x": 1}, created_at=datetime(2020, 1, 1)).to_record(), Q
+    )
 
 
 @pytest.mark.redis
@@ -187,17 +211,12 @@ def test_the_script_and_the_client_take_the_time_out_alike(redis_url: str) -> No
     from tests.conftest import raw_client
 
     source = general_source("append")
-    helper = source[source.index("local function untimed") : source.index("-- The position")]
+    helper = source[source.index("local function comparable") : source.index("-- The position")]
     client = raw_client(redis_url)
     try:
-        for record in RECORDS:
-            msg_id = (
-                'q"\\'
-                if record.startswith('["u","a')
-                else ("01ARZ3NDEKTSV4RRFFQ69G5FAV" if "01ARZ" in record else "x")
-            )
-            lua = helper + "\nreturn untimed(ARGV[1], ARGV[2])"
+        for record, msg_id in RECORDS:
+            lua = helper + "\nreturn comparable(ARGV[1], ARGV[2])"
             got = client.eval(lua, 0, record, msg_id)
-            assert got.decode() == untimed_record(record, msg_id), record
+            assert got.decode() == comparable_record(record, msg_id), record
     finally:
         client.close()

@@ -1,14 +1,16 @@
 -- Helpers for one check, kept apart from _lib.lua: a new message whose id is stored
--- with another message (everything but the time differs) is refused, not skipped.
+-- with another message (anything but the time and the metadata differs) is refused,
+-- not skipped.
 -- general_source() reads this file after _lib.lua: a script carries these helpers only
 -- when it names them (append.lua, window.lua), and runs them only on the rare path
 -- (the common append, _fast.lua, declines any stored id and never reaches them).
 
--- A stored message record without its time, one form whatever form it was stored in
--- (as _record_time.untimed_record, which tests compare with this): the object form
--- without "t" or "created_at"; a positional record ["u",<content>,"<id>",<time>] of
--- message `id` as that object form; anything else as it is.
-local function untimed(record, id)
+-- A stored message record without its time and its metadata (ctxguard's annotations,
+-- never sent to a model), one form whatever form it was stored in (as
+-- _record_time.comparable_record, which tests compare with this): the object form
+-- without "t", "created_at" and "metadata"; a positional record ["u",<content>,"<id>",
+-- <time>] of message `id` as that object form; anything else as it is.
+local function comparable(record, id)
   if string.byte(record, 1) == 91 then  -- '['
     local comma = string.find(record, ',[^,]*$')
     local roles = {s = 'system', d = 'developer', u = 'user', a = 'assistant'}
@@ -27,9 +29,31 @@ local function untimed(record, id)
       .. ',"id":' .. quoted .. '}'
   end
   local at = string.find(record, ',"t":%d+}$', math.max(1, #record - 26))
-  if at then return string.sub(record, 1, at - 1) .. '}' end
-  local from, to = string.find(record, ',"created_at":"[^"]*"')
-  if from then return string.sub(record, 1, from - 1) .. string.sub(record, to + 1) end
+  if at then
+    record = string.sub(record, 1, at - 1) .. '}'
+  else
+    local from, to = string.find(record, ',"created_at":"[^"]*"')
+    if from then record = string.sub(record, 1, from - 1) .. string.sub(record, to + 1) end
+  end
+  -- the metadata object right after the id (the model's field order): cut to its end
+  local head = '"id":' .. '"' .. (string.gsub(id, '[\\"]', '\\%0')) .. '"'
+  local from = string.find(record, head .. ',"metadata":{', 1, true)
+  if not from then return record end
+  local i, n, depth, text = from + #head + 12, #record, 0, false
+  while i <= n do
+    local c = string.byte(record, i)
+    if text then
+      if c == 92 then i = i + 1 elseif c == 34 then text = false end
+    elseif c == 34 then text = true
+    elseif c == 123 or c == 91 then depth = depth + 1
+    elseif c == 125 or c == 93 then
+      depth = depth - 1
+      if depth == 0 then
+        return string.sub(record, 1, from + #head - 1) .. string.sub(record, i + 1)
+      end
+    end
+    i = i + 1
+  end
   return record
 end
 
@@ -49,7 +73,7 @@ local function reused(first, n)
         local stored = must(K_MSGS, redis.pcall('LINDEX', KEYS[K_MSGS], seq))
         local record = ARGV[first + 4 * (lo + j - 2) + 1]
         if stored and stored ~= record
-            and untimed(stored, ids[j]) ~= untimed(record, ids[j]) then
+            and comparable(stored, ids[j]) ~= comparable(record, ids[j]) then
           return lo + j - 1
         end
       end
