@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ctxguard.errors import ConfigError, CtxGuardError
+from ctxguard.errors import ConfigError, CtxGuardError, StoreConnectionError
 from ctxguard.serve import identity
 from ctxguard.serve.chat import chat_completions
 from ctxguard.serve.config import CONFIG_ENV, ServeConfig
@@ -67,13 +67,16 @@ async def health(request: Request) -> Response:
         store = await gw.run(gw.health_store)
         await gw.run(store.info, "ctxguard-health-probe")
         status["store"] = "ok"
-    except CtxGuardError as exc:
-        status.update(status="unavailable", store=type(exc).__name__)
+    except CtxGuardError as exc:  # (the class to the log; the probe reads words)
+        log.warning("health: the session store failed: %s", type(exc).__name__)
+        unreachable = isinstance(exc, StoreConnectionError)
+        status.update(status="unavailable", store="unreachable" if unreachable else "failing")
     try:
         await gw.run(gw.counter)
         status["counter"] = "ok"
     except CtxGuardError as exc:
-        status["counter"] = type(exc).__name__
+        log.warning("health: the model server's tokenizer failed: %s", type(exc).__name__)
+        status["counter"] = "unavailable"
     return JSONResponse(status, 200 if status["status"] == "ok" else 503)
 
 
@@ -127,10 +130,10 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 class _Contain:
-    """Unexpected errors answered here: a 500 naming the type only, logged without a
-    traceback (the message, or a frame's values, may quote a secret-bearing URL or
-    header). Past this, Starlette's ServerErrorMiddleware would answer and then re-raise
-    to uvicorn, which logs both."""
+    """Unexpected errors answered here: a 500 that names nothing of them (their type is
+    logged, without a traceback: the message, or a frame's values, may quote a
+    secret-bearing URL or header). Past this, Starlette's ServerErrorMiddleware would
+    answer and then re-raise to uvicorn, which logs both."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -152,7 +155,12 @@ class _Contain:
             log.error("unexpected %s on %s %s", type(exc).__name__, scope["method"], scope["path"])
             if started:
                 return  # the answer is under way: the server ends the connection
-            error = ApiError(500, f"internal error ({type(exc).__name__})", type="server_error")
+            error = ApiError(
+                500,
+                "internal error in the gateway (its log names it); nothing more is known here",
+                type="server_error",
+                code="internal_error",
+            )
             await JSONResponse(error.body(), 500)(scope, receive, send)
 
 

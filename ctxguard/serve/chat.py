@@ -55,6 +55,8 @@ class Turn:
     tenant: str | None = None
     anchor_due: bool = False  # the anchor is read in prepare's thread, under the lock
     key: str | None = None  # the Idempotency-Key, kept in the reply's metadata
+    # each message's place in the request ("messages[i]"; /v1/responses: "input[i]" ...)
+    places: list[str] | None = None
 
     def identify(self, anchor: str) -> None:
         """The new messages' ids and the reply's id, derived from ``anchor``."""
@@ -62,6 +64,16 @@ class Turn:
         ids = identity.message_ids(self.tenant, self.session_id, anchor, chat)
         self.reply_id = identity.reply_id(ids, anchor)
         self.messages = [Message.from_openai(m, id=i) for m, i in zip(chat, ids, strict=True)]
+
+    def made_ids(self) -> dict[str, str]:
+        """The ids the gateway made for this request's messages (the client sent none),
+        each to the message's place in the request: for errors that name a message."""
+        places = self.places or [f"messages[{i}]" for i in range(len(self.chat.messages))]
+        return {
+            m.id: place
+            for m, raw, place in zip(self.messages, self.chat.messages, places, strict=False)
+            if raw.get("id") != m.id
+        }
 
     async def complete(
         self,
@@ -144,6 +156,7 @@ async def chat_completions(request: Request) -> Response:
     session_id, where = identity.session_id_of(headers, body)
     if session_id is not None:
         check_storable(chat)
+    turn: Turn | None = None
     try:
         turn, replay = await open_turn(gw, tenant, session_id, chat, headers)
         if replay is not None:
@@ -155,7 +168,10 @@ async def chat_completions(request: Request) -> Response:
             raise
     except CtxGuardError as exc:
         raise from_ctxguard(
-            exc, session_param=where or "X-Session-Id", output_param=chat.max_tokens_field
+            exc,
+            session_param=where or "X-Session-Id",
+            output_param=chat.max_tokens_field,
+            names=None if turn is None else turn.made_ids(),
         ) from None
 
 

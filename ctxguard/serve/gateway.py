@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import threading
 import time
@@ -48,11 +49,12 @@ from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.config import ServeConfig
 from ctxguard.serve.metrics import make_metrics
-from ctxguard.serve.openai_errors import ApiError
+from ctxguard.serve.openai_errors import ApiError, what_failed
 from ctxguard.stores import SessionStore
 from ctxguard.stores.urls import redact_url
 
 P = ParamSpec("P")
+log = logging.getLogger("ctxguard.serve")
 T = TypeVar("T")
 PREPARE_ATTEMPTS = 4
 
@@ -388,13 +390,15 @@ def upstream_api_error(status: int, message: str, code: str) -> ApiError:
 
 
 def upstream_failure(exc: Exception, where: str) -> tuple[int, str, str]:
-    """Status, message and code for an httpx failure talking to the upstream."""
+    """Status, message and code for an httpx failure talking to the upstream (what
+    happened in HTTP's words; httpx's class name goes to the log, not to the client)."""
     if isinstance(exc, httpx.TimeoutException):
         return 504, f"the model server {where} did not answer in time", "upstream_timeout"
     if isinstance(exc, TokenizerError):
         return 502, str(exc), "upstream_tokenizer"
+    log.warning("the model server %s failed: %s", where, type(exc).__name__)
     return (
         502,
-        f"cannot reach the model server {where} ({type(exc).__name__})",
+        f"cannot reach the model server {where} ({what_failed(exc)})",
         "upstream_unavailable",
     )

@@ -22,7 +22,7 @@ import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ctxguard.serve.openai_errors import ApiError
+from ctxguard.serve.openai_errors import ApiError, what_failed
 from ctxguard.serve.sse import EventSplitter, ReplyAssembler, error_of, event_data
 
 log = logging.getLogger("ctxguard.serve")
@@ -160,7 +160,8 @@ class RelayResponse(Response):
                 self.relay.held = _error_event(
                     exc.message
                     if isinstance(exc, ApiError)
-                    else f"the reply could not be stored ({type(exc).__name__})",
+                    else "the reply could not be stored (an internal error: the gateway's log "
+                    "names it); send the request again",
                     "reply_not_stored",
                 )
             if reason != "client_disconnected":
@@ -189,8 +190,9 @@ class RelayResponse(Response):
         except httpx.HTTPError as exc:
             timed_out = isinstance(exc, httpx.TimeoutException)
             reason = "upstream_timeout" if timed_out else "upstream_lost"
+            log.warning("the model server stopped mid-stream: %s", type(exc).__name__)
             relay.held = _error_event(
-                f"the model server stopped mid-stream ({type(exc).__name__}); the reply was "
+                f"the model server stopped mid-stream ({what_failed(exc)}); the reply was "
                 "not stored, send the request again",
                 reason,
             )

@@ -161,6 +161,7 @@ def test_an_upstream_that_dies_mid_stream_is_recorded_as_partial(
     assert response.status_code == 200
     chunks = sse_chunks(response)
     assert chunks[-1]["error"]["code"] == "upstream_timeout"
+    assert "(no answer in time)" in chunks[-1]["error"]["message"]  # words, not ReadTimeout
     records = audit(redis_url, namespace, "s1")
     partial = [r for r in records if r.get("kind") == "partial_reply"]
     assert [p["reason"] for p in partial] == ["upstream_timeout"]
