@@ -11,8 +11,9 @@ composed by the very reply parser of the script (``RedisProtocol.parse_window``)
 What the script would answer differently is never guessed here: a session that
 is not exactly as ctxguard writes it (a key of another type, a meta field or a
 count or a pinned position that is not an integer, a pin outside the history,
-one count per record broken, a number too large for Lua's doubles) makes the read
-answer :data:`SCRIPT`, and the store asks the script, whose answer (or
+one count per record broken, a number too large for Lua's doubles), and a new message
+whose id is stored (the script compares the two messages: ``_reuse.lua``), makes the
+read answer :data:`SCRIPT`, and the store asks the script, whose answer (or
 ``CORRUPT <key>`` error) is the reference. A read whose rows did not cover the
 budget (or a pinned message older than them) answers :class:`ReadMore`: one more
 transaction, sized from what this one saw, and then the script.
