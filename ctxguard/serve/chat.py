@@ -27,7 +27,7 @@ from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.forward import bad_reply, encode_json, post_json, send_upstream
 from ctxguard.serve.gateway import Gateway, reply_not_stored, stored_anchor
-from ctxguard.serve.idempotency import KEY_FIELD, KeyLease, wait_for_key
+from ctxguard.serve.idempotency import DIGEST_FIELD, KEY_FIELD, KeyLease, body_digest, wait_for_key
 from ctxguard.serve.inbound import ChatRequest, check_storable, parse_chat, read_json
 from ctxguard.serve.openai_errors import from_ctxguard
 from ctxguard.serve.relay import StreamRelay, relay_response
@@ -55,6 +55,7 @@ class Turn:
     tenant: str | None = None
     anchor_due: bool = False  # the anchor is read in prepare's thread, under the lock
     key: str | None = None  # the Idempotency-Key, kept in the reply's metadata
+    digest: str | None = None  # with the request body's digest (``body_digest``)
     # each message's place in the request ("messages[i]"; /v1/responses: "input[i]" ...)
     places: list[str] | None = None
 
@@ -93,6 +94,8 @@ class Turn:
             return
         if self.key is not None:  # (a later request with the key and another body is told)
             metadata = {**(metadata or {}), KEY_FIELD: self.key}
+            if self.digest is not None:
+                metadata[DIGEST_FIELD] = self.digest
         await self.gateway.complete_with(lambda: self._complete_blocking(build, metadata))
 
     def _complete_blocking(self, build: Reply, metadata: dict[str, Any] | None) -> None:
@@ -158,7 +161,9 @@ async def chat_completions(request: Request) -> Response:
         check_storable(chat)
     turn: Turn | None = None
     try:
-        turn, replay = await open_turn(gw, tenant, session_id, chat, headers)
+        turn, replay = await open_turn(
+            gw, tenant, session_id, chat, headers, body_digest(CHAT_PATH, body)
+        )
         if replay is not None:
             return replay_response(replay, body, chat.stream)
         try:
@@ -181,7 +186,10 @@ async def open_turn(
     session_id: str | None,
     chat: ChatRequest,
     headers: Any,
+    digest: str,
 ) -> tuple[Turn, Message | None]:
+    """The request's turn, and the recorded reply when its Idempotency-Key has one
+    (``digest``: the body's, see :func:`ctxguard.serve.idempotency.body_digest`)."""
     if session_id is None:
         guard = await gw.stateless_guard_async()
         messages = [Message.from_openai(m) for m in chat.messages]
@@ -196,9 +204,9 @@ async def open_turn(
         turn.anchor_due = True
         return turn, None
     turn.identify(identity.idempotency_anchor(key))
-    turn.key = key
+    turn.key, turn.digest = key, digest
     # one request per key at a time, across workers and gateways on this store
-    turn.lease, replay = await wait_for_key(gw, guard, session_id, key, turn.reply_id)
+    turn.lease, replay = await wait_for_key(gw, guard, session_id, key, turn.reply_id, digest)
     if replay is not None:
         return turn, replay
     return turn, None

@@ -9,17 +9,29 @@ holder failed before storing a reply and released it, or died and stopped renewi
 it so it expired. Then it takes the lease and runs the request itself (the derived
 message ids store the user message once). Waiting stops after ``upstream_timeout +
 idempotency_lease`` seconds with a 409 that says the first request is still running.
+
+A key names one request: the body's digest (:func:`body_digest`) is kept with the keyed
+reply (metadata ``idempotency_body``) and, while the request runs, as the holder of a
+second lease (``body:<hash of the key>``). The same key with another body is a 422
+``idempotency_key_reused`` (the Idempotency-Key draft's status; the OpenAI SDKs do not
+retry a 422) before anything is stored or sent, whether the first is still in flight (the
+body lease is held by another digest) or done (its reply carries another digest, or has
+another id: other messages). The lease only refuses early; the stored digest decides.
+A reply stored without a digest (an earlier release) replays as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import random
 import time
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from ctxguard import Guard
 from ctxguard.errors import CtxGuardError
@@ -31,15 +43,42 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ctxguard.serve")
 KEY_FIELD = "idempotency_key"  # in a keyed reply's metadata
+DIGEST_FIELD = "idempotency_body"  # and its request body's digest
+# Fields a retry may change without being another request: how the reply is delivered
+# (a stream retried as a plain request gets the same reply, replayed in the shape asked).
+UNDIGESTED = frozenset({"stream", "stream_options"})
 FIRST_PAUSE, LONGEST_PAUSE = 0.01, 0.25
 
 
-class KeyLease:
-    """This request's hold on its key: taken, renewed every third of the lease, let go."""
+def body_digest(path: str, body: Mapping[str, Any]) -> str:
+    """SHA-256 of the route and the body as canonical JSON (keys sorted, no spaces),
+    without :data:`UNDIGESTED`: the same request however its JSON was formatted."""
+    kept = {name: value for name, value in body.items() if name not in UNDIGESTED}
+    text = json.dumps(
+        [path, kept], sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+    )
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
-    def __init__(self, gw: Gateway, guard: Guard, session_id: str, key: str) -> None:
+
+def key_reused() -> ApiError:
+    return ApiError(
+        422,
+        "this Idempotency-Key was used in this session for a different request; "
+        "send a new key with a new request (the same body replays the first reply)",
+        param="Idempotency-Key",
+        code="idempotency_key_reused",
+    )
+
+
+class KeyLease:
+    """This request's hold on its key: taken, renewed every third of the lease, let go;
+    with the body lease (holder: the body's digest) beside it."""
+
+    def __init__(self, gw: Gateway, guard: Guard, session_id: str, key: str, digest: str) -> None:
         self.gw, self.store, self.session_id, self.key = gw, guard.store, session_id, key
         self.holder = uuid.uuid4().hex
+        self.digest = digest
+        self.body_name = "body:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
         self.seconds = gw.config.idempotency_lease
         self._renewing: asyncio.Task[None] | None = None
 
@@ -48,6 +87,14 @@ class KeyLease:
         return bool(
             await self.gw.run(acquire, self.session_id, self.key, self.holder, self.seconds)
         )
+
+    async def claim_body(self) -> bool:
+        """False when a request with this key and another body holds the body lease. (Its
+        holder is the digest, shared by every retry of the same body: a retry that claims
+        it while the first runs renews it, which does no harm.)"""
+        acquire = self.store.acquire_lease
+        name, digest = self.body_name, self.digest
+        return bool(await self.gw.run(acquire, self.session_id, name, digest, self.seconds))
 
     def hold(self) -> None:
         self._renewing = asyncio.get_running_loop().create_task(self._renew())
@@ -59,6 +106,7 @@ class KeyLease:
                 if not await self.take():
                     log.warning("an Idempotency-Key lease expired while its request ran")
                     return
+                await self.claim_body()
             except CtxGuardError as exc:  # the store is down: retry at the next beat
                 log.warning("renewing an Idempotency-Key lease failed (%s)", type(exc).__name__)
 
@@ -70,31 +118,43 @@ class KeyLease:
         self.gw.background(self._give_back())
 
     async def _give_back(self) -> None:
+        await self.give_back_body()
         release = self.store.release_lease
         with contextlib.suppress(CtxGuardError):
             await self.gw.run(release, self.session_id, self.key, self.holder)
 
+    async def give_back_body(self) -> None:
+        release = self.store.release_lease
+        with contextlib.suppress(CtxGuardError):
+            await self.gw.run(release, self.session_id, self.body_name, self.digest)
+
 
 async def wait_for_key(
-    gw: Gateway, guard: Guard, session_id: str, key: str, reply_id: str
+    gw: Gateway, guard: Guard, session_id: str, key: str, reply_id: str, digest: str
 ) -> tuple[KeyLease | None, Message | None]:
-    """(the lease, None) to run the request, or (None, the recorded reply) to replay it."""
-    lease = KeyLease(gw, guard, session_id, key)
+    """(the lease, None) to run the request, or (None, the recorded reply) to replay it;
+    a 422 when the key is (or was) another request's (see the module's docstring)."""
+    lease = KeyLease(gw, guard, session_id, key, digest)
     deadline = time.monotonic() + gw.config.upstream_timeout + lease.seconds
     pause = FIRST_PAUSE
+    window = gw.config.idempotency_window
     while True:
+        if not await lease.claim_body():
+            raise key_reused()
         held = await lease.take()
         try:
-            reply = await gw.run(
-                recorded_reply, guard, session_id, reply_id, gw.config.idempotency_window, key
-            )
+            reply = await gw.run(recorded_reply, guard, session_id, reply_id, window, key, digest)
         except BaseException:
             if held:
                 lease.release()
+            else:
+                gw.background(lease.give_back_body())
             raise
         if reply is not None:
             if held:
                 lease.release()
+            else:  # the first's is given back: this one's renewal, if any
+                gw.background(lease.give_back_body())
             return None, reply
         if held:
             lease.hold()
@@ -111,21 +171,24 @@ async def wait_for_key(
 
 
 def recorded_reply(
-    guard: Guard, session_id: str, reply_id: str, window: int, key: str | None = None
+    guard: Guard,
+    session_id: str,
+    reply_id: str,
+    window: int,
+    key: str | None = None,
+    digest: str | None = None,
 ) -> Message | None:
     """The stored reply with ``reply_id`` among the newest ``window`` messages; a 422
-    when a reply there was made for ``key`` from another request body (the reply id is
-    derived from the key and the messages: another id, another body)."""
+    when a reply there was made for ``key`` from another request body: another id (the
+    reply id is derived from the key and the messages) or another ``digest`` (the same
+    messages with another model, temperature, tools...)."""
     for item in guard.store.read_last(session_id, window):
         message = item.message
         if message.id == reply_id:
+            stored = message.metadata.get(DIGEST_FIELD)
+            if digest is not None and isinstance(stored, str) and stored != digest:
+                raise key_reused()
             return message
         if key is not None and message.metadata.get(KEY_FIELD) == key:
-            raise ApiError(
-                422,
-                "this Idempotency-Key was used in this session for a request with other "
-                "messages; send a new key with a new request",
-                param="Idempotency-Key",
-                code="idempotency_key_reused",
-            )
+            raise key_reused()
     return None

@@ -33,10 +33,13 @@ from ctxguard.serve import identity
 from ctxguard.serve.chat import CHAT_PATH, Turn, open_turn, prepare
 from ctxguard.serve.forward import bad_reply, post_json
 from ctxguard.serve.gateway import Gateway
+from ctxguard.serve.idempotency import body_digest
 from ctxguard.serve.inbound import ChatRequest, read_json
 from ctxguard.serve.openai_errors import ApiError, bad_request, from_ctxguard, json_kind
 from ctxguard.serve.sse import reply_of
 from ctxguard.stores.base import StoredMessage
+
+RESPONSES_PATH = "/v1/responses"
 
 
 def response_id(session_id: str, reply_id: str) -> str:
@@ -274,7 +277,8 @@ async def create_response(request: Request) -> Response:
         if previous is not None and session is not None:
             guard = await gw.guard_async(tenant)
             await gw.run(_check_previous, guard, session, previous, gw.config.idempotency_window)
-        turn, replay = await open_turn(gw, tenant, session, chat, request.headers)
+        digest = body_digest(RESPONSES_PATH, body)
+        turn, replay = await open_turn(gw, tenant, session, chat, request.headers, digest)
         turn.places = places
         if replay is not None:
             return JSONResponse(response_object(replay, response_id(session or "", replay.id)))
