@@ -30,7 +30,7 @@ def vllm_server(qwen: Any) -> Iterator[FakeVLLM]:
 
 
 @pytest.fixture
-def vllm(vllm_server: FakeVLLM) -> FakeVLLM:
+def vllm(vllm_server: FakeVLLM) -> Iterator[FakeVLLM]:
     """The shared upstream with its records cleared for this test."""
     vllm_server.requests.clear()
     vllm_server.prompt_tokens.clear()
@@ -41,7 +41,10 @@ def vllm(vllm_server: FakeVLLM) -> FakeVLLM:
     vllm_server.fail_status = None
     vllm_server.first_tool_arguments = None
     vllm_server.stall_enabled = True
-    return vllm_server
+    vllm_server.hold = None
+    yield vllm_server
+    if vllm_server.hold is not None:  # a test that failed holding a request: let it go
+        vllm_server.hold.set()
 
 
 Start = Callable[..., str]

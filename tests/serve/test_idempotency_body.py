@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -123,7 +124,7 @@ def test_the_key_with_another_body_is_a_422_and_changes_nothing(
 def test_another_body_while_the_first_is_in_flight_is_refused_at_once(
     gateway: str, vllm: FakeVLLM, stored: Stored, change: str
 ) -> None:
-    vllm.slow_seconds = 5.0
+    vllm.hold = threading.Event()  # the first request stays upstream until let go
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         first = pool.submit(chat, gateway, "SLOW please", headers=KEY)
         wait_until(lambda: len(vllm.requests) == 1, "the first request upstream")
@@ -137,6 +138,7 @@ def test_another_body_while_the_first_is_in_flight_is_refused_at_once(
         # told while the first runs (it did wait for the first's reply, then compared)
         assert not first.done()
         assert_reused(other)
+        vllm.hold.set()
         assert first.result().status_code == 200
     assert len(vllm.requests) == 1
     assert [m["content"] for m in stored("s1")] == ["SLOW please", "echo: SLOW please"]
@@ -161,13 +163,14 @@ def test_responses_the_same_body_replays_and_another_is_a_422(
 
 def test_an_in_process_store_compares_too(start_gateway: Any, vllm: FakeVLLM) -> None:
     gateway = start_gateway(url=private_memory_url(), max_tokens=256)
-    vllm.slow_seconds = 5.0
+    vllm.hold = threading.Event()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         first = pool.submit(chat, gateway, "SLOW please", headers=KEY)
         wait_until(lambda: len(vllm.requests) == 1, "the first request upstream")
         in_flight = chat(gateway, "SLOW please", headers=KEY, temperature=0.5)
         assert not first.done()
         assert_reused(in_flight)
+        vllm.hold.set()
         assert first.result().status_code == 200
     assert_reused(chat(gateway, "SLOW please", headers=KEY, temperature=0.5))
     again = chat(gateway, "SLOW please", headers=KEY)

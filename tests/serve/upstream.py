@@ -12,7 +12,8 @@ reached the "GPU" fit. What the reply does is scripted by the last user message:
 - with ``first_tool_arguments`` set, a user message on a request that offers tools -> a
   call of the request's first tool with those arguments (a tool result is then echoed)
 - ``FAIL500``   -> HTTP 500
-- ``SLOW``      -> waits ``slow_seconds`` before answering (timeouts)
+- ``SLOW``      -> waits ``slow_seconds`` before answering (timeouts), or, with ``hold``
+  set to an Event, until the test sets it
 - ``STALL``     -> streams two chunks, then waits until the client goes away
 - ``BATCH``     -> streams the whole reply in one write (events arrive together)
 - ``CUT``       -> streams the first word, then ends the stream cleanly (no finish, no [DONE])
@@ -66,6 +67,7 @@ class FakeVLLM:
         self.prompt_tokens: list[int] = []
         self.cancelled = 0
         self.slow_seconds = 3.0
+        self.hold: threading.Event | None = None  # set: SLOW waits for it, not slow_seconds
         self.tokenize_calls = 0
         self.fail_status: int | None = None  # answer every chat request with this status
         self.stall_enabled = True  # False: STALL streams like any other reply
@@ -134,7 +136,10 @@ class FakeVLLM:
         if "FAIL500" in text:
             return JSONResponse({"object": "error", "message": "engine died", "code": 500}, 500)
         if "SLOW" in text:
-            await asyncio.sleep(self.slow_seconds)
+            if self.hold is not None:  # until the test lets it go (no race on a busy machine)
+                await asyncio.to_thread(self.hold.wait, 120)
+            else:
+                await asyncio.sleep(self.slow_seconds)
         usage = {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}
         reply: dict[str, Any] = {"role": "assistant", "content": "echo: " + text}
         call: tuple[str, str] | None = None
