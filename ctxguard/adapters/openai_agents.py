@@ -9,7 +9,9 @@ items added together (parallel tool calls) share one assistant message, so the
 guard sees the chat shape providers check: an assistant message with all its
 tool calls, then the results. Each original item is kept verbatim in
 ``Message.metadata['agents']`` when the chat shape cannot rebuild it, so
-``get_items`` returns exactly what ``add_items`` received.
+``get_items`` returns exactly what ``add_items`` received. (Just past ~400 lines on
+purpose: the ``Session`` protocol's methods belong on one class; compaction is already
+apart, in ``adapters/_compaction.py``.)
 
 * ``get_items(limit=N)`` is the newest N items, oldest first, always from the raw
   history: the Runner relies on it to check and rewind the session's tail.

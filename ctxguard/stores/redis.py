@@ -7,7 +7,8 @@ stores only move bytes: :mod:`redis_protocol` builds every call and parses every
 reply. This module holds :class:`RedisStore` and re-exports
 its twin :class:`AsyncRedisStore` (``redis_async.py``); ``redis_clients.py`` makes
 the client from the URL and holds what both share, ``redis_errors.py`` turns
-redis-py's errors into ctxguard's.
+redis-py's errors into ctxguard's. Past ~400 lines on purpose: one class, one short
+method per operation, its retry rule beside it (splitting the class would split the rule).
 
 Retries. When the connection drops (or the cluster is reconfiguring), an
 operation that is safe to repeat is sent again with backoff (:class:`RetryPolicy`:
