@@ -19,6 +19,7 @@ from typing import Any, Self
 
 from ctxguard._validate import one_line, show
 from ctxguard.adapters import _shared
+from ctxguard.adapters._closing import ClosesOwnGuard
 from ctxguard.adapters._llamaindex_convert import _checked_one, _converted, to_llamaindex
 from ctxguard.adapters._shared import GuardRef
 from ctxguard.errors import ConfigError, InvalidInputError, MissingDependencyError
@@ -41,7 +42,7 @@ URL_ENV = "CTXGUARD_URL"
 _LIVE: weakref.WeakValueDictionary[str, GuardRef] = weakref.WeakValueDictionary()
 
 
-class CtxGuardMemory(BaseMemory):
+class CtxGuardMemory(BaseMemory, ClosesOwnGuard):
     """``BaseMemory`` whose ``get()`` is the guard's budgeted window of the session.
 
     ``max_tokens`` is the output to reserve (the guard's default when None).
@@ -237,27 +238,9 @@ class CtxGuardMemory(BaseMemory):
     async def areset(self) -> None:
         await _shared.aclear(self.ref, self.session_id)
 
-    def close(self) -> None:
-        """Release the connections of the guard this memory opened from a store URL (a
-        Guard or AsyncGuard passed in is yours and stays open; copies of this memory
-        share the guard and open a new one when next used). Idempotent."""
-        self.ref.close()
-
-    async def aclose(self) -> None:
-        """:meth:`close`, and the AsyncGuard it opened on the running loop."""
-        await self.ref.aclose()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+    def _guard_ref(self) -> GuardRef:  # ClosesOwnGuard: close(), aclose(), with
+        # copies of this memory share the guard, and open a new one when next used
+        return self.ref
 
     def _reserve(self, guard: Guard | AsyncGuard, extra: object) -> int:
         count = _shared.check_optional_count(extra, "initial_token_count")

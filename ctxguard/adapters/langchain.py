@@ -26,10 +26,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Self
+from typing import Any
 
 from ctxguard._validate import type_name
 from ctxguard.adapters import _served, _shared
+from ctxguard.adapters._closing import ClosesOwnGuard
 from ctxguard.adapters._langchain_messages import (
     META_KEY,
     as_messages,
@@ -56,7 +57,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 # -- the chat message history --------------------------------------------------------
 
 
-class CtxGuardChatMessageHistory(BaseChatMessageHistory):
+class CtxGuardChatMessageHistory(BaseChatMessageHistory, ClosesOwnGuard):
     """LangChain chat history backed by a ctxguard session (memory://, Redis, Cluster).
 
     ``guard_or_url`` is a :class:`~ctxguard.guard.Guard`, an
@@ -171,27 +172,8 @@ class CtxGuardChatMessageHistory(BaseChatMessageHistory):
 
     # -- closing the guard opened from a URL -------------------------------------------
 
-    def close(self) -> None:
-        """Release the connections of the guard this history opened from a store URL (a
-        Guard or AsyncGuard passed in is yours and stays open). Idempotent; a later call
-        opens a new guard. Also ``with`` / ``async with``."""
-        self.ref.close()
-
-    async def aclose(self) -> None:
-        """:meth:`close`, and the AsyncGuard it opened on the running loop."""
-        await self.ref.aclose()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+    def _guard_ref(self) -> GuardRef:  # ClosesOwnGuard: close(), aclose(), with
+        return self.ref
 
 
 # -- fitting prompts a chain assembles ----------------------------------------------

@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Self
+from typing import Any
 
 from ctxguard.adapters import _shared
+from ctxguard.adapters._closing import ClosesOwnGuard
 from ctxguard.adapters._llamaindex_convert import (
     _converted,
     _converted_one,
@@ -65,7 +66,7 @@ from ctxguard.adapters._llamaindex_memory import CtxGuardMemory
 # -- the chat store ------------------------------------------------------------------
 
 
-class CtxGuardChatStore(BaseChatStore):
+class CtxGuardChatStore(BaseChatStore, ClosesOwnGuard):
     """``BaseChatStore`` on ctxguard: one key is one session (memory://, Redis, Cluster)."""
 
     _ref: GuardRef = PrivateAttr()
@@ -169,27 +170,8 @@ class CtxGuardChatStore(BaseChatStore):
 
     # -- closing the guard opened from a URL -------------------------------------------
 
-    def close(self) -> None:
-        """Release the connections of the guard this store opened from a store URL (a
-        Guard or AsyncGuard passed in is yours and stays open). Idempotent; a later call
-        opens a new guard. Also ``with`` / ``async with``."""
-        self._ref.close()
-
-    async def aclose(self) -> None:
-        """:meth:`close`, and the AsyncGuard it opened on the running loop."""
-        await self._ref.aclose()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+    def _guard_ref(self) -> GuardRef:  # ClosesOwnGuard: close(), aclose(), with
+        return self._ref
 
 
 __all__ = ["CtxGuardChatStore", "CtxGuardLLM", "CtxGuardMemory", "to_ctxguard", "to_llamaindex"]
