@@ -90,3 +90,20 @@ def stored(redis_url: str, namespace: str) -> Iterator[Callable[..., list[dict[s
     yield read
     for guard in guards.values():
         guard.close()
+
+
+@pytest.fixture
+def snapshot(redis_url: str, namespace: str) -> Iterator[Callable[[str], Any]]:
+    """A session's stored state, to compare before and after a refused request: its
+    messages (seq, record, count), its message and token counts, its audit records."""
+    guard = Guard(redis_url, limit=4096, namespace=namespace)
+
+    def take(session: str) -> Any:
+        store = guard.store
+        info = store.info(session)
+        messages = [(s.seq, s.message.to_record(), s.tokens) for s in store.read(session)]
+        counts = None if info is None else (info.message_count, info.token_total)
+        return messages, counts, store.read_audit(session)
+
+    yield take
+    guard.close()

@@ -5,33 +5,15 @@ answered, stored once."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-
-from ctxguard import Guard
 
 from .test_request_edges import post, refused
 from .upstream import FakeVLLM
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def snapshot(redis_url: str, namespace: str) -> Iterator[Callable[[str], Any]]:
-    """A session's messages (records, counts), its counts and its audit records."""
-    guard = Guard(redis_url, limit=4096, namespace=namespace)
-
-    def take(session: str) -> Any:
-        store = guard.store
-        info = store.info(session)
-        messages = [(s.seq, s.message.to_record(), s.tokens) for s in store.read(session)]
-        counts = None if info is None else (info.message_count, info.token_total)
-        return messages, counts, store.read_audit(session)
-
-    yield take
-    guard.close()
 
 
 def user(content: str, msg_id: str = "c-1") -> dict[str, Any]:

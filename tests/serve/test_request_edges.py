@@ -6,13 +6,12 @@ one line, and the store is the same before and after."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
-from ctxguard import Guard
 from ctxguard.errors import StoreConnectionError
 from ctxguard.serve.gateway import reply_not_stored
 
@@ -59,22 +58,6 @@ def refused(response: httpx.Response, status: int, code: str | None) -> dict[str
 def speaks_http(message: str) -> None:
     said = [term for term in PYTHON_TERMS if term in message]
     assert not said, f"{said} in {message!r}"
-
-
-@pytest.fixture
-def snapshot(redis_url: str, namespace: str) -> Iterator[Callable[[str], Any]]:
-    """A session's messages (ids, records, counts), its info and its audit records."""
-    guard = Guard(redis_url, limit=4096, namespace=namespace)
-
-    def take(session: str) -> Any:
-        store = guard.store
-        info = store.info(session)
-        messages = [(s.seq, s.message.to_record(), s.tokens) for s in store.read(session)]
-        counts = None if info is None else (info.message_count, info.token_total)
-        return messages, counts, store.read_audit(session)
-
-    yield take
-    guard.close()
 
 
 def post(gateway: str, body: dict[str, Any], session: str | None = "s1", **headers: str) -> Any:
