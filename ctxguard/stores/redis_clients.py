@@ -32,6 +32,7 @@ from ctxguard.stores.keys import KeySpace
 from ctxguard.stores.redis_deadline import connection_class
 from ctxguard.stores.redis_errors import wrap_error
 from ctxguard.stores.redis_protocol import RedisProtocol
+from ctxguard.stores.url_options import CLUSTER_PARAMS
 from ctxguard.stores.urls import StoreURL
 
 
@@ -288,27 +289,6 @@ async def ascan_keys(client: Any, pattern: str) -> AsyncIterator[bytes]:
             yield key
 
 
-# Connection settings a redis+cluster:// URL may carry (credentials, timeouts, TLS);
-# the same query parameters redis.Redis.from_url accepts for one server.
-_CLUSTER_KWARGS = (
-    "username",
-    "password",
-    "client_name",
-    "socket_timeout",
-    "socket_connect_timeout",
-    "health_check_interval",
-    "ssl_ca_certs",
-    "ssl_cert_reqs",
-    "ssl_certfile",
-    "ssl_keyfile",
-    "ssl_check_hostname",
-    "ssl_min_version",
-    "ssl_ciphers",
-    "socket_keepalive",
-    "max_connections",
-)
-
-
 def _cluster_kwargs(url: StoreURL, asynchronous: bool) -> dict[str, Any]:
     """Client settings for a cluster URL, parsed the way redis-py parses a server URL.
 
@@ -318,19 +298,13 @@ def _cluster_kwargs(url: StoreURL, asynchronous: bool) -> dict[str, Any]:
     its view of the topology before raising, and :class:`RetryPolicy` repeats
     what is safe to repeat.
     """
-    unsupported = [k for k, _ in (*url.options, *url.secret_options) if k not in _CLUSTER_KWARGS]
-    if unsupported:
-        raise ConfigError(
-            f"{', '.join(unsupported)} cannot be set on a cluster URL; it takes "
-            + ", ".join(_CLUSTER_KWARGS)
-        )
     try:  # the URL redis-py parses holds no credentials: its message shows no secret
         base = redis.Redis.from_url(url.redis_url())
     except ValueError as exc:  # a query parameter redis-py cannot parse
         raise ConfigError(f"bad cluster URL {url.redacted}: {exc}") from None
     given = base.connection_pool.connection_kwargs
     base.close()
-    kwargs = {k: given[k] for k in _CLUSTER_KWARGS if k in given}
+    kwargs = {k: given[k] for k in CLUSTER_PARAMS if k in given}
     kwargs.update(url.client_kwargs())
     kwargs["ssl"] = url.tls
     kwargs["retry"] = _no_retry(asynchronous)

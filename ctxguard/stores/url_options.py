@@ -23,6 +23,25 @@ CERT_REQS = ("none", "optional", "required")
 # redis-py reads ssl_min_version with int() and sets SSLContext.minimum_version to it
 TLS_VERSIONS = {str(int(v)): v.name for v in ssl.TLSVersion}
 _FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+# the options a redis+cluster:// URL may carry: what redis-py's cluster client takes (it has no
+# ssl_ca_path and no ssl_password; with one, every open failed)
+CLUSTER_PARAMS = (
+    "username",
+    "password",
+    "client_name",
+    "socket_connect_timeout",
+    "socket_timeout",
+    "health_check_interval",
+    "ssl_ca_certs",
+    "ssl_cert_reqs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_check_hostname",
+    "ssl_min_version",
+    "ssl_ciphers",
+    "socket_keepalive",
+    "max_connections",
+)
 
 
 def check_option_values(params: list[tuple[str, str]]) -> None:
@@ -63,6 +82,18 @@ def check_option_values(params: list[tuple[str, str]]) -> None:
         raise ConfigError(
             "ssl_keyfile in the store URL needs ssl_certfile, the client certificate it "
             "belongs to (alone it failed inside redis-py at every connect)"
+        )
+
+
+def check_cluster_options(params: list[tuple[str, str]]) -> None:
+    """A ConfigError for options redis-py's cluster client does not take (they were refused
+    only when the store was opened, after `ctxguard serve` had taken its config, say)."""
+    lacking = [k for k, _ in params if k not in (*CLUSTER_PARAMS, "namespace", "tenant", "db")]
+    if lacking:
+        raise ConfigError(
+            f"{', '.join(dict.fromkeys(lacking))} cannot be set on a cluster URL (redis-py's "
+            "cluster client lacks it); drop it"
+            + (", and give ssl_ca_certs instead" if "ssl_ca_path" in lacking else "")
         )
 
 

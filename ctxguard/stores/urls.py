@@ -25,7 +25,7 @@ from urllib.parse import parse_qsl, quote, quote_plus, unquote
 
 from ctxguard._validate import MAX_INT, MAX_SECONDS, is_seconds, show
 from ctxguard.errors import ConfigError
-from ctxguard.stores.url_options import check_option_values
+from ctxguard.stores.url_options import check_cluster_options, check_option_values
 
 OWN_PARAMS = ("namespace", "tenant")
 SCHEMES = ("memory", "redis", "rediss", "redis+cluster", "rediss+cluster")
@@ -299,6 +299,8 @@ def parse_store_url(
             "ssl_* options in the store URL need TLS: use rediss:// (or rediss+cluster://)"
         )
     check_option_values(params)
+    if scheme.endswith("+cluster"):
+        check_cluster_options(params)
     skip = (*OWN_PARAMS, "username", "password", "db")
     return StoreURL(
         scheme=scheme,

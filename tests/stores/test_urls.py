@@ -282,9 +282,18 @@ def test_store_and_url_reprs_are_redacted() -> None:
     store.close()
 
 
-def test_cluster_urls_refuse_options_the_cluster_client_lacks() -> None:
-    with pytest.raises(ConfigError, match="ssl_ca_path cannot be set on a cluster URL"):
-        open_async_store("rediss+cluster://127.0.0.1:1,127.0.0.1:2?ssl_ca_path=/")
+@pytest.mark.parametrize("option", ["ssl_ca_path=/", "ssl_password=Pw9"])
+def test_cluster_urls_refuse_options_the_cluster_client_lacks_when_parsed(option: str) -> None:
+    """(they were refused only when the store was opened: `ctxguard serve`'s config, a
+    URL checked up front, and redact_url took them)"""
+    url = f"rediss+cluster://:s3cretPW@127.0.0.1:1,127.0.0.1:2?{option}"
+    name = option.partition("=")[0]
+    for door in (lambda: parse_store_url(url), lambda: open_async_store(url)):
+        with pytest.raises(ConfigError, match=f"{name} cannot be set on a cluster URL") as caught:
+            door()
+        assert "s3cretPW" not in str(caught.value) and "Pw9" not in str(caught.value)
+        assert "\n" not in str(caught.value)
+    assert parse_store_url(url.replace("+cluster", "").replace(",127.0.0.1:2", "")).tls
 
 
 def test_redact_url_of_other_urls() -> None:
