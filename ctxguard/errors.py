@@ -60,8 +60,8 @@ class MessageIdReusedError(InvalidMessageError):
         self.message_id = message_id
         super().__init__(
             f"message id {message_id!r} is stored in session {session_id!r} with other "
-            "content; an id names one message: give this message a new id (nothing was "
-            "stored)"
+            "content; an id names one message: give this message a new id (no message of "
+            "this call was stored)"
         )
 
 

@@ -88,8 +88,8 @@ def from_ctxguard(
     messages, which the client never saw, each to its place in the request, e.g.
     ``messages[2]``, for the Guard's words that name a message by its id)."""
     text = str(exc)
-    for made, place in (names or {}).items():
-        text = text.replace(repr(made), place)
+    for made, place in (names or {}).items():  # ("message 'gw-..' (user)" -> "messages[0] (user)")
+        text = text.replace(f"message {made!r}", place).replace(repr(made), place)
     if isinstance(exc, OutputReserveError):
         return ApiError(
             400, _no_room(exc, output_param), param=output_param, code="context_length_exceeded"

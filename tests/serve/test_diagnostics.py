@@ -126,3 +126,19 @@ def test_an_error_naming_a_message_names_its_place_not_a_made_id(
     plain(response.text)
     assert "messages[2] and messages[3]" in response.json()["error"]["message"]
     assert vllm.requests == []
+
+
+def test_a_guard_error_naming_a_message_the_gateway_named_reads_by_its_place() -> None:
+    """(it read "message messages[0] (user) is over max_message_tokens")"""
+    from ctxguard.errors import MessageTooLongError
+    from ctxguard.serve.openai_errors import from_ctxguard
+
+    made = "gw-" + "a" * 20
+    exc = MessageTooLongError(
+        f"message {made!r} (user) is over max_message_tokens", needed=9, limit=4, reserved=0
+    )
+    error = from_ctxguard(exc, names={made: "messages[3]"})
+    text = error.message
+    plain(text)
+    assert "messages[3] (user) is over max_message_tokens" in text
+    assert "message messages[3]" not in text
