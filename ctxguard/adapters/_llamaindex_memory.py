@@ -1,35 +1,26 @@
 """LlamaIndex ``BaseMemory`` on ctxguard: ``get()`` is the guard's budgeted window.
 
 The memory survives its own serialisation (``to_dict``/``from_dict``, a
-workflow ``Context`` saved with ``JsonSerializer``): its fields name the store
-(URL with the password as ``***``), namespace, tenant, limit, counter spec and
-the guard's settings, never a secret or a callable. Rebuilt in the same process,
-it finds the live guard it was made with (``handle``), summarizer and all;
-rebuilt elsewhere, it opens the store again from those fields, taking the URL
-with its password from ``CTXGUARD_URL`` when its redacted form matches.
+workflow ``Context`` saved with ``JsonSerializer``, pickle): see
+:mod:`ctxguard.adapters._llamaindex_fields` (shared with the chat store).
 """
 
 from __future__ import annotations
 
-import os
 import uuid
-import weakref
 from collections.abc import Callable
 from typing import Any, Self
 
-from ctxguard._validate import one_line, show
+from ctxguard.adapters import _llamaindex_fields as fields
 from ctxguard.adapters import _shared
 from ctxguard.adapters._closing import ClosesOwnGuard
 from ctxguard.adapters._llamaindex_convert import _checked_one, _converted, to_llamaindex
 from ctxguard.adapters._shared import GuardRef
-from ctxguard.errors import ConfigError, InvalidInputError, MissingDependencyError
+from ctxguard.errors import InvalidInputError, MissingDependencyError
 from ctxguard.guard.aio import AsyncGuard
-from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.sync import Guard
-from ctxguard.kv.limit import ContextLimit, StaticLimit
 from ctxguard.messages import Message
-from ctxguard.stores.urls import redact_url
 
 try:
     from llama_index.core.base.llms.types import ChatMessage
@@ -37,9 +28,6 @@ try:
     from llama_index.core.memory.types import BaseMemory
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxguard.adapters.llamaindex", "llamaindex") from exc
-
-URL_ENV = "CTXGUARD_URL"
-_LIVE: weakref.WeakValueDictionary[str, GuardRef] = weakref.WeakValueDictionary()
 
 
 class CtxGuardMemory(BaseMemory, ClosesOwnGuard):
@@ -123,10 +111,10 @@ class CtxGuardMemory(BaseMemory, ClosesOwnGuard):
         if chat_history is not None:
             _shared.check_batch(chat_history, ChatMessage, "chat_history")
         ref = GuardRef(guard_or_url, **guard_options)
-        fields = _describe(guard_or_url, guard_options)
-        memory = cls(session_id=session_id, max_tokens=max_tokens, **fields)
+        described = fields.describe(guard_or_url, guard_options)
+        memory = cls(session_id=session_id, max_tokens=max_tokens, **described)
         memory._ref = ref
-        _LIVE[memory.handle] = ref
+        fields.remember(memory.handle, ref)
         if chat_history:
             memory.set(chat_history)
         return memory
@@ -135,8 +123,9 @@ class CtxGuardMemory(BaseMemory, ClosesOwnGuard):
     def ref(self) -> GuardRef:
         """The guard this memory works through (found again or opened from the fields)."""
         if self._ref is None:
-            self._ref = _LIVE.get(self.handle) or self._reopen()
-            _LIVE[self.handle] = self._ref
+            self._ref = fields.find_or_reopen(
+                self.handle, self.model_dump(), "CtxGuardMemory.from_defaults"
+            )
         return self._ref
 
     @property
@@ -153,39 +142,6 @@ class CtxGuardMemory(BaseMemory, ClosesOwnGuard):
     @property
     def last_prepared(self) -> PreparedRequest | None:
         return self._last
-
-    def _reopen(self) -> GuardRef:
-        url = self.store
-        if url is None:
-            raise ConfigError(
-                "this memory was built on a Guard object of another process; "
-                "rebuild it with CtxGuardMemory.from_defaults(guard, session_id=...)"
-            )
-        if self.counter is None:
-            raise ConfigError(
-                "this memory's counter was an object, not a spec; "
-                "rebuild it with CtxGuardMemory.from_defaults(..., counter=...)"
-            )
-        if "***" in url:
-            full = os.environ.get(URL_ENV)
-            if full is None or redact_url(full) != url:
-                raise ConfigError(
-                    f"the store URL's password is never serialised: set {URL_ENV} to the "
-                    f"full URL of {url} or rebuild with CtxGuardMemory.from_defaults(url, ...)"
-                )
-            url = full
-        try:
-            config = GuardConfig(**{k: v for k, v in self.settings.items() if k != "summarizer"})
-        except TypeError as exc:
-            raise ConfigError(f"settings must be GuardConfig fields: {exc}") from None
-        return GuardRef(
-            url,
-            limit=self.limit,
-            counter=self.counter,
-            namespace=self.namespace,
-            tenant=self.tenant,
-            config=config,
-        )
 
     def get(self, input: str | None = None, **kwargs: Any) -> list[ChatMessage]:  # noqa: A002
         guard = self.ref.sync()
@@ -253,65 +209,4 @@ class CtxGuardMemory(BaseMemory, ClosesOwnGuard):
 
 
 def _refusal(exc: ValidationError) -> InvalidInputError:
-    """The error a refused set of fields answers: the ctxguard error a check raised (pydantic
-    wraps it, with the input, in a ValidationError of many lines), else pydantic's first
-    complaint on one line."""
-    errors = exc.errors()
-    for error in errors:
-        found = (error.get("ctx") or {}).get("error")
-        if isinstance(found, InvalidInputError):
-            return found
-    first = errors[0] if errors else {"loc": (), "msg": str(exc)}
-    where = ".".join(str(part) for part in first["loc"]) or "fields"
-    return InvalidInputError(
-        one_line(
-            f"CtxGuardMemory {where}: {first['msg']} (got {show(first.get('input'))}); "
-            "pass the fields CtxGuardMemory documents, or build it with from_defaults()"
-        )
-    )
-
-
-def _describe(guard_or_url: Guard | AsyncGuard | str, options: dict[str, Any]) -> dict[str, Any]:
-    """The memory's serialisable fields for a guard given as a URL or a Guard."""
-    if isinstance(guard_or_url, str):
-        limit = options.get("limit")
-        counter = options.get("counter", "approx")
-        config = options.get("config")
-        return {
-            "store": redact_url(guard_or_url),
-            "namespace": options.get("namespace"),
-            "tenant": options.get("tenant"),
-            "limit": _tokens(limit),
-            "counter": counter if isinstance(counter, str) else None,
-            "settings": _settings(config),
-        }
-    store = guard_or_url.store
-    where = getattr(store, "where", None)
-    return {
-        "store": where if isinstance(where, str) else None,
-        "namespace": getattr(store, "namespace", None),
-        "tenant": getattr(store, "tenant", None),
-        "limit": _tokens(guard_or_url.limit_source),
-        "counter": guard_or_url.core.counter_spec,
-        "settings": _settings(guard_or_url.config),
-    }
-
-
-def _tokens(limit: object) -> int | None:
-    if isinstance(limit, bool):
-        return None
-    if isinstance(limit, int):
-        return limit
-    if isinstance(limit, ContextLimit):
-        return limit.tokens
-    if isinstance(limit, StaticLimit):
-        return limit.resolve().tokens
-    return None
-
-
-def _settings(config: object) -> dict[str, Any]:
-    if not isinstance(config, GuardConfig):
-        return {}
-    data = config.describe()
-    data.pop("summarizer", None)
-    return data
+    return fields.refusal(exc, "CtxGuardMemory", "from_defaults()")

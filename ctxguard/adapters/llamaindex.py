@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from typing import Any
 
+from ctxguard.adapters import _llamaindex_fields as fields
 from ctxguard.adapters import _shared
 from ctxguard.adapters._closing import ClosesOwnGuard
 from ctxguard.adapters._llamaindex_convert import (
@@ -49,13 +51,13 @@ from ctxguard.adapters._llamaindex_convert import (
 )
 from ctxguard.adapters._loops import PerLoop
 from ctxguard.adapters._shared import GuardRef
-from ctxguard.errors import MissingDependencyError
+from ctxguard.errors import InvalidInputError, MissingDependencyError
 from ctxguard.guard.aio import AsyncGuard
 from ctxguard.guard.sync import Guard
 
 try:
     from llama_index.core.base.llms.types import ChatMessage
-    from llama_index.core.bridge.pydantic import PrivateAttr
+    from llama_index.core.bridge.pydantic import Field, PrivateAttr, ValidationError
     from llama_index.core.storage.chat_store.base import BaseChatStore
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxguard.adapters.llamaindex", "llamaindex") from exc
@@ -67,44 +69,85 @@ from ctxguard.adapters._llamaindex_memory import CtxGuardMemory
 
 
 class CtxGuardChatStore(BaseChatStore, ClosesOwnGuard):
-    """``BaseChatStore`` on ctxguard: one key is one session (memory://, Redis, Cluster)."""
+    """``BaseChatStore`` on ctxguard: one key is one session (memory://, Redis, Cluster).
 
-    _ref: GuardRef = PrivateAttr()
+    ``CtxGuardChatStore(guard_or_url, **guard_options)``: a Guard, an AsyncGuard or a
+    store URL (then ``limit``, ``counter``, ``namespace``, ``tenant``, ``config`` build
+    the guard). Its fields name that store (the URL with its password as ``***``), so the
+    store rebuilt from ``to_dict``, a pickle or a saved workflow ``Context`` is the same
+    store (see :mod:`ctxguard.adapters._llamaindex_fields`), not a fresh ``memory://``.
+    """
+
+    store: str | None = Field(
+        default="memory://",
+        description="the store URL, password as ***; None: a Guard object of this process",
+    )
+    namespace: str | None = Field(default=None, description="the store's namespace")
+    tenant: str | None = Field(default=None, description="the store's tenant")
+    limit: int | None = Field(default=None, description="the context limit in tokens")
+    counter: str | None = Field(default="approx", description="the token counter spec")
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="GuardConfig fields (no summarizer)"
+    )
+    handle: str = Field(
+        default_factory=lambda: uuid.uuid4().hex,
+        description="finds the live guard again when rebuilt in the same process",
+    )
+    _ref: GuardRef | None = PrivateAttr(default=None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     # one asyncio.Lock per event loop: a lock shared by loops binds to the first that
     # waits on it and raises RuntimeError in any other (asyncio.run per call, threads)
     _alocks: PerLoop[asyncio.Lock] = PrivateAttr(default_factory=lambda: PerLoop(asyncio.Lock))
 
     def __init__(
-        self, guard_or_url: Guard | AsyncGuard | str = "memory://", **guard_options: Any
+        self, guard_or_url: Guard | AsyncGuard | str | None = None, **options: Any
     ) -> None:
-        super().__init__()
-        self._ref = GuardRef(guard_or_url, **guard_options)
+        if guard_or_url is None and _FIELDS_ONLY & options.keys():
+            try:  # rebuilt from its fields (from_dict, pickle): the guard opens on use
+                super().__init__(**options)
+            except ValidationError as exc:
+                raise _refusal(exc) from None
+            return
+        url = "memory://" if guard_or_url is None else guard_or_url
+        ref = GuardRef(url, **options)
+        super().__init__(**fields.describe(url, options))
+        self._ref = ref
+        fields.remember(self.handle, ref)
 
     @classmethod
     def class_name(cls) -> str:
         return "CtxGuardChatStore"
 
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> CtxGuardChatStore:
+        try:
+            return super().model_validate(obj, *args, **kwargs)
+        except ValidationError as exc:
+            raise _refusal(exc) from None
+
     @property
     def ref(self) -> GuardRef:
+        """The guard this store works through (found again or opened from the fields)."""
+        if self._ref is None:
+            self._ref = fields.find_or_reopen(self.handle, self.model_dump(), "CtxGuardChatStore")
         return self._ref
 
     def set_messages(self, key: str, messages: list[ChatMessage]) -> None:
         new = _converted(key, messages)
         with self._lock:
-            _shared.replace(self._ref.sync(), key, new)
+            _shared.replace(self.ref.sync(), key, new)
 
     def get_messages(self, key: str) -> list[ChatMessage]:
         _key(key)
-        return [to_llamaindex(m) for m in _shared.read_all(self._ref.sync(), key)]
+        return [to_llamaindex(m) for m in _shared.read_all(self.ref.sync(), key)]
 
     def add_message(self, key: str, message: ChatMessage) -> None:
-        self._ref.sync().append(_key(key), [_converted_one(message)])
+        self.ref.sync().append(_key(key), [_converted_one(message)])
 
     def delete_messages(self, key: str) -> list[ChatMessage] | None:
         _key(key)
         with self._lock:
-            guard = self._ref.sync()
+            guard = self.ref.sync()
             found = _shared.read_all(guard, key)
             _shared.clear(guard, key)
         return [to_llamaindex(m) for m in found] or None
@@ -116,54 +159,54 @@ class CtxGuardChatStore(BaseChatStore, ClosesOwnGuard):
         _key(key)
         _shared.check_index(idx, "idx")
         with self._lock:
-            removed = _shared.remove_at(self._ref.sync(), key, idx)
+            removed = _shared.remove_at(self.ref.sync(), key, idx)
         return None if removed is None else to_llamaindex(removed)
 
     def delete_last_message(self, key: str) -> ChatMessage | None:
         """Remove the newest message (one atomic, audited retract)."""
         _key(key)
         with self._lock:
-            removed = _shared.pop_newest(self._ref.sync(), key)
+            removed = _shared.pop_newest(self.ref.sync(), key)
         return to_llamaindex(removed) if removed else None
 
     def get_keys(self) -> list[str]:
         """Every key (session id) in the namespace, sorted."""
-        return sorted(self._ref.sync().store.list_sessions())
+        return sorted(self.ref.sync().store.list_sessions())
 
     async def aset_messages(self, key: str, messages: list[ChatMessage]) -> None:
         new = _converted(key, messages)
         async with self._alocks.get():
-            await _shared.areplace(self._ref, key, new)
+            await _shared.areplace(self.ref, key, new)
 
     async def aget_messages(self, key: str) -> list[ChatMessage]:
         _key(key)
-        return [to_llamaindex(m) for m in await _shared.aread_all(self._ref, key)]
+        return [to_llamaindex(m) for m in await _shared.aread_all(self.ref, key)]
 
     async def async_add_message(self, key: str, message: ChatMessage) -> None:
-        await _shared.aappend(self._ref, _key(key), [_converted_one(message)])
+        await _shared.aappend(self.ref, _key(key), [_converted_one(message)])
 
     async def adelete_messages(self, key: str) -> list[ChatMessage] | None:
         _key(key)
         async with self._alocks.get():
-            found = await _shared.aread_all(self._ref, key)
-            await _shared.aclear(self._ref, key)
+            found = await _shared.aread_all(self.ref, key)
+            await _shared.aclear(self.ref, key)
         return [to_llamaindex(m) for m in found] or None
 
     async def adelete_message(self, key: str, idx: int) -> ChatMessage | None:
         _key(key)
         _shared.check_index(idx, "idx")
         async with self._alocks.get():
-            removed = await _shared.aremove_at(self._ref, key, idx)
+            removed = await _shared.aremove_at(self.ref, key, idx)
         return None if removed is None else to_llamaindex(removed)
 
     async def adelete_last_message(self, key: str) -> ChatMessage | None:
         _key(key)
         async with self._alocks.get():
-            removed = await _shared.apop_newest(self._ref, key)
+            removed = await _shared.apop_newest(self.ref, key)
         return to_llamaindex(removed) if removed else None
 
     async def aget_keys(self) -> list[str]:
-        guard = self._ref.aio()
+        guard = self.ref.aio()
         if guard is None:
             return await asyncio.to_thread(self.get_keys)
         return sorted([key async for key in guard.store.list_sessions()])
@@ -171,7 +214,14 @@ class CtxGuardChatStore(BaseChatStore, ClosesOwnGuard):
     # -- closing the guard opened from a URL -------------------------------------------
 
     def _guard_ref(self) -> GuardRef:  # ClosesOwnGuard: close(), aclose(), with
-        return self._ref
+        return self.ref
+
+
+_FIELDS_ONLY = {"store", "settings", "handle"}  # only a rebuild passes these
+
+
+def _refusal(exc: ValidationError) -> InvalidInputError:
+    return fields.refusal(exc, "CtxGuardChatStore", "CtxGuardChatStore(url, ...)")
 
 
 __all__ = ["CtxGuardChatStore", "CtxGuardLLM", "CtxGuardMemory", "to_ctxguard", "to_llamaindex"]

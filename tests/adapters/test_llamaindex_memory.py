@@ -18,7 +18,7 @@ from llama_index.core.workflow import Context, JsonSerializer
 from pydantic import Field
 
 from ctxguard import ConfigError
-from ctxguard.adapters import _llamaindex_memory
+from ctxguard.adapters import _llamaindex_fields
 from ctxguard.adapters.llamaindex import CtxGuardMemory, to_ctxguard
 from ctxguard.errors import InvalidIdError, InvalidInputError
 from ctxguard.guard import Guard
@@ -46,7 +46,7 @@ def test_from_dict_of_to_dict_works(store_url: str, namespace: str) -> None:
     data = json.loads(json.dumps(memory.to_dict()))
     again = CtxGuardMemory.from_dict(data)
     assert again.get() == history() and again.get_all() == history()
-    _llamaindex_memory._LIVE.clear()  # as if in another process: opened from the fields
+    _llamaindex_fields._LIVE.clear()  # as if in another process: opened from the fields
     elsewhere = CtxGuardMemory.from_dict(data)
     assert elsewhere.get() == history()
     elsewhere.ref.sync().close()
@@ -75,7 +75,7 @@ def test_the_password_is_never_serialised(monkeypatch: pytest.MonkeyPatch) -> No
     memory = CtxGuardMemory.from_defaults(url, session_id="p", limit=400)
     text = json.dumps(memory.to_dict())
     assert "s3cret" not in text and "***" in text
-    _llamaindex_memory._LIVE.clear()
+    _llamaindex_fields._LIVE.clear()
     monkeypatch.delenv("CTXGUARD_URL", raising=False)
     with pytest.raises(ConfigError, match="CTXGUARD_URL") as info:
         _ = CtxGuardMemory.from_dict(json.loads(text)).ref

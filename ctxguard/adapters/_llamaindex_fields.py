@@ -1,0 +1,149 @@
+"""What lets a LlamaIndex object of ctxguard survive its own serialisation.
+
+The memory (:mod:`~ctxguard.adapters._llamaindex_memory`) and the chat store
+(:mod:`~ctxguard.adapters.llamaindex`) are pydantic components that LlamaIndex saves
+with ``to_dict`` (a workflow ``Context`` with ``JsonSerializer``) or pickles, and
+rebuilds with ``from_dict`` / ``cls(**fields)``. Their fields name the store (URL with
+the password as ``***``), namespace, tenant, limit, counter spec and the guard's
+settings, never a secret or a callable. Rebuilt in the same process, an object finds
+the live guard it was made with (its ``handle``), summarizer and all; rebuilt
+elsewhere, it opens the store again from those fields, taking the URL with its
+password from ``CTXGUARD_URL`` when its redacted form matches.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any
+
+from ctxguard._validate import one_line, show
+from ctxguard.adapters._shared import GuardRef
+from ctxguard.errors import ConfigError, InvalidInputError, MissingDependencyError
+from ctxguard.guard.aio import AsyncGuard
+from ctxguard.guard.config import GuardConfig
+from ctxguard.guard.sync import Guard
+from ctxguard.kv.limit import ContextLimit, StaticLimit
+from ctxguard.stores.urls import redact_url
+
+try:
+    from llama_index.core.bridge.pydantic import ValidationError
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise MissingDependencyError("ctxguard.adapters.llamaindex", "llamaindex") from exc
+
+URL_ENV = "CTXGUARD_URL"
+_LIVE: weakref.WeakValueDictionary[str, GuardRef] = weakref.WeakValueDictionary()
+
+
+def remember(handle: str, ref: GuardRef) -> None:
+    """``ref`` is the live guard of the object whose ``handle`` this is."""
+    _LIVE[handle] = ref
+
+
+def find_or_reopen(handle: str, fields: dict[str, Any], build: str) -> GuardRef:
+    """The live guard of ``handle`` in this process, else one opened from ``fields``
+    (``build`` names what builds the object anew, for the errors)."""
+    ref = _LIVE.get(handle) or reopen(fields, build)
+    _LIVE[handle] = ref
+    return ref
+
+
+def reopen(fields: dict[str, Any], build: str) -> GuardRef:
+    """A guard opened from an object's serialised fields."""
+    url = fields.get("store")
+    if url is None:
+        raise ConfigError(
+            "this object was built on a Guard object of another process; rebuild it "
+            f"with {build}(guard, ...)"
+        )
+    if fields.get("counter") is None:
+        raise ConfigError(
+            "this object's counter was an object, not a spec; rebuild it with "
+            f"{build}(..., counter=...)"
+        )
+    if "***" in url:
+        full = os.environ.get(URL_ENV)
+        if full is None or redact_url(full) != url:
+            raise ConfigError(
+                f"the store URL's password is never serialised: set {URL_ENV} to the "
+                f"full URL of {url} or rebuild it with {build}(url, ...)"
+            )
+        url = full
+    settings = fields.get("settings") or {}
+    try:
+        config = GuardConfig(**{k: v for k, v in settings.items() if k != "summarizer"})
+    except TypeError as exc:
+        raise ConfigError(f"settings must be GuardConfig fields: {exc}") from None
+    return GuardRef(
+        url,
+        limit=fields.get("limit"),
+        counter=fields["counter"],
+        namespace=fields.get("namespace"),
+        tenant=fields.get("tenant"),
+        config=config,
+    )
+
+
+def refusal(exc: ValidationError, kind: str, how: str) -> InvalidInputError:
+    """The error a refused set of fields answers: the ctxguard error a check raised (pydantic
+    wraps it, with the input, in a ValidationError of many lines), else pydantic's first
+    complaint on one line."""
+    errors = exc.errors()
+    for error in errors:
+        found = (error.get("ctx") or {}).get("error")
+        if isinstance(found, InvalidInputError):
+            return found
+    first = errors[0] if errors else {"loc": (), "msg": str(exc)}
+    where = ".".join(str(part) for part in first["loc"]) or "fields"
+    return InvalidInputError(
+        one_line(
+            f"{kind} {where}: {first['msg']} (got {show(first.get('input'))}); "
+            f"pass the fields {kind} documents, or build it with {how}"
+        )
+    )
+
+
+def describe(guard_or_url: Guard | AsyncGuard | str, options: dict[str, Any]) -> dict[str, Any]:
+    """The serialisable fields for a guard given as a URL or a Guard."""
+    if isinstance(guard_or_url, str):
+        limit = options.get("limit")
+        counter = options.get("counter", "approx")
+        config = options.get("config")
+        return {
+            "store": redact_url(guard_or_url),
+            "namespace": options.get("namespace"),
+            "tenant": options.get("tenant"),
+            "limit": _tokens(limit),
+            "counter": counter if isinstance(counter, str) else None,
+            "settings": _settings(config),
+        }
+    store = guard_or_url.store
+    where = getattr(store, "where", None)
+    return {
+        "store": where if isinstance(where, str) else None,
+        "namespace": getattr(store, "namespace", None),
+        "tenant": getattr(store, "tenant", None),
+        "limit": _tokens(guard_or_url.limit_source),
+        "counter": guard_or_url.core.counter_spec,
+        "settings": _settings(guard_or_url.config),
+    }
+
+
+def _tokens(limit: object) -> int | None:
+    if isinstance(limit, bool):
+        return None
+    if isinstance(limit, int):
+        return limit
+    if isinstance(limit, ContextLimit):
+        return limit.tokens
+    if isinstance(limit, StaticLimit):
+        return limit.resolve().tokens
+    return None
+
+
+def _settings(config: object) -> dict[str, Any]:
+    if not isinstance(config, GuardConfig):
+        return {}
+    data = config.describe()
+    data.pop("summarizer", None)
+    return data
