@@ -125,6 +125,16 @@ class CtxGuardChatStore(BaseChatStore, ClosesOwnGuard):
         except ValidationError as exc:
             raise _refusal(exc) from None
 
+    @classmethod
+    def model_validate_json(cls, json_data: Any, *args: Any, **kwargs: Any) -> CtxGuardChatStore:
+        try:
+            return super().model_validate_json(json_data, *args, **kwargs)
+        except ValidationError as exc:
+            raise _refusal(exc) from None
+
+    def model_post_init(self, context: Any, /) -> None:
+        _shared.check_optional_count(self.limit, "limit")
+
     @property
     def ref(self) -> GuardRef:
         """The guard this store works through (found again or opened from the fields)."""

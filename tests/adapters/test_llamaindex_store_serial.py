@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import pickle
 
+import pydantic
 import pytest
 
 pytest.importorskip("llama_index.core")
@@ -22,6 +23,7 @@ from llama_index.core.workflow.events import StartEvent, StopEvent
 from ctxguard import ConfigError
 from ctxguard.adapters import _llamaindex_fields
 from ctxguard.adapters.llamaindex import CtxGuardChatStore
+from ctxguard.errors import InvalidInputError
 from ctxguard.guard import Guard
 
 HELLO = [ChatMessage(role="user", content="hello"), ChatMessage(role="assistant", content="hi")]
@@ -89,3 +91,24 @@ def test_the_password_is_never_serialised(monkeypatch: pytest.MonkeyPatch) -> No
     assert "s3cret" not in str(info.value)
     monkeypatch.setenv("CTXGUARD_URL", url)
     assert CtxGuardChatStore.from_dict(json.loads(text)).ref.owns  # opened lazily
+
+
+BUILDS = {
+    "direct": lambda fields: CtxGuardChatStore(**fields),
+    "from_dict": lambda fields: CtxGuardChatStore.from_dict(fields),
+    "model_validate": lambda fields: CtxGuardChatStore.model_validate(fields),
+    "model_validate_json": lambda fields: CtxGuardChatStore.model_validate_json(json.dumps(fields)),
+}
+
+
+@pytest.mark.parametrize("build", sorted(BUILDS))
+@pytest.mark.parametrize(
+    "fields",
+    [{"store": 5}, {"settings": "no"}, {"handle": 5}, {"store": "memory://x", "limit": -1}],
+    ids=["store-int", "settings-str", "handle-int", "limit"],
+)
+def test_bad_fields_are_a_typed_one_line_error(build: str, fields: dict[str, object]) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        BUILDS[build](fields)
+    assert not isinstance(info.value, pydantic.ValidationError)
+    assert "\n" not in str(info.value)
