@@ -1,0 +1,216 @@
+"""OpenAI Agents SDK items as ctxguard messages and back (for ``adapters.openai_agents``).
+
+Items are stored one ctxguard message per item, except that consecutive call items
+added together (parallel tool calls) share one assistant message, so the guard sees the
+chat shape providers check: an assistant message with all its tool calls, then the
+results. What an item carries is what the guard counts: a message's text, a call's
+arguments (its input, action or patch operation), a tool result's output (a shell
+call's stdout and stderr), reasoning by its summary, any other item by its JSON. Each
+original item is kept verbatim in ``Message.metadata['agents']`` when the chat shape
+cannot rebuild it, so the items read back are exactly the items stored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ctxguard._validate import check_json, type_name
+from ctxguard.errors import InvalidMessageError
+from ctxguard.messages import FunctionCall, ImagePart, Message, TextPart, ToolCall
+
+META_KEY = "agents"
+Item = dict[str, Any]
+_MESSAGE_ROLES = {"user", "system", "developer", "assistant"}
+
+
+def items_to_messages(items: Sequence[Any]) -> list[Message]:
+    """Items as ctxguard messages: consecutive call items become one assistant message."""
+    plain = [_plain(item, f"items[{index}]") for index, item in enumerate(items)]
+    return [_message_of(group) for group in _groups(plain)]
+
+
+def message_to_items(message: Message) -> list[Item]:
+    """The items a stored message stands for (the originals when they were kept)."""
+    kept = message.metadata.get(META_KEY)
+    if kept is None:
+        return _generic_items(message)
+    items = [dict(i) for i in kept["items"]]
+    if "ctxguard_truncated" in message.metadata and len(items) == 1:
+        return [_with_text(items[0], message)]
+    return items
+
+
+def _plain(item: Any, what: str = "item") -> Item:
+    """An item as a dict of JSON values (it is stored verbatim), or InvalidInputError."""
+    if hasattr(item, "model_dump"):
+        item = item.model_dump(exclude_unset=True)
+    if not isinstance(item, dict):
+        raise InvalidMessageError(
+            f"{what}: an Agents SDK item must be a dict, got {type_name(item)}"
+        )
+    check_json(item, what, loose=True)
+    return dict(item)
+
+
+def _is_call(item: Item) -> bool:
+    kind = str(item.get("type", ""))
+    return kind.endswith("_call") and isinstance(item.get("call_id"), str)
+
+
+def _is_output(item: Item) -> bool:
+    kind = str(item.get("type", ""))
+    return kind.endswith("_call_output") and isinstance(item.get("call_id"), str)
+
+
+def _groups(items: list[Item]) -> list[list[Item]]:
+    groups: list[list[Item]] = []
+    for item in items:
+        if groups and _is_call(item) and _is_call(groups[-1][-1]):
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    return groups
+
+
+def _message_of(group: list[Item]) -> Message:
+    head = group[0]
+    if _is_call(head):
+        base = Message(role="assistant", content=None, tool_calls=[_tool_call(i) for i in group])
+    elif _is_output(head):
+        base = Message(role="tool", content=_text(head.get("output")), tool_call_id=head["call_id"])
+    elif (
+        isinstance(head.get("role"), str)
+        and head["role"] in _MESSAGE_ROLES
+        and head.get("type", "message") == "message"
+    ):
+        base = Message(role=head["role"], content=_content(head.get("content"), head["role"]))
+    else:
+        base = Message(role="assistant", content=_other_text(head))
+    if _generic_items(base) == group:
+        return base
+    return base.model_copy(update={"metadata": {META_KEY: {"items": group}}})
+
+
+_ARGUMENTS = ("arguments", "input", "action", "operation")  # apply_patch: its diff
+_BOOKKEEPING = {"type", "id", "call_id", "status", "name"}
+
+
+def _tool_call(item: Item) -> ToolCall:
+    """A call item as the tool call the guard counts: what the call carries (its
+    arguments, input, action or patch operation; else the item less its bookkeeping)."""
+    name = item.get("name") or item["type"]
+    found = next((key for key in _ARGUMENTS if key in item), None)
+    if found is not None:
+        arguments = item[found]
+    else:
+        arguments = {k: v for k, v in item.items() if k not in _BOOKKEEPING}
+    if not isinstance(arguments, str) or not _is_json(arguments):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return ToolCall(id=item["call_id"], function=FunctionCall(name=name, arguments=arguments))
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _content(content: Any, role: str) -> str | list[TextPart | ImagePart]:
+    if isinstance(content, str):
+        return content
+    if content is not None and not isinstance(content, list):
+        raise InvalidMessageError(
+            f"a {role} message item's content must be a string or a list of content parts, "
+            f"got {type_name(content)}"
+        )
+    parts: list[TextPart | ImagePart] = []
+    for part in content or ():
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text"):
+            parts.append(TextPart(text=part.get("text", "")))
+        elif kind == "input_image" and isinstance(part.get("image_url"), str) and role == "user":
+            parts.append(ImagePart.model_validate({"image_url": {"url": part["image_url"]}}))
+        else:
+            return _text(content)
+    return parts
+
+
+def _text(value: Any) -> str:
+    """The text of a content list or tool output (what the guard counts)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(_text(v) for v in value)
+    if isinstance(value, dict):
+        for key in ("text", "refusal", "output"):
+            if isinstance(value.get(key), str):
+                return str(value[key])
+        # a shell call's output chunk: what the command printed
+        return "".join(str(value[k]) for k in ("stdout", "stderr") if isinstance(value.get(k), str))
+    return json.dumps(value, default=str)
+
+
+def _other_text(item: Item) -> str:
+    """Reasoning counts by its summary; any other item by its JSON."""
+    if item.get("type") == "reasoning":
+        return _text(item.get("summary")) + _text(item.get("content"))
+    return json.dumps(item, ensure_ascii=False, default=str)
+
+
+def _generic_items(message: Message) -> list[Item]:
+    if message.role == "tool":
+        return [
+            {
+                "type": "function_call_output",
+                "call_id": message.tool_call_id,
+                "output": message.text,
+            }
+        ]
+    items: list[Item] = []
+    if message.content is not None and (message.content != "" or not message.tool_calls):
+        items.append({"role": message.role, "content": _content_out(message)})
+    for call in message.tool_calls or ():
+        items.append(
+            {
+                "type": "function_call",
+                "call_id": call.id,
+                "name": call.function.name,
+                "arguments": call.function.arguments,
+            }
+        )
+    return items
+
+
+def _content_out(message: Message) -> str | list[Item]:
+    if message.content is None or isinstance(message.content, str):
+        return message.content or ""
+    kind = "output_text" if message.role == "assistant" else "input_text"
+    return [
+        {"type": kind, "text": p.text}
+        if isinstance(p, TextPart)
+        else {"type": "input_image", "image_url": p.image_url.url, "detail": "auto"}
+        for p in message.content
+    ]
+
+
+def _with_text(item: Item, message: Message) -> Item:
+    """An item whose text the guard shrank: the shrunk text in the original's shape."""
+    if "output" in item:
+        chunks = item["output"]
+        if isinstance(chunks, list) and chunks and all(_is_shell_chunk(c) for c in chunks):
+            # a shell call's output stays a list of chunks (the last one's outcome)
+            return {**item, "output": [{**chunks[-1], "stdout": message.text, "stderr": ""}]}
+        return {**item, "output": message.text}
+    if "content" in item:
+        return {**item, "content": message.text}
+    return _generic_items(message)[0]
+
+
+def _is_shell_chunk(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("stdout"), str)

@@ -1,0 +1,98 @@
+"""OpenAI Agents SDK adapter: what a tool item carries is what the guard counts.
+
+A shell call's output is a list of ``{"stdout", "stderr", "outcome"}`` chunks and an
+apply-patch call carries its diff in ``operation``: both were counted as nothing (the
+output as ``""``, the call's arguments as ``null``), so a window holding a long command
+output or a long patch was sent over the limit; now their text is counted (the items
+themselves still round-trip unchanged). A shell output the guard shrinks to fit keeps
+its shape: a list of chunks (it became a bare string, which the Responses API refuses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("agents")
+
+from agents.run_config import ModelInputData
+
+from ctxguard.adapters.openai_agents import CtxGuardSession, items_to_messages, message_to_items
+from ctxguard.errors import BudgetError
+from ctxguard.guard import Guard
+from tests.conftest import private_memory_url
+
+LONG = "a line of command output\n" * 400  # ~2,400 approx tokens
+LIMIT, RESERVE = 1000, 50
+
+
+def shell(stdout: str, stderr: str = "") -> list[dict[str, Any]]:
+    return [
+        {"type": "shell_call", "call_id": "c1", "action": {"commands": ["cat f"]}},
+        {
+            "type": "shell_call_output",
+            "call_id": "c1",
+            "output": [{"stdout": stdout, "stderr": stderr, "outcome": {"type": "exit"}}],
+        },
+    ]
+
+
+def patch(diff: str) -> list[dict[str, Any]]:
+    operation = {"type": "create_file", "path": "f.txt", "diff": diff}
+    return [
+        {"type": "apply_patch_call", "call_id": "c1", "operation": operation, "status": "done"},
+        {"type": "apply_patch_call_output", "call_id": "c1", "status": "completed"},
+    ]
+
+
+def counted(items: list[dict[str, Any]]) -> str:
+    """Every text the guard counts for ``items``: contents and call arguments."""
+    out = []
+    for message in items_to_messages(items):
+        out.append(message.text)
+        out.extend(c.function.arguments for c in message.tool_calls or ())
+    return "".join(out)
+
+
+@pytest.mark.parametrize(
+    "items",
+    [shell(LONG), shell("", LONG), patch(LONG)],
+    ids=["shell-stdout", "shell-stderr", "patch-diff"],
+)
+def test_the_text_of_shell_and_patch_items_is_counted(items: list[dict[str, Any]]) -> None:
+    assert "a line of command output" in counted(items)
+    back = [i for m in items_to_messages(items) for i in message_to_items(m)]
+    assert back == items
+
+
+def fit(items: list[dict[str, Any]]) -> tuple[list[Any], CtxGuardSession]:
+    """One model call of ``items`` after the user's "go", fitted in a 1000-token limit."""
+    session = CtxGuardSession("s", Guard(private_memory_url(), limit=LIMIT, counter="approx"))
+    call = [{"role": "user", "content": "go"}, *items]
+    data = SimpleNamespace(model_data=ModelInputData(input=call, instructions=None))
+    try:
+        return asyncio.run(session.model_input_filter(max_tokens=RESERVE)(data)).input, session
+    finally:
+        session.ref.close()
+
+
+def test_a_long_shell_output_is_shrunk_in_its_own_shape() -> None:
+    """The newest turn's tool result is shrunk to fit (``degrade_tool_results``); a shell
+    output stays a list of chunks (it became a bare string, which the API refuses)."""
+    window, session = fit(shell(LONG))
+    output = window[-1]["output"]
+    assert window[-1]["type"] == "shell_call_output"
+    assert isinstance(output, list) and len(output) == 1
+    assert "removed by ctxguard" in output[0]["stdout"]
+    assert output[0]["outcome"] == {"type": "exit"}
+    prepared = session.last_prepared
+    assert prepared is not None
+    assert prepared.tokens + RESERVE <= LIMIT
+
+
+def test_a_call_whose_patch_cannot_fit_is_refused() -> None:
+    with pytest.raises(BudgetError):
+        fit(patch(LONG))
