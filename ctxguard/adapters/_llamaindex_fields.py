@@ -48,6 +48,24 @@ def find_or_reopen(handle: str, fields: dict[str, Any], build: str) -> GuardRef:
     return ref
 
 
+class NothingOpen:
+    """What closing an object that never opened a guard closes."""
+
+    def close(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+def to_close(ref: GuardRef | None, handle: str) -> GuardRef | NothingOpen:
+    """What closing an object closes: the guard it opened or found, else the live guard
+    of its ``handle`` in this process, else nothing (closing opens nothing: it needs no
+    password, and a ``with`` block's exit never hides the block's own error)."""
+    found = ref or _LIVE.get(handle)
+    return NothingOpen() if found is None else found
+
+
 def reopen(fields: dict[str, Any], build: str) -> GuardRef:
     """A guard opened from an object's serialised fields."""
     url = fields.get("store")

@@ -194,9 +194,9 @@ class CtxGuardMemory(BaseMemory, ClosesOwnGuard):
     async def areset(self) -> None:
         await _shared.aclear(self.ref, self.session_id)
 
-    def _guard_ref(self) -> GuardRef:  # ClosesOwnGuard: close(), aclose(), with
-        # copies of this memory share the guard, and open a new one when next used
-        return self.ref
+    def _guard_ref(self) -> GuardRef | fields.NothingOpen:  # ClosesOwnGuard: close(), with
+        # copies of this object share the guard, and open a new one when next used
+        return fields.to_close(self._ref, self.handle)
 
     def _reserve(self, guard: Guard | AsyncGuard, extra: object) -> int:
         count = _shared.check_optional_count(extra, "initial_token_count")

@@ -223,8 +223,9 @@ class CtxGuardChatStore(BaseChatStore, ClosesOwnGuard):
 
     # -- closing the guard opened from a URL -------------------------------------------
 
-    def _guard_ref(self) -> GuardRef:  # ClosesOwnGuard: close(), aclose(), with
-        return self.ref
+    def _guard_ref(self) -> GuardRef | fields.NothingOpen:  # ClosesOwnGuard: close(), with
+        # copies of this object share the guard, and open a new one when next used
+        return fields.to_close(self._ref, self.handle)
 
 
 _FIELDS_ONLY = {"store", "settings", "handle"}  # only a rebuild passes these

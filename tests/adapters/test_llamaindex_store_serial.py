@@ -8,8 +8,10 @@ later write vanished with the process, silently.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pickle
+from typing import Any
 
 import pydantic
 import pytest
@@ -22,7 +24,7 @@ from llama_index.core.workflow.events import StartEvent, StopEvent
 
 from ctxguard import ConfigError
 from ctxguard.adapters import _llamaindex_fields
-from ctxguard.adapters.llamaindex import CtxGuardChatStore
+from ctxguard.adapters.llamaindex import CtxGuardChatStore, CtxGuardMemory
 from ctxguard.errors import InvalidInputError
 from ctxguard.guard import Guard
 
@@ -112,3 +114,40 @@ def test_bad_fields_are_a_typed_one_line_error(build: str, fields: dict[str, obj
         BUILDS[build](fields)
     assert not isinstance(info.value, pydantic.ValidationError)
     assert "\n" not in str(info.value)
+
+
+def _closers() -> dict[str, Any]:
+    async def aclose(obj: Any) -> None:
+        await obj.aclose()
+
+    def with_block(obj: Any) -> None:
+        with obj:
+            pass
+
+    return {
+        "close": lambda obj: obj.close(),
+        "aclose": lambda obj: asyncio.run(aclose(obj)),
+        "with": with_block,
+    }
+
+
+@pytest.mark.parametrize("how", sorted(_closers()))
+@pytest.mark.parametrize("kind", ["memory", "store"])
+def test_closing_a_rebuilt_object_never_used_opens_nothing(
+    monkeypatch: pytest.MonkeyPatch, kind: str, how: str
+) -> None:
+    """Rebuilt in another process without ``CTXGUARD_URL``, closing it (a ``with`` block's
+    exit too, which would hide the block's own error) opened the store to close it, and
+    raised ConfigError for the password it does not have."""
+    url = "redis://:s3cret-pw@127.0.0.1:1/0"
+    built: Any = (
+        CtxGuardMemory.from_defaults(url, session_id="p", limit=400)
+        if kind == "memory"
+        else CtxGuardChatStore(url, limit=400)
+    )
+    data = json.loads(json.dumps(built.to_dict()))
+    _llamaindex_fields._LIVE.clear()
+    monkeypatch.delenv("CTXGUARD_URL", raising=False)
+    again = type(built).from_dict(data)
+    _closers()[how](again)
+    assert again._ref is None
