@@ -54,9 +54,20 @@ def _plain(item: Any, what: str = "item") -> Item:
     return dict(item)
 
 
+# a tool search's answer is a ``tool_search_output`` (the tool definitions it loaded), which
+# no chat tool message can hold: the call is not paired as a tool call (its output would
+# be taken for nothing's answer, and the guard would leave the call out), both items are
+# counted as their JSON and stay in their turn
+_UNPAIRED_CALLS = frozenset({"tool_search_call"})
+
+
 def _is_call(item: Item) -> bool:
     kind = str(item.get("type", ""))
-    return kind.endswith("_call") and isinstance(item.get("call_id"), str)
+    return (
+        kind.endswith("_call")
+        and kind not in _UNPAIRED_CALLS
+        and isinstance(item.get("call_id"), str)
+    )
 
 
 def _is_output(item: Item) -> bool:

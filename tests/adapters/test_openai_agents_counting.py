@@ -6,6 +6,7 @@ output as ``""``, the call's arguments as ``null``), so a window holding a long 
 output or a long patch was sent over the limit; now their text is counted (the items
 themselves still round-trip unchanged). A shell output the guard shrinks to fit keeps
 its shape: a list of chunks (it became a bare string, which the Responses API refuses).
+A tool search call stays with its ``tool_search_output`` (it was left out as unanswered).
 """
 
 from __future__ import annotations
@@ -96,3 +97,56 @@ def test_a_long_shell_output_is_shrunk_in_its_own_shape() -> None:
 def test_a_call_whose_patch_cannot_fit_is_refused() -> None:
     with pytest.raises(BudgetError):
         fit(patch(LONG))
+
+
+def tool_search(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A client-run tool search (its output is ``tool_search_output``, not ``..._call_output``),
+    then a call of the tool it found."""
+    return [
+        {
+            "type": "tool_search_call",
+            "id": "ts_1",
+            "call_id": "call_ts",
+            "arguments": {"query": "weather"},
+            "execution": "client",
+            "status": "completed",
+        },
+        {
+            "type": "tool_search_output",
+            "id": "tso_1",
+            "call_id": "call_ts",
+            "execution": "client",
+            "status": "completed",
+            "tools": tools,
+        },
+        {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+    ]
+
+
+WEATHER = {"type": "function", "name": "weather", "parameters": {"type": "object"}}
+
+
+def test_a_tool_search_call_stays_with_its_output() -> None:
+    """The tool search call was taken for a call nothing answered, and the guard's
+    tool-integrity policy left it out: the request held its output alone."""
+    items = tool_search([WEATHER])
+    window, session = fit(items)
+    assert window == [{"role": "user", "content": "go"}, *items]
+    assert session.last_prepared is not None and not session.last_prepared.decisions
+
+
+async def test_a_windowed_session_keeps_the_tool_search_call() -> None:
+    guard = Guard(private_memory_url(), limit=LIMIT, counter="approx")
+    session = CtxGuardSession("s", guard, window=True, max_tokens=RESERVE)
+    items = [{"role": "user", "content": "go"}, *tool_search([WEATHER])]
+    await session.add_items(items)
+    assert await session.get_items() == items
+    guard.close()
+
+
+def test_the_tools_a_tool_search_loaded_are_counted() -> None:
+    tools = [{**WEATHER, "name": f"tool_{i}", "description": LONG[:200]} for i in range(40)]
+    assert "tool_39" in counted(tool_search(tools))
+    with pytest.raises(BudgetError):
+        fit(tool_search(tools))
