@@ -98,7 +98,7 @@ def _message_of(group: list[Item]) -> Message:
     ):
         base = Message(role=head["role"], content=_content(head.get("content"), head["role"]))
     else:
-        base = Message(role="assistant", content=_other_text(head))
+        base = Message(role="assistant", content=_as_part(_other_text(head)))
     if _generic_items(base) == group:
         return base
     return base.model_copy(update={"metadata": {META_KEY: {"items": group}}})
@@ -165,6 +165,14 @@ def _text(value: Any) -> str:
         # a shell call's output chunk: what the command printed
         return "".join(str(value[k]) for k in ("stdout", "stderr") if isinstance(value.get(k), str))
     return json.dumps(value, default=str)
+
+
+def _as_part(text: str) -> str | list[TextPart | ImagePart]:
+    """An item's counted text as one text part: a text no item field holds (a summary,
+    an item's JSON), so the guard may not cut it (``oversized="truncate"`` cuts only
+    one-string contents; it refuses this one, MessageTooLongError, rather than the
+    session rewriting the item as an assistant message of the cut text)."""
+    return [TextPart(text=text)] if text else ""
 
 
 def _other_text(item: Item) -> str:

@@ -22,8 +22,8 @@ pytest.importorskip("agents")
 from agents.run_config import ModelInputData
 
 from ctxguard.adapters.openai_agents import CtxGuardSession, items_to_messages, message_to_items
-from ctxguard.errors import BudgetError
-from ctxguard.guard import Guard
+from ctxguard.errors import BudgetError, MessageTooLongError
+from ctxguard.guard import Guard, GuardConfig
 from tests.conftest import private_memory_url
 
 LONG = "a line of command output\n" * 400  # ~2,400 approx tokens
@@ -150,3 +150,29 @@ def test_the_tools_a_tool_search_loaded_are_counted() -> None:
     assert "tool_39" in counted(tool_search(tools))
     with pytest.raises(BudgetError):
         fit(tool_search(tools))
+
+
+OVERSIZED = [
+    {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": LONG}]},
+    {"type": "image_generation_call", "id": "ig_1", "status": "completed", "result": "QUFB" * 3000},
+    {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"query": LONG}},
+]
+
+
+@pytest.mark.parametrize("item", OVERSIZED, ids=lambda item: item["type"])
+async def test_an_oversized_item_with_no_text_of_its_own_is_refused_not_rewritten(
+    item: dict[str, Any],
+) -> None:
+    """With ``oversized="truncate"``, the guard cut the middle out of such an item's
+    counted text (its summary, its JSON) and the session stored, and gave back, an
+    assistant message of that text in its place: now it is MessageTooLongError and
+    nothing is stored, as for any message whose content is not one string."""
+    config = GuardConfig(max_message_tokens=200, oversized="truncate")
+    guard = Guard(private_memory_url(), limit=LIMIT, counter="approx", config=config)
+    session = CtxGuardSession("s", guard)
+    with pytest.raises(MessageTooLongError):
+        await session.add_items([{"role": "user", "content": "go"}, item])
+    assert await session.get_items() == []
+    await session.add_items([{"role": "user", "content": LONG}])  # text is still cut
+    assert "removed by ctxguard" in (await session.get_items())[0]["content"]
+    guard.close()
