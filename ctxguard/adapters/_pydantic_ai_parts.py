@@ -224,7 +224,10 @@ def _response_piece(message: pai.ModelResponse) -> Message:
             texts.append(f"<think>\n{part.content}\n</think>")
         else:  # native tool calls and returns, files, compactions, speech: counted as sent
             texts.append(_text_or_json(part))
-    content = "\n\n".join(texts) if texts or not calls else None
+    text = "\n\n".join(texts) if texts or not calls else None
+    plain = all(_is_call(p) or isinstance(p, pai.TextPart) for p in message.parts)
+    # not only text: one text part, which the guard does not cut (see _shrunk)
+    content = [TextPart(text=text)] if text and not plain else text
     return Message(role="assistant", content=content, tool_calls=calls or None)
 
 
@@ -322,7 +325,11 @@ def window_messages(
         if len(picked) == total and not any(_was_shrunk(m) for _, m in picked):
             out.append(original)
             continue
-        kept_parts: Any = [_shrunk(original.parts[p], m) for ps, m in picked for p in ps]
+        if isinstance(original, pai.ModelResponse):  # one piece: cut, so its text was cut
+            text = pai.TextPart(content=picked[0][1].text)
+            kept_parts: Any = [text, *(p for p in original.parts if _is_call(p))]
+        else:
+            kept_parts = [_shrunk(original.parts[p], m) for ps, m in picked for p in ps]
         out.append(dataclasses.replace(original, parts=kept_parts))
     return out
 
@@ -332,7 +339,10 @@ def _was_shrunk(piece: Message) -> bool:
 
 
 def _shrunk(part: Any, piece: Message) -> Any:
-    """A part whose piece the guard shortened, with the text that was counted."""
+    """A part whose piece the guard shortened, with the text that was counted. (A
+    response is one piece, cut only when all its parts are text or calls: its text
+    parts are sent as the one cut text; with thinking, native or file parts its content
+    is one text part, which the guard refuses to cut, MessageTooLongError.)"""
     if not _was_shrunk(piece):
         return part
     if isinstance(part, pai.BaseToolReturnPart | pai.UserPromptPart | pai.SystemPromptPart):
