@@ -57,7 +57,7 @@ def to_pieces(history: Sequence[pai.ModelMessage], *, keep: bool = False, start:
     open_calls: set[str] = set()
     for index, message in enumerate(history):
         if isinstance(message, pai.ModelResponse):
-            pieces = [(_response_piece(message), tuple(range(len(message.parts))))]
+            pieces = [(_response_piece(message, keep), tuple(range(len(message.parts))))]
             open_calls = {p.tool_call_id for p in message.parts if _is_call(p)}
         elif isinstance(message, pai.ModelRequest):
             pieces = list(_request_pieces(message, open_calls))
@@ -207,7 +207,8 @@ def _is_call(part: Any) -> TypeGuard[pai.ToolCallPart[Any]]:
     return isinstance(part, pai.ToolCallPart) and not isinstance(part, pai.NativeToolCallPart)
 
 
-def _response_piece(message: pai.ModelResponse) -> Message:
+def _response_piece(message: pai.ModelResponse, kept: bool = False) -> Message:
+    """``kept``: stored with the message whole beside it, so a cut piece loses nothing."""
     texts: list[str] = []
     calls: list[ToolCall] = []
     for part in message.parts:
@@ -227,7 +228,7 @@ def _response_piece(message: pai.ModelResponse) -> Message:
     text = "\n\n".join(texts) if texts or not calls else None
     plain = all(_is_call(p) or isinstance(p, pai.TextPart) for p in message.parts)
     # not only text: one text part, which the guard does not cut (see _shrunk)
-    content = [TextPart(text=text)] if text and not plain else text
+    content = [TextPart(text=text)] if text and not (plain or kept) else text
     return Message(role="assistant", content=content, tool_calls=calls or None)
 
 

@@ -16,7 +16,7 @@ pytest.importorskip("pydantic_ai")
 
 from pydantic_ai import messages as pai
 
-from ctxguard.adapters.pydantic_ai import fit_history
+from ctxguard.adapters.pydantic_ai import dump, fit_history, from_stored, to_pieces
 from ctxguard.errors import MessageTooLongError
 from ctxguard.guard import Guard, GuardConfig
 from tests.conftest import private_memory_url
@@ -66,3 +66,13 @@ def test_a_long_response_of_other_parts_is_refused_not_sent_whole(
     call = pai.ToolCallPart("f", {"a": 1}, tool_call_id="c1")
     with pytest.raises(MessageTooLongError):
         fit_history(guard, history(part, pai.TextPart("ok"), call), max_tokens=RESERVE)
+
+
+def test_a_long_thinking_response_is_still_stored_whole(guard: Guard) -> None:
+    """Stored (the capability's session), the message rides whole beside its piece, so
+    the piece may be cut: nothing is refused and nothing is lost."""
+    response = pai.ModelResponse(parts=[pai.ThinkingPart(LONG), pai.TextPart("ok")])
+    guard.append("s", to_pieces([response], keep=True).messages)
+    assert [dump(m) for m in from_stored([s.message for s in guard.store.read("s")])] == [
+        dump(response)
+    ]
