@@ -15,7 +15,7 @@ from typing import Any
 
 from ctxguard._secrets import describe
 from ctxguard._validate import check_tools, one_line, show
-from ctxguard.adapters import _shared
+from ctxguard.adapters import _media, _shared
 from ctxguard.adapters._shared import Tools
 from ctxguard.errors import InvalidInputError, InvalidMessageError, MissingDependencyError
 from ctxguard.ids import validate_id
@@ -142,6 +142,9 @@ def _content_in(content: str | list[Any], role: str) -> str | list[Any]:
     """OpenAI-expressible content as is; anything else as its text (the block list is kept)."""
     if isinstance(content, str):
         return content
+    urls = [_image_url(block, role, index) for index, block in enumerate(content)]
+    if any(urls):
+        return [_text_or_image(block, url) for block, url in zip(content, urls, strict=True)]
     parts: list[TextPart | ImagePart] = []
     for block in content:
         part = _part(block, role)
@@ -157,11 +160,65 @@ def _part(block: Any, role: str) -> TextPart | ImagePart | None:
     try:
         if block.get("type") == "text" and set(block) == {"type", "text"}:
             return TextPart(text=block["text"])
-        if block.get("type") == "image_url" and role != "tool":
-            return ImagePart.model_validate(block)
     except ValueError:
         return None
     return None
+
+
+# content blocks that are not text (OpenAI's, LangChain's standard ones, Anthropic's)
+_MEDIA = {
+    "image_url": "image",
+    "image": "image",
+    "file": "file",
+    "document": "file",
+    "audio": "audio",
+    "input_audio": "audio",
+    "video": "video",
+}
+
+
+def _image_url(block: Any, role: str, index: int) -> str | None:
+    """The URL (or data URL) of an image block a chat message can hold as an ``image_url``
+    part; None for a block that is not an image, a file or audio. Any other such block
+    (a file, audio, an image by file id or in a tool result) is refused
+    (UncountableContentError): kept as the text beside it, it would count as nothing."""
+    kind = block.get("type") if isinstance(block, dict) else None
+    if not isinstance(kind, str) or kind not in _MEDIA:
+        return None
+    url = _url_of(block) if _MEDIA[kind] == "image" and role != "tool" else None
+    if url is None:
+        raise _media.uncountable(
+            f"a {role} message's content[{index}] ({kind} block)", _MEDIA[kind]
+        )
+    return url
+
+
+def _url_of(block: dict[str, Any]) -> str | None:
+    inner = block.get("image_url")  # OpenAI: {"url": ...} (LangChain takes a bare string too)
+    if isinstance(inner, dict):
+        inner = inner.get("url")
+    source = block.get("source")  # Anthropic: {"type": "url" | "base64", ...}
+    source = source if isinstance(source, dict) else {}
+    mime = block.get("mime_type") or source.get("media_type") or "image/png"
+    for url in (inner, block.get("url"), source.get("url")):
+        if isinstance(url, str) and url:
+            return url
+    for data in (block.get("base64"), block.get("data"), source.get("data")):
+        if isinstance(data, str) and data and isinstance(mime, str):
+            return _media.data_url(data.encode("ascii", "replace"), mime, encoded=True)
+    return None  # a file id: nothing the guard can pass on
+
+
+def _text_or_image(block: Any, url: str | None) -> TextPart | ImagePart:
+    if url is not None:
+        try:  # an OpenAI part as it is (its detail, cache_control)
+            return ImagePart.model_validate(block)
+        except ValueError:
+            return _media.image_part(url)
+    if isinstance(block, str):
+        return TextPart(text=block)
+    text = block.get("text") if isinstance(block, dict) else None
+    return TextPart(text=text if isinstance(text, str) else "")
 
 
 def _text_of(content: list[Any]) -> str:

@@ -16,16 +16,19 @@ from typing import Any
 from pydantic import BaseModel
 
 from ctxguard._validate import show, type_name
-from ctxguard.adapters import _shared
+from ctxguard.adapters import _media, _shared
 from ctxguard.errors import InvalidMessageError, MissingDependencyError
 from ctxguard.messages import FunctionCall, ImagePart, Message, TextPart, ToolCall
 
 try:
     from llama_index.core.base.llms.types import (
+        AudioBlock,
         ChatMessage,
+        DocumentBlock,
         ImageBlock,
         TextBlock,
         ToolCallBlock,
+        VideoBlock,
     )
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxguard.adapters.llamaindex", "llamaindex") from exc
@@ -83,17 +86,43 @@ def _content_in(message: ChatMessage, role: str) -> str | list[TextPart | ImageP
     blocks = [b for b in message.blocks if not isinstance(b, ToolCallBlock)]
     if len(blocks) == 1 and isinstance(blocks[0], TextBlock):
         return blocks[0].text
-    parts: list[TextPart | ImagePart] = []
-    for block in blocks:
+    if not any(isinstance(b, _MEDIA) for b in blocks):
+        if any(not isinstance(b, TextBlock) for b in blocks):
+            return message.content or ""  # thinking, citations: their text is what is counted
+        return [TextPart(text=b.text) for b in blocks if isinstance(b, TextBlock)] or (
+            None if role == "assistant" else ""
+        )
+    parts: list[TextPart | ImagePart] = []  # text and images (other blocks: as above)
+    for index, block in enumerate(blocks):
         if isinstance(block, TextBlock):
             parts.append(TextPart(text=block.text))
-        elif isinstance(block, ImageBlock) and block.url is not None and role != "tool":
-            parts.append(ImagePart.model_validate({"image_url": {"url": str(block.url)}}))
-        else:
-            return message.content or ""
-    if not parts:
-        return None if role == "assistant" else ""
+        elif isinstance(block, _MEDIA):
+            where = f"a {role} ChatMessage's blocks[{index}] ({type(block).__name__})"
+            parts.append(_media_part(block, where, role))
     return parts
+
+
+_MEDIA = (ImageBlock, AudioBlock, VideoBlock, DocumentBlock)
+
+
+def _media_part(block: Any, where: str, role: str) -> ImagePart:
+    """An image a chat message can hold as its ``image_url`` part (URL or data URL, as
+    llama-index-llms-openai sends it); anything else refused (UncountableContentError)."""
+    if not isinstance(block, ImageBlock) or role == "tool":  # a tool message holds text
+        raise _media.uncountable(where, block.block_type)
+    if block.url is not None:
+        return _media.image_part(str(block.url))
+    mime = block.image_mimetype or "image/png"
+    if isinstance(block.image, bytes):  # LlamaIndex keeps it base64-encoded
+        return _media.image_part(_media.data_url(block.image, mime, encoded=True))
+    try:
+        data = block.resolve_image(as_base64=True).read()
+    except (OSError, ValueError) as exc:
+        raise InvalidMessageError(
+            f"{where} cannot be read ({type_name(exc)}): give a readable "
+            "path, the image's bytes or a URL"
+        ) from None
+    return _media.image_part(_media.data_url(data, mime, encoded=True))
 
 
 def _tool_calls_in(message: ChatMessage) -> list[ToolCall]:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ctxguard._validate import check_json, type_name
+from ctxguard.adapters import _media
 from ctxguard.errors import InvalidMessageError
 from ctxguard.messages import FunctionCall, ImagePart, Message, TextPart, ToolCall
 
@@ -28,6 +29,8 @@ _MESSAGE_ROLES = {"user", "system", "developer", "assistant"}
 def items_to_messages(items: Sequence[Any]) -> list[Message]:
     """Items as ctxguard messages: consecutive call items become one assistant message."""
     plain = [_plain(item, f"items[{index}]") for index, item in enumerate(items)]
+    for index, item in enumerate(plain):
+        _check_media(item, f"items[{index}]")
     return [_message_of(group) for group in _groups(plain)]
 
 
@@ -143,11 +146,55 @@ def _content(content: Any, role: str) -> str | list[TextPart | ImagePart]:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text", "text"):
             parts.append(TextPart(text=part.get("text", "")))
-        elif kind == "input_image" and isinstance(part.get("image_url"), str) and role == "user":
-            parts.append(ImagePart.model_validate({"image_url": {"url": part["image_url"]}}))
+        elif _passes_on(part, role):
+            parts.append(_media.image_part(part["image_url"]))
+        elif kind in _MEDIA:  # (refused by _check_media before this)
+            raise _media.uncountable(f"a {role} message's {kind} part", kind)
         else:
             return _text(content)
     return parts
+
+
+# the content parts that are not text: an image, a file, audio, a computer's screenshot
+_MEDIA = {
+    "input_image": "image",
+    "input_file": "file",
+    "input_audio": "audio",
+    "computer_screenshot": "image",
+}
+
+
+def _passes_on(part: Any, role: str) -> bool:
+    """An image a chat message holds as its ``image_url`` part: a user's, by URL."""
+    return (
+        role == "user"
+        and isinstance(part, dict)
+        and part.get("type") == "input_image"
+        and isinstance(part.get("image_url"), str)
+    )
+
+
+def _check_media(item: Item, where: str) -> None:
+    """Refuse an image, file or audio part the guard would count as nothing (a tool's
+    output, a file, an image by file id): UncountableContentError, with its place. A
+    user's image by URL passes on as an ``image_url`` part, for the counter to decide."""
+    role = item.get("role")
+    content = item.get("content") if isinstance(role, str) else None
+    if isinstance(content, list):
+        for index, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in _MEDIA and not _passes_on(part, str(role)):
+                raise _media.uncountable(f"{where}.content[{index}] ({kind})", _MEDIA[kind])
+    if not _is_output(item):
+        return
+    output = item.get("output")
+    found = [(f"{where}.output", output)] if isinstance(output, dict) else []
+    if isinstance(output, list):
+        found = [(f"{where}.output[{i}]", part) for i, part in enumerate(output)]
+    for place, part in found:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _MEDIA:
+            raise _media.uncountable(f"{place} ({kind})", _MEDIA[kind])
 
 
 def _text(value: Any) -> str:

@@ -28,9 +28,9 @@ from typing import Any, TypeGuard, cast
 
 import pydantic
 
-from ctxguard.adapters import _shared
+from ctxguard.adapters import _media, _shared
 from ctxguard.errors import InvalidMessageError, MissingDependencyError
-from ctxguard.messages import FunctionCall, Message, TextPart, ToolCall
+from ctxguard.messages import FunctionCall, ImagePart, Message, TextPart, ToolCall
 
 try:
     from pydantic_ai import messages as pai
@@ -60,7 +60,7 @@ def to_pieces(history: Sequence[pai.ModelMessage], *, keep: bool = False, start:
             pieces = [(_response_piece(message, keep), tuple(range(len(message.parts))))]
             open_calls = {p.tool_call_id for p in message.parts if _is_call(p)}
         elif isinstance(message, pai.ModelRequest):
-            pieces = list(_request_pieces(message, open_calls))
+            pieces = list(_request_pieces(message, open_calls, f"history[{index}]"))
             open_calls = set()
         else:
             raise InvalidMessageError(
@@ -118,20 +118,23 @@ def content_id(data: Any) -> str:
 
 
 def _request_pieces(
-    message: pai.ModelRequest, open_calls: set[str]
+    message: pai.ModelRequest, open_calls: set[str], where: str
 ) -> Iterator[tuple[Message, tuple[int, ...]]]:
     if not message.parts:  # an interrupted request: kept in the history, sends nothing
         yield Message(role="user", content=""), ()
     for index, part in enumerate(message.parts):
-        yield _request_piece(part, open_calls), (index,)
+        yield _request_piece(part, open_calls, f"{where}.parts[{index}]"), (index,)
 
 
-def _request_piece(part: Any, open_calls: set[str]) -> Message:
+def _request_piece(part: Any, open_calls: set[str], where: str) -> Message:
     if isinstance(part, pai.SystemPromptPart):
         return Message(role="system", content=part.content)
     if isinstance(part, pai.UserPromptPart):
-        return Message(role="user", content=_user_content(part.content))
+        return Message(role="user", content=_user_content(part.content, where))
     if isinstance(part, pai.BaseToolReturnPart):
+        if part.files:  # sent beside the result's text (a user message of its own)
+            kind = type(part.files[0]).__name__
+            raise _media.uncountable(f"{where} ({type(part).__name__}) holding a {kind}", "file")
         text = part.model_response_str()
         if part.tool_call_id in open_calls:
             return Message(role="tool", content=text, tool_call_id=part.tool_call_id)
@@ -174,29 +177,32 @@ def _capability_piece(part: Any) -> Message:
     return Message(role="user", content=f"<{tag}>{text}</{tag}>" if tag else text)
 
 
-def _user_content(content: Any) -> str | list[Any]:
-    """Text as text; files and images named in text (ctxguard counters count text only)."""
+def _user_content(content: Any, where: str) -> str | list[Any]:
+    """Text as text; an image as its ``image_url`` part (a URL, or its bytes as a data
+    URL, as Pydantic AI's OpenAI model sends it), for the counter to decide; any other
+    file (a document, audio, video, an uploaded file) refused: UncountableContentError."""
     if isinstance(content, str):
         return content
-    parts: list[TextPart] = []
-    for item in content:
+    parts: list[TextPart | ImagePart] = []
+    for index, item in enumerate(content):
         if isinstance(item, str):
             parts.append(TextPart(text=item))
         elif isinstance(item, pai.TextContent):
             parts.append(TextPart(text=item.content))
         elif not isinstance(item, pai.CachePoint):
-            parts.append(TextPart(text=f"[{type(item).__name__}: {_identifier(item)}]"))
+            parts.append(_image(item, f"{where}.content[{index}] ({type(item).__name__})"))
     return parts or ""
 
 
-def _identifier(item: Any) -> str:
+def _image(item: Any, where: str) -> ImagePart:
+    if isinstance(item, pai.ImageUrl):
+        return _media.image_part(item.url)
+    if isinstance(item, pai.BinaryContent) and item.is_image:
+        return _media.image_part(item.data_uri)
+    kind = str(getattr(item, "kind", "")).removesuffix("-url")  # audio, document, video
     if isinstance(item, pai.BinaryContent):
-        return item.media_type
-    for attr in ("url", "file_id"):
-        value = getattr(item, attr, None)
-        if isinstance(value, str):
-            return value
-    return type(item).__name__
+        kind = item.media_type.split("/")[0]
+    raise _media.uncountable(where, kind if kind in ("audio", "document", "video") else "file")
 
 
 # -- responses ---------------------------------------------------------------------

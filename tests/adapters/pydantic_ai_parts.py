@@ -24,11 +24,8 @@ REQUEST_PARTS: list[Any] = [
     pai.UserPromptPart("plain text", timestamp=T),
     pai.UserPromptPart(
         [
-            "look",
-            pai.ImageUrl("https://x.test/a.png"),
-            pai.BinaryContent(PNG, media_type="image/png"),
-            pai.AudioUrl("https://x.test/a.mp3"),
-            pai.DocumentUrl("https://x.test/a.pdf"),
+            "look",  # (images and files: tests/adapters/test_media_parts.py)
+            pai.TextContent("at this"),
             pai.CachePoint(),
         ],
         timestamp=T,
