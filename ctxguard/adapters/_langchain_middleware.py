@@ -148,11 +148,12 @@ def middleware_class() -> type[Any]:
             reply = _reply(response)
             if session is not None and guard is not None and reply is not None:
                 seen = self._seen.of(session)
-                _served.persist(guard, session, self._unseen(request, seen), seen)
+                everything = self._everything(request)
+                _served.persist(guard, session, self._unseen(request, seen), seen, everything)
                 if stored_id(str(reply.id)) not in seen:  # (_reply gave it an id)
                     stored = to_ctxguard(reply)
-                    _served.complete(guard, session, stored, fitted.prepared, _reported(reply))
-                    seen.add(stored.id)
+                    reported = _reported(reply)
+                    _served.complete(guard, session, stored, fitted.prepared, reported, seen)
             return response
 
         async def awrap_model_call(
@@ -164,12 +165,14 @@ def middleware_class() -> type[Any]:
             reply = _reply(response)
             if session is not None and reply is not None:
                 seen = self._seen.of(session)
-                await _served.apersist(self._ref, session, self._unseen(request, seen), seen)
+                unseen, everything = self._unseen(request, seen), self._everything(request)
+                await _served.apersist(self._ref, session, unseen, seen, everything)
                 if stored_id(str(reply.id)) not in seen:  # (_reply gave it an id)
                     stored = to_ctxguard(reply)
                     reported = _reported(reply)
-                    await _served.acomplete(self._ref, session, stored, fitted.prepared, reported)
-                    seen.add(stored.id)
+                    await _served.acomplete(
+                        self._ref, session, stored, fitted.prepared, reported, seen
+                    )
             return response
 
         def _sync_guard(self) -> Guard:
@@ -187,10 +190,19 @@ def middleware_class() -> type[Any]:
             return _thread_session(getattr(info, "thread_id", None))
 
         @staticmethod
-        def _unseen(request: Any, seen: set[str]) -> list[Message]:
-            """The agent's messages (its state, as the checkpointer keeps them) not stored."""
+        def _history(request: Any) -> list[Any]:
+            """The agent's messages (its state, as the checkpointer keeps them)."""
             state = request.state.get("messages") if isinstance(request.state, dict) else None
-            history = state if isinstance(state, list) else request.messages
+            return state if isinstance(state, list) else list(request.messages)
+
+        @classmethod
+        def _unseen(cls, request: Any, seen: set[str]) -> list[Message]:
+            history = cls._history(request)
             return [to_ctxguard(m) for m in history if not m.id or stored_id(m.id) not in seen]
+
+        @classmethod
+        def _everything(cls, request: Any) -> Callable[[], list[Message]]:
+            """All of them (read only when the session moved elsewhere: see SeenIds)."""
+            return lambda: [to_ctxguard(m) for m in cls._history(request)]
 
     return CtxGuardMiddleware

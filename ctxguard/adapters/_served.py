@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ctxguard import _validate
@@ -24,6 +24,7 @@ from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.sync import Guard
 from ctxguard.kv.limit import ContextLimit, LimitSource, StaticLimit
 from ctxguard.messages import Message
+from ctxguard.stores.contract import AppendResult, StoredMessage
 
 LimitLike = Guard | AsyncGuard | int | ContextLimit | LimitSource
 
@@ -61,53 +62,135 @@ def as_sent(prepared: PreparedRequest, session_id: str) -> PreparedRequest:
     return dataclasses.replace(prepared, session_id=session_id, turn=0, pending_audit=None)
 
 
+class Seen(set[str]):
+    """One session's ids known to be stored, and the session's state token after the
+    last write that told us so (``None``: none yet, so nothing is taken as stored)."""
+
+    token: str | None = None
+
+    def note(self, result: AppendResult, ids: Iterable[str]) -> None:
+        """Our write ``result`` stored ``ids``: the set stays good only if the session
+        was as we left it (its token before our write is the one we kept)."""
+        moved = self.token is not None and result.token_before != self.token
+        self.update(ids)
+        self.token = "" if moved else result.token_after  # "": the next persist re-checks
+
+
 class SeenIds:
     """Per session, the ids known to be stored: a shortcut that spares counting them again.
 
     Bounded (the least recently used sessions are forgotten): forgetting is safe, since
     the store skips an id it holds, so a long-lived process does not grow with every
-    session it served.
+    session it served. Stale when the session was deleted, cleared or rewritten
+    elsewhere: each set keeps the state token our last write left, and our next write
+    (which the turn makes anyway) reports the token it found; when they differ the
+    session is read once and what the run holds is laid back in order (``persist``).
     """
 
     def __init__(self, sessions: int = 256) -> None:
         self._sessions = sessions
-        self._ids: OrderedDict[str, set[str]] = OrderedDict()
+        self._ids: OrderedDict[str, Seen] = OrderedDict()
         self._lock = threading.Lock()
 
-    def of(self, session_id: str) -> set[str]:
+    def of(self, session_id: str) -> Seen:
         with self._lock:
             ids = self._ids.pop(session_id, None)
-            self._ids[session_id] = ids = set() if ids is None else ids
+            self._ids[session_id] = ids = Seen() if ids is None else ids
             while len(self._ids) > self._sessions:
                 self._ids.popitem(last=False)
             return ids
+
+
+Everything = Callable[[], Sequence[Message]]
 
 
 def _unseen(messages: Sequence[Message], seen: set[str]) -> list[Message]:
     return [m for m in messages if m.id not in seen]
 
 
-def persist(guard: Guard, session_id: str, messages: Sequence[Message], seen: set[str]) -> None:
-    """Append the messages not ``seen`` before, in order. ``seen`` is only a shortcut:
-    an id the session holds already is skipped by the store itself."""
-    new = _unseen(messages, seen)
-    if new:
-        guard.append(session_id, new)
-        seen.update(m.id for m in new)
+def _moved(seen: Seen, result: AppendResult) -> bool:
+    return seen.token is not None and result.token_before != seen.token
 
 
-async def apersist(
-    ref: GuardRef, session_id: str, messages: Sequence[Message], seen: set[str]
+def persist(
+    guard: Guard,
+    session_id: str,
+    messages: Sequence[Message],
+    seen: Seen,
+    everything: Everything | None = None,
 ) -> None:
+    """Append the messages not ``seen`` before, in order. ``seen`` is only a shortcut:
+    an id the session holds already is skipped by the store itself. When the append
+    finds the session moved since our last write (deleted, cleared, rewritten), the
+    messages ``seen`` left out may be gone: :func:`_relay` lays ``everything`` (what
+    the run holds, in order; default ``messages``) back after what the session keeps."""
     new = _unseen(messages, seen)
     if not new:
         return
+    result = guard.append(session_id, new)
+    if _moved(seen, result):
+        stored, token = guard.store.read_with_token(session_id)
+        full = list(everything() if everything is not None else messages)
+        start, tail = _relay(stored, full)
+        after: str | None = token
+        if tail is not None:
+            after = guard.replace_tail(
+                session_id, start, tail, expected_state=token
+            ).appended.token_after
+        _reset(seen, full, after)
+        return
+    seen.note(result, (m.id for m in new))
+
+
+async def apersist(
+    ref: GuardRef,
+    session_id: str,
+    messages: Sequence[Message],
+    seen: Seen,
+    everything: Everything | None = None,
+) -> None:
     guard = ref.aio()
     if guard is None:
-        await asyncio.to_thread(ref.sync().append, session_id, new)
-    else:
-        await guard.append(session_id, new)
-    seen.update(m.id for m in new)
+        await asyncio.to_thread(persist, ref.sync(), session_id, messages, seen, everything)
+        return
+    new = _unseen(messages, seen)
+    if not new:
+        return
+    result = await guard.append(session_id, new)
+    if _moved(seen, result):
+        stored, token = await guard.store.read_with_token(session_id)
+        full = list(everything() if everything is not None else messages)
+        start, tail = _relay(stored, full)
+        after: str | None = token
+        if tail is not None:
+            replaced = await guard.replace_tail(session_id, start, tail, expected_state=token)
+            after = replaced.appended.token_after
+        _reset(seen, full, after)
+        return
+    seen.note(result, (m.id for m in new))
+
+
+def _relay(
+    stored: Sequence[StoredMessage], full: Sequence[Message]
+) -> tuple[int, list[Message] | None]:
+    """Where the run's part of the session starts (after the longest run of messages
+    the run does not hold), and the run's messages to lay there in order (None: they
+    are there already)."""
+    ours = {m.id for m in full}
+    ids = [s.message.id for s in stored]
+    start = len(ids)
+    while start > 0 and ids[start - 1] in ours:
+        start -= 1
+    kept = set(ids[:start])
+    tail = [m for m in full if m.id not in kept]
+    return start, (None if [m.id for m in tail] == ids[start:] else tail)
+
+
+def _reset(seen: Seen, full: Sequence[Message], token: str | None) -> None:
+    """The run's messages are all stored now, and the session's token is ``token``."""
+    seen.clear()
+    seen.update(m.id for m in full)
+    seen.token = token
 
 
 def complete(
@@ -116,9 +199,10 @@ def complete(
     reply: Message,
     prepared: PreparedRequest | None,
     reported: Mapping[str, Any] | None,
+    seen: Seen,
 ) -> None:
     sent = None if prepared is None else as_sent(prepared, session_id)
-    guard.complete(session_id, reply, prepared=sent, usage=reported)
+    seen.note(guard.complete(session_id, reply, prepared=sent, usage=reported), [reply.id])
 
 
 async def acomplete(
@@ -127,10 +211,12 @@ async def acomplete(
     reply: Message,
     prepared: PreparedRequest | None,
     reported: Mapping[str, Any] | None,
+    seen: Seen,
 ) -> None:
     guard = ref.aio()
     if guard is None:
-        await asyncio.to_thread(complete, ref.sync(), session_id, reply, prepared, reported)
+        args = (ref.sync(), session_id, reply, prepared, reported, seen)
+        await asyncio.to_thread(complete, *args)
         return
     sent = None if prepared is None else as_sent(prepared, session_id)
-    await guard.complete(session_id, reply, prepared=sent, usage=reported)
+    seen.note(await guard.complete(session_id, reply, prepared=sent, usage=reported), [reply.id])

@@ -288,18 +288,21 @@ class CtxGuardCapability(AbstractCapability[Any]):
         start = self._stored_upto  # a prefix stored by this run already is not redone
         pieces = to_pieces(history, keep=True, start=start)
         self._stored_upto = max(start, len(history))
+
+        def everything() -> list[Message]:  # (read only when the session moved elsewhere)
+            return to_pieces(history, keep=True).messages
+
         batch: list[Message] = []
         for piece, (index, _) in zip(pieces.messages, pieces.places, strict=True):
             held = self._held.pop(index, None)
             if held is None:
                 batch.append(piece)
                 continue
-            await _served.apersist(self._ref, session, batch, seen)
+            await _served.apersist(self._ref, session, batch, seen, everything)
             batch = []
             if piece.id not in seen:
-                await _served.acomplete(self._ref, session, piece, *held)
-                seen.add(piece.id)
-        await _served.apersist(self._ref, session, batch, seen)
+                await _served.acomplete(self._ref, session, piece, *held, seen)
+        await _served.apersist(self._ref, session, batch, seen, everything)
 
 
 __all__ = [
