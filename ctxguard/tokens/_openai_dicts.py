@@ -60,11 +60,12 @@ def _styled_one(message: dict[str, Any], style: DictStyle) -> dict[str, Any]:
 
 
 def _reject_images(parts: list[dict[str, Any]]) -> None:
-    if any(p.get("type") != "text" for p in parts):
-        raise UncountableContentError(
-            "image content parts cannot be counted by a text tokenizer; count them with the "
-            "model's image-token rule and send text parts here"
-        )
+    for index, part in enumerate(parts):
+        if part.get("type") != "text":
+            raise UncountableContentError(
+                f"content part {index} ({part.get('type')}) cannot be counted by a text "
+                "tokenizer; count it with the model's image-token rule and send text parts here"
+            )
 
 
 def text_parts(content: Any) -> list[str]:
