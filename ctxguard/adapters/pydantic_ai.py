@@ -289,8 +289,10 @@ class CtxGuardCapability(AbstractCapability[Any]):
         pieces = to_pieces(history, keep=True, start=start)
         self._stored_upto = max(start, len(history))
 
+        upto = len(history)  # the messages a relay may lay back: those before a held reply
+
         def everything() -> list[Message]:  # (read only when the session moved elsewhere)
-            return to_pieces(history, keep=True).messages
+            return to_pieces(history[:upto], keep=True).messages
 
         batch: list[Message] = []
         for piece, (index, _) in zip(pieces.messages, pieces.places, strict=True):
@@ -298,10 +300,12 @@ class CtxGuardCapability(AbstractCapability[Any]):
             if held is None:
                 batch.append(piece)
                 continue
+            upto = index  # (the reply goes with its usage, by complete)
             await _served.apersist(self._ref, session, batch, seen, everything)
             batch = []
             if piece.id not in seen:
                 await _served.acomplete(self._ref, session, piece, *held, seen)
+        upto = len(history)
         await _served.apersist(self._ref, session, batch, seen, everything)
 
 

@@ -65,6 +65,12 @@ async def test_pydantic_ai_run_after_the_session_was_deleted_stores_it_all(
         guard.store.delete("s")
     second = await run("turn 2: and now?", first)
     assert [dump(m) for m in await capability.aload()] == [dump(m) for m in second]
+    if isinstance(guard, AsyncGuard):
+        audit = await guard.store.read_audit("s")
+    else:
+        audit = guard.store.read_audit("s")
+    replies = len(second) - len(first)  # each of run 2's replies with the usage it reported
+    assert len([r for r in audit if r["kind"] == "usage"]) == replies // 2
     third = await run("turn 3: and tomorrow?", second)  # as before, from here on
     assert [dump(m) for m in await capability.aload()] == [dump(m) for m in third]
     if isinstance(guard, AsyncGuard):
