@@ -152,6 +152,7 @@ class Incoming:
     created_at: datetime | None = None
     summary: Summary | None = None
     messages: list[NewMessage] = field(default_factory=list)
+    message_lines: list[int] = field(default_factory=list)  # each message's line in the file
     audit: list[dict[str, Any]] = field(default_factory=list)
     generated: bool = False  # an OpenAI-format line: the id was made here
 
@@ -307,6 +308,7 @@ def _read_export(name: str, lines: list[tuple[int, str]]) -> list[Incoming]:
                     'session line\'s "counter" to the counter that made them, or remove "tokens"'
                 )
             incoming.messages.append(NewMessage(message, item.tokens))
+            incoming.message_lines.append(number)
         else:
             incoming.audit.append(_audit_record(name, number, item.record))
     for incoming in sessions.values():

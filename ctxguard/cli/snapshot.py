@@ -87,7 +87,7 @@ def load_snapshot(store: SessionStore, session_id: str) -> Snapshot | None:
         return None
     snap = Snapshot(session_id, info, damaged_keys=damaged)
     try:
-        snap.messages = _read_messages(store, session_id, snap.corrupt)
+        snap.messages = read_messages(store, session_id, snap.corrupt)
     except StoreError as exc:
         if not damaged or isinstance(exc, StoreConnectionError):
             raise
@@ -121,7 +121,7 @@ def _short(exc: Exception) -> str:
     return str(exc).split(": ", 1)[-1][:160]
 
 
-def _read_messages(
+def read_messages(
     store: SessionStore, session_id: str, corrupt: list[Corrupt]
 ) -> list[StoredMessage]:
     """Read in runs, stepping over each record that fails (its position is in the error)."""

@@ -27,6 +27,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from ctxguard._record_time import comparable_record
 from ctxguard.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_CODES_HELP,
@@ -54,7 +55,7 @@ from ctxguard.cli.import_file import (
     read_import_file,
 )
 from ctxguard.cli.show import message_json
-from ctxguard.cli.snapshot import Snapshot, require_snapshot
+from ctxguard.cli.snapshot import Snapshot, read_messages, require_snapshot
 from ctxguard.errors import CtxGuardError
 from ctxguard.stores.base import SessionStore, WriteOptions
 
@@ -183,6 +184,10 @@ def import_command(
     if not parsed.sessions:
         note(f"{parsed.name}: no sessions in the file; nothing imported")
     with opened_store(url, namespace, tenant) as store:
+        try:
+            check_held_ids(store, parsed)
+        except ImportFileError as exc:
+            fail(f"{exc}; nothing imported", EXIT_BAD_INPUT)
         done = write_all(store, parsed, url)
     if parsed.format == "openai-jsonl" and done:
         note(f"imported {len(done)} OpenAI-format conversation(s) as new sessions:")
@@ -192,6 +197,28 @@ def import_command(
         emit_json([vars(d) for d in done])
         return
     stdout().print(_import_table(done))
+
+
+def check_held_ids(store: SessionStore, parsed: ImportFile) -> None:
+    """Refuse the file when a message's id is stored in its session with another message.
+
+    The store refuses such a message as it appends it, after the sessions before it were
+    written: checked here first, so a refusal writes nothing."""
+    for item in parsed.sessions:
+        if item.generated or store.info(item.session_id) is None:
+            continue
+        held = {s.message.id: s.message for s in read_messages(store, item.session_id, [])}
+        for new, number in zip(item.messages, item.message_lines, strict=True):
+            msg_id = new.message.id
+            stored = held.get(msg_id)
+            if stored is not None and comparable_record(
+                stored.to_record(), msg_id
+            ) != comparable_record(new.encoded(), msg_id):
+                raise ImportFileError(
+                    f"{parsed.name}: line {number}: message id {msg_id!r} is stored in session "
+                    f"{item.session_id!r} with other content; an id names one message: give "
+                    "the message in the file a new id, or import into another namespace"
+                )
 
 
 def write_all(store: SessionStore, parsed: ImportFile, url: str) -> list[Imported]:

@@ -406,3 +406,29 @@ def test_an_audit_record_the_store_would_refuse_writes_nothing_before_it(
     for _ in range(2):
         _refused(run("import", str(path)), "line 7: field record: audit record rid", str(path))
         assert snapshot(store) == {}
+
+
+def test_a_message_id_stored_with_other_content_refuses_the_file_before_any_write(
+    target: tuple[Cli, SessionStore], tmp_path: Path
+) -> None:
+    """(good-1 was written in full, then the store refused bad-2's message whose id it
+    holds with other content: a half-import, exit 2.) Now the ids the store holds are
+    checked before the first write: nothing of the file is written."""
+    run, store = target
+    from ctxguard.messages import Message
+    from ctxguard.stores.base import NewMessage, WriteOptions
+
+    held = Message(role="user", content="the stored text", id="bad-2-m1")
+    store.append("bad-2", [NewMessage(held, 4)], WriteOptions(counter="approx"))
+    before = snapshot(store)
+    path = tmp_path / "reused.jsonl"
+    write_jsonl(path, [*good_file(), message_line("bad-2", 1)])  # bad-2-m1: "hello 1"
+    for _ in range(2):
+        _refused(run("import", str(path)), "line 8: message id 'bad-2-m1'", str(path))
+        assert snapshot(store) == before
+    # the same message again (a retry of what is stored) is no refusal
+    same = message_line("bad-2", 1)
+    same["message"] = {**same["message"], "content": "the stored text"}
+    write_jsonl(path, [*good_file(), same])
+    assert run("import", str(path)).exit_code == 0
+    assert sorted(store.list_sessions()) == ["bad-2", "good-1"]
