@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import click
 
+from ctxguard.cli.common import Commands
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ctxguard")
 def cli() -> None:
     """ctxguard: keep LLM chat requests inside the memory the model server really has."""

@@ -8,6 +8,7 @@ URL never reaches the terminal.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -58,11 +59,14 @@ EXIT_TOKENIZER = 6
 EXIT_NOT_FOUND = 7
 EXIT_ABORTED = 8
 EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
+EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: the reader of stdout went away (``| head``)
 
 EXIT_CODES_HELP = """\b
 Exit codes: 0 ok; 1 audit violation found; 2 bad input or options; 3 store
 unreachable or failed; 4 undecodable record; 5 budget error; 6 tokenizer or
-optional dependency missing; 7 session not found; 8 aborted at a prompt."""
+optional dependency missing; 7 session not found; 8 aborted at a prompt;
+130 interrupted (Ctrl-C); 141 stdout closed by its reader (| head)."""
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -114,6 +118,93 @@ def scrub(text: str, url: str | None) -> str:
         head = url.partition("://")[2].rpartition("@")[0]
         secrets = tuple(sorted(filter(None, [head, head.partition(":")[2]]), key=len))[::-1]
     return forget(text, secrets).replace(url, redact_url(url))
+
+
+# what writing stdout fails with when its file cannot take more (a full disk, a size
+# limit, a device error); a closed pipe (EPIPE) is not an error to report
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
+class Commands(click.Group):
+    """The ``ctxguard`` group: Ctrl-C, a closed pipe and a stdout that cannot be written
+    end a command with their own exit code and at most one line, never a traceback
+    (click said ``Aborted!`` and exited 1, which here means an audit violation)."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().main(*args, **kwargs)
+        except OSError as exc:  # e.g. the group's own --help into a full disk
+            if not _output_failed(exc):
+                raise
+            _quiet_stdout()
+            click.echo(f"error: {_output_failure(exc)}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise failure(
+                "interrupted (Ctrl-C) before the command finished; what it wrote so far "
+                "stays: run it again (export, import, repair and delete are safe to repeat)",
+                EXIT_INTERRUPTED,
+            ) from None
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                _quiet_stdout()
+                sys.exit(EXIT_PIPE_CLOSED)
+            if _output_failed(exc):
+                _quiet_stdout()
+                raise failure(_output_failure(exc), EXIT_BAD_INPUT) from None
+            raise
+
+
+def _output_failed(exc: OSError) -> bool:
+    return exc.filename is None and exc.errno in _OUTPUT_ERRNOS
+
+
+def _output_failure(exc: OSError) -> str:
+    return (
+        f"cannot write to stdout ({exc.strerror}); the output is cut short: "
+        "free space there or redirect stdout to another file"
+    )
+
+
+class _Unflushed:
+    """A stream whose flush failures are ignored: what stdout still buffers after it
+    failed would otherwise be reported again when the interpreter exits."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError):
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _quiet_stdout() -> None:
+    """Whatever stdout still buffers goes nowhere: into /dev/null when it is a file
+    descriptor (as rich does on a closed pipe), and its flush failures are ignored."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    if not isinstance(sys.stdout, _Unflushed):
+        sys.stdout = _Unflushed(sys.stdout)
+
+
+class OutConsole(Console):
+    """A rich console whose closed pipe is an ``EPIPE`` for :class:`Commands` to end
+    quietly with its exit code (rich exits 1 itself: here an audit violation)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
 def fail(message: str, exit_code: int) -> NoReturn:
@@ -240,11 +331,11 @@ def _replacing(target: str) -> Iterator[IO[str]]:
 
 def stdout() -> Console:
     """Rich console for results; wide so tables do not wrap in pipes and tests."""
-    return Console(width=None if sys.stdout.isatty() else 160, soft_wrap=False)
+    return OutConsole(width=None if sys.stdout.isatty() else 160, soft_wrap=False)
 
 
 def stderr() -> Console:
-    return Console(stderr=True)
+    return OutConsole(stderr=True)
 
 
 def add_row(table: Table, *cells: str | Text) -> None:

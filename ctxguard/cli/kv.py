@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ctxguard.cli.common import OutConsole
 from ctxguard.errors import ConfigError, CtxGuardError, MissingDependencyError
 from ctxguard.kv.architecture import KVArchitecture
 from ctxguard.kv.calculator import GIB, KV_CACHE_DTYPES, KVPlan, ServingSetup, plan_kv
@@ -126,7 +127,7 @@ def kv_command(ctx: click.Context, /, model: str | None, **options: object) -> N
     model directory. Give --gpu-memory (with --weights/--reserve) or the exact
     --available-kv / --kv-cache-memory to get capacity and concurrency.
     """
-    console = Console(highlight=False, soft_wrap=True)
+    console = OutConsole(highlight=False, soft_wrap=True)
     if options["list_models"]:
         for name in catalogue_names():
             console.print(name)
