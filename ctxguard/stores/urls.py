@@ -535,8 +535,11 @@ def redact_url(url: str) -> str:
     rest = rest.rpartition("@")[2]
     head, q, query = rest.partition("?")
     if q:
-        items = []
+        items: list[str] = []
         for item in query.split("&"):
+            if not item:  # nothing to hide ("?" at the end of a sentence, "&&")
+                items.append(item)
+                continue
             name, eq, _ = item.partition("=")
             plain = re.fullmatch(r"[A-Za-z0-9._~-]+", name) is not None
             if plain and not _SECRET_PARAM.search(name):

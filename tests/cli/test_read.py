@@ -133,3 +133,20 @@ def test_an_unreachable_store_is_named_by_what_the_command_did(args: tuple[str, 
     assert result.exit_code != 0 and "StoreConnectionError" in output, output
     assert "repair failed" not in output and ("inspect failed" in output or "list" in output)
     assert "Sec9Pw" not in output and "Traceback" not in output
+
+
+def test_a_store_that_never_answers_is_one_readable_line_without_the_password() -> None:
+    """(The line read "... is it a Redis server (a TLS port needs rediss://)?*** nothing
+    was sent": the redaction took "rediss://)?" for a URL with an empty query and hid
+    that empty query as a secret.)"""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+        port = silent.getsockname()[1]
+        url = f"redis://:hunter2secret@127.0.0.1:{port}/0?socket_timeout=0.2"
+        result = Cli(url, "x")("sessions")
+    assert result.exit_code == 3
+    err = result.stderr
+    assert err.startswith("error: StoreConnectionError") and err.count("\n") == 1, err
+    assert "hunter2secret" not in err + result.stdout
+    assert "(a TLS port needs rediss://)? nothing was sent" in err, err
