@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import click
 
-from ctxguard.cli.common import handles_errors
+from ctxguard.cli.common import EXIT_BAD_INPUT, fail, handles_errors
 
 _EPILOG = """\b
 Examples:
@@ -53,4 +54,26 @@ def serve_command(config_file: str | None, **flags: Any) -> None:
     from ctxguard.serve.config import load_config
 
     config = load_config(flags, config_file=config_file)
+    check_listen(config.host, config.port)
     run(config)
+
+
+def check_listen(host: str, port: int) -> None:
+    """Exit 2 in one line when the gateway could not listen on ``host:port`` (uvicorn
+    logged its own ``ERROR: [Errno 98] ...`` lines and exited 3, this CLI's "store
+    failed"). Bound the way uvicorn binds (SO_REUSEADDR), then let go for it."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except (OSError, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        fail(
+            f"cannot listen on {where} ({reason}); pass --host with an address of this "
+            "machine and a --port nothing else listens on",
+            EXIT_BAD_INPUT,
+        )
