@@ -188,11 +188,24 @@ def read_import_file(path: str) -> ImportFile:
 def _read_bytes(path: str, name: str) -> bytes:
     try:
         if path == "-":
-            return sys.stdin.buffer.read()
+            return _read_text_bytes(sys.stdin.buffer, name)
         with open(path, "rb") as handle:
-            return handle.read()
+            return _read_text_bytes(handle, name)
     except OSError as exc:
         raise ImportFileError(f"cannot read {name}: {exc.strerror or exc}") from None
+
+
+def _read_text_bytes(handle: Any, name: str) -> bytes:
+    """All of ``handle``, up to a NUL byte (JSON text holds none): a device that never
+    ends (``/dev/zero``, ``/dev/full``) was read until memory ran out."""
+    chunks: list[bytes] = []
+    while chunk := handle.read(1 << 20):
+        if (nul := chunk.find(b"\0")) >= 0:
+            line = b"".join(chunks).count(b"\n") + chunk.count(b"\n", 0, nul) + 1
+            text = "a NUL byte: not text (a device or a binary file?)"
+            raise ImportFileError(f"{name}: line {line}: {text}; export files are UTF-8 JSON Lines")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _decode(data: bytes, name: str) -> str:

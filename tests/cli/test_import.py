@@ -432,3 +432,41 @@ def test_a_message_id_stored_with_other_content_refuses_the_file_before_any_writ
     write_jsonl(path, [*good_file(), same])
     assert run("import", str(path)).exit_code == 0
     assert sorted(store.list_sessions()) == ["bad-2", "good-1"]
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/full"])
+def test_a_device_that_never_ends_is_refused_at_its_first_nul_byte(device: str) -> None:
+    """(``ctxguard import /dev/zero`` read until memory ran out and was killed.) Run in a
+    child whose address space is capped, so the unfixed read fails instead of eating
+    the machine."""
+    import resource
+    import subprocess
+    import sys
+
+    from tests.conftest import private_memory_url
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    ran = subprocess.run(
+        [sys.executable, "-m", "ctxguard", "import", device, "--url", private_memory_url()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=cap,
+    )
+    assert ran.returncode == 2, ran.stderr
+    assert ran.stdout == ""
+    err = ran.stderr
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert f"{device}: line 1: a NUL byte" in err and "nothing imported" in err
+
+
+def test_a_nul_byte_in_a_file_names_its_line(
+    target: tuple[Cli, SessionStore], tmp_path: Path
+) -> None:
+    run, store = target
+    path = tmp_path / "nul.jsonl"
+    path.write_bytes(b"".join(json.dumps(x).encode() + b"\n" for x in good_file()) + b"\0\n")
+    _refused(run("import", str(path)), "line 8: a NUL byte", "nul.jsonl")
+    assert snapshot(store) == {}
