@@ -209,13 +209,25 @@ def _from_text(name: str, raw: str) -> Any:
         ) from None
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a settings file; /dev/zero was read until memory ran out
+
+
 def _from_toml(path: Path) -> dict[str, Any]:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"config file {path} is over {MAX_CONFIG_BYTES >> 20} MiB: "
+                "pass the gateway's settings file"
+            )
+        data = tomllib.loads(raw.decode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path} is nested too deeply to read") from None
     section = data.get("serve", data)
     if not isinstance(section, dict):
         raise ConfigError(f"config file {path}: [serve] must be a table")

@@ -1,4 +1,5 @@
-"""serve: an address the gateway cannot listen on is one line and exit 2.
+"""serve: an address it cannot listen on, and a --config file it cannot use, are one
+line and exit 2 before anything starts.
 
 (uvicorn logged ``ERROR: [Errno 98] error while attempting to bind ...`` among its INFO
 lines, ran the app's startup and shutdown, and exited 3: this CLI's "store failed".)
@@ -7,6 +8,7 @@ lines, ran the app's startup and shutdown, and exited 3: this CLI's "store faile
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -45,3 +47,27 @@ def test_a_host_that_is_no_address_of_this_machine_is_exit_2_in_one_line(host: s
     assert code == 2, err
     assert out == ""
     _one_line(err, host)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("x = " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply to read"),
+        ("x = " + "{a=" * 3000 + "1" + "}" * 3000 + "\n", "nested too deeply to read"),
+        ("# " + "x" * (1 << 20) + "\n", "is over 1 MiB"),
+    ],
+    ids=["arrays", "inline tables", "2 MiB"],
+)
+def test_a_config_file_it_cannot_use_is_exit_2_in_one_line(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    """(Deep nesting was a RecursionError traceback; --config /dev/zero was read until
+    memory ran out.)"""
+    path = tmp_path / "gateway.toml"
+    path.write_text(text)
+    # (an address it cannot listen on: were the file taken, serve would stop there)
+    code, out, err = _serve("--config", str(path), "--host", "192.0.2.1")
+    assert code == 2, err
+    assert out == ""
+    assert err.startswith("error: ConfigError: config file ") and err.count("\n") == 1, err
+    assert said in err
