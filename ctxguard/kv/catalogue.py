@@ -98,6 +98,11 @@ def resolve_model(model: str | Path | KVArchitecture) -> KVArchitecture:
         return load_model_directory(path) if config.exists() else _missing_config(path)
     if path.is_file():
         return load_config_file(path)
+    if path.exists():  # a fifo, a device, a socket: was said "does not exist"
+        raise ConfigError(
+            f"{str(model)!r} is not a regular file (a device, pipe or socket); "
+            "pass a config.json file or a model directory"
+        )
     if isinstance(model, Path) or str(model).endswith(".json"):
         raise ConfigError(f"config file {str(model)!r} does not exist")
     return from_catalogue(str(model))
