@@ -20,6 +20,9 @@ import pytest
 from ctxguard.cli.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PIPE_CLOSED
 from tests.conftest import private_memory_url
 
+# it signals its own child process only, but the suite's rule marks every module that signals
+pytestmark = pytest.mark.destructive
+
 COMMAND = [sys.executable, "-m", "ctxguard"]
 
 
