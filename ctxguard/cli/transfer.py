@@ -166,6 +166,7 @@ class Imported:
     duplicates: int = 0
     audit_added: int = 0
     summary_version: int = 0
+    empty: bool = False  # nothing to store: no session was made
 
 
 @click.command("import", epilog=_IMPORT_EPILOG)
@@ -200,13 +201,23 @@ def import_command(
 
 
 def check_held_ids(store: SessionStore, parsed: ImportFile) -> None:
-    """Refuse the file when a message's id is stored in its session with another message.
+    """Refuse the file when a message's id is stored in its session with another message,
+    or when the file names another counter than the one a stored session's counts are in.
 
     The store refuses such a message as it appends it, after the sessions before it were
     written: checked here first, so a refusal writes nothing."""
     for item in parsed.sessions:
-        if item.generated or store.info(item.session_id) is None:
+        info = None if item.generated else store.info(item.session_id)
+        if info is None:
             continue
+        if item.counter and info.counter and info.message_count and item.counter != info.counter:
+            # (the store would switch the session's counter and drop every count it holds)
+            raise ImportFileError(
+                f"{parsed.name}: line {item.line}: session {item.session_id!r} is stored with "
+                f"counter {info.counter!r}, the file's is {item.counter!r}: its stored token "
+                "counts would be dropped; import into another namespace, or write the "
+                "stored counter in the file's session line"
+            )
         held = {s.message.id: s.message for s in read_messages(store, item.session_id, [])}
         for new, number in zip(item.messages, item.message_lines, strict=True):
             msg_id = new.message.id
@@ -264,6 +275,9 @@ def import_session(store: SessionStore, item: Incoming) -> Imported:
     )
     if item.summary is not None and done.summary_version != item.summary.version:
         note(f"warning: {item.session_id} already has summary v{done.summary_version}; kept it")
+    if done.new_session and not (done.stored or done.audit_added):
+        done.empty = store.info(item.session_id) is None  # (a session line alone)
+        done.new_session = not done.empty
     return done
 
 
@@ -291,7 +305,7 @@ def _import_table(done: list[Imported]) -> Table:
         add_row(
             table,
             d.session_id,
-            "yes" if d.new_session else "no",
+            "no (empty: not made)" if d.empty else "yes" if d.new_session else "no",
             str(d.stored),
             str(d.duplicates),
             str(d.audit_added),

@@ -434,6 +434,33 @@ def test_a_message_id_stored_with_other_content_refuses_the_file_before_any_writ
     assert sorted(store.list_sessions()) == ["bad-2", "good-1"]
 
 
+def test_a_file_naming_another_counter_for_a_stored_session_is_refused_before_any_write(
+    target: tuple[Cli, SessionStore], tmp_path: Path
+) -> None:
+    """(the import switched bad-2's counter and dropped the counts it held: `show` then
+    showed its stored messages' tokens as `?`.) Now refused up front, nothing written."""
+    run, store = target
+    from ctxguard.messages import Message
+    from ctxguard.stores.base import NewMessage, WriteOptions
+
+    held = Message(role="user", content="the stored text", id="held-1")
+    store.append("bad-2", [NewMessage(held, 4)], WriteOptions(counter="tiktoken:cl100k_base"))
+    before = snapshot(store)
+    path = tmp_path / "other-counter.jsonl"
+    write_jsonl(path, good_file())  # bad-2's session line says "approx"
+    for _ in range(2):
+        _refused(
+            run("import", str(path)), "line 6: session 'bad-2' is stored with counter", str(path)
+        )
+        assert snapshot(store) == before
+    # the stored counter named in the file: imported, the stored count kept
+    lines = good_file()
+    lines[5] = session_line("bad-2", counter="tiktoken:cl100k_base")
+    write_jsonl(path, lines)
+    assert run("import", str(path)).exit_code == 0
+    assert [s.tokens for s in store.read("bad-2")] == [4, 3]
+
+
 @pytest.mark.parametrize("device", ["/dev/zero", "/dev/full"])
 def test_a_device_that_never_ends_is_refused_at_its_first_nul_byte(device: str) -> None:
     """(``ctxguard import /dev/zero`` read until memory ran out and was killed.) Run in a

@@ -73,6 +73,7 @@ def test_reimport_changes_nothing(
                 "duplicates": 21,
                 "audit_added": 0,
                 "summary_version": before["info"][3],
+                "empty": False,
             }
         ]
     assert state(store, CHAT) == before
@@ -244,3 +245,29 @@ def test_an_imported_trail_stores_each_context_once_and_exports_the_same(
         return [line for line in lines if line["type"] == "audit"]
 
     assert records(again) == records(first) and records(first)
+
+
+def test_a_session_line_with_nothing_to_store_is_not_reported_as_a_new_session(
+    run: Cli, store: SessionStore, tmp_path: Path
+) -> None:
+    """(it was reported "new: yes, stored 0", and no session existed afterwards)"""
+    path = tmp_path / "empty.jsonl"
+    lines = [
+        {"type": "header", "format": "ctxguard-export", "version": 1},
+        {"type": "session", "session_id": "nothing-here", "counter": None, "ttl_seconds": None},
+    ]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert run.json("import", str(path)) == [
+        {
+            "session_id": "nothing-here",
+            "new_session": False,
+            "stored": 0,
+            "duplicates": 0,
+            "audit_added": 0,
+            "summary_version": 0,
+            "empty": True,
+        }
+    ]
+    assert store.info("nothing-here") is None
+    table = run("import", str(path))
+    assert table.exit_code == 0 and "empty: not made" in table.stdout
