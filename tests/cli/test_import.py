@@ -497,3 +497,20 @@ def test_a_nul_byte_in_a_file_names_its_line(
     path.write_bytes(b"".join(json.dumps(x).encode() + b"\n" for x in good_file()) + b"\0\n")
     _refused(run("import", str(path)), "line 8: a NUL byte", "nul.jsonl")
     assert snapshot(store) == {}
+
+
+def test_a_number_past_4000_digits_is_refused_in_the_file_s_terms(
+    target: tuple[Cli, SessionStore], tmp_path: Path
+) -> None:
+    """(the error advised sys.set_int_max_str_digits(), words for Python programmers)"""
+    run, store = target
+    before = snapshot(store)
+    line = message_line("big-1", 0)
+    line["message"]["extra"] = {"n": 0}
+    path = tmp_path / "big.jsonl"
+    text = json.dumps(line).replace('"n": 0', '"n": ' + "7" * 5000)
+    path.write_text(json.dumps(HEADER) + "\n" + json.dumps(session_line("big-1")) + "\n" + text)
+    result = run("import", str(path))
+    _refused(result, "line 3: not JSON (a number of 5,000 digits; at most 4,000", str(path))
+    assert "sys." not in result.stderr
+    assert snapshot(store) == before
