@@ -65,7 +65,8 @@ Examples:
 Exit codes: 0 fits; 2 bad input, or a setup vLLM refuses (--tp the heads do not
 divide by, --max-model-len past the model's positions without
 --allow-long-max-model-len, weights that do not fit --gpu-memory); 3 the requested
---max-model-len would not start (KV); 4 an optional dependency is missing.
+--max-model-len would not start (KV); 4 an optional dependency is missing;
+130 interrupted (Ctrl-C); 141 stdout closed by its reader (| head).
 """
 
 

@@ -67,6 +67,11 @@ class MemoryBudget:
         ):
             if value is not None and value < 0:
                 raise ConfigError(f"{label} must not be negative, got {value} bytes")
+            if value is not None and value > MAX_GIB * GIB:  # (1e26 printed "1.8e17x" concurrency)
+                raise ConfigError(
+                    f"{label} must be at most {MAX_GIB:,} GiB ({MAX_GIB * GIB:,} bytes) per GPU, "
+                    f"got {value:,} bytes; give it in bytes per GPU"
+                )
         if self.gpu_memory_bytes == 0:
             raise ConfigError("GPU memory must be positive")
 

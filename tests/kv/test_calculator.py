@@ -134,6 +134,19 @@ def test_negative_or_missing_memory_is_rejected() -> None:
         MemoryBudget()
 
 
+@pytest.mark.parametrize(
+    "field", ["kv_cache_memory_bytes", "gpu_memory_bytes", "weights_bytes", "reserve_bytes"]
+)
+def test_memory_past_any_device_is_rejected(field: str) -> None:
+    """(`ctxguard kv --kv-cache-memory 1e26`, in bytes, was taken: the GiB options were capped
+    at a PiB, the byte one not)"""
+    given = {"gpu_memory_bytes": GIB, field: 10**26}
+    with pytest.raises(ConfigError, match="must be at most 1,048,576 GiB") as caught:
+        MemoryBudget(**given)  # type: ignore[arg-type]
+    assert "\n" not in str(caught.value)
+    MemoryBudget(**{**given, field: 1 << 50})  # a PiB itself is taken
+
+
 def test_suggestions_when_the_length_does_not_fit() -> None:
     arch = from_catalogue("llama-3.1-8b")
     setup = ServingSetup()
