@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,8 +30,9 @@ async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
         if size > max_bytes:
             raise _too_large(max_bytes)
         chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
-        body = json.loads(b"".join(chunks), parse_constant=_no_constant)
+        body = json.loads(raw, parse_constant=_no_constant)
     except _NotJSON as exc:
         raise bad_request(
             f"the request body holds {exc}, which JSON has not; send a number or null",
@@ -43,7 +45,52 @@ async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
             f"the request body must be a JSON object, got {json_kind(body)}",
             code="invalid_json",
         )
+    if _SURROGATE_ESCAPE.search(raw) is not None:  # (only an escape can make one)
+        found = lone_surrogate(body)
+        if found is not None:
+            where, param = found
+            raise bad_request(
+                f"{where} holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without "
+                "its pair), which is not Unicode text; send the text as valid UTF-8",
+                param=param,
+                code="invalid_json",
+            )
     return body
+
+
+# a \uD800-\uDFFF escape: most are pairs (an emoji from an ASCII-only encoder), a few not
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def lone_surrogate(body: dict[str, Any]) -> tuple[str, str | None] | None:
+    """Where ``body`` holds a string (or key) with a lone surrogate, in JSON-path terms
+    (``messages[0].content``), and the field to name as ``param``; None if nowhere.
+    Python's json reads ``"\\ud800"`` into a str that no UTF-8 encoder takes: found here,
+    it is the client's 400, not a failure when the body is stored or forwarded. Walked
+    without recursion (the body may nest deeply)."""
+    stack: list[tuple[Any, str]] = [(body, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if not _is_unicode(value):
+                return path, path
+        elif isinstance(value, dict):
+            items = list(value.items())
+            for key, item in reversed(items):
+                if not _is_unicode(key):
+                    return (f"a key in {path}", path) if path else ("a key of the body", None)
+                stack.append((item, f"{path}.{key[:40]}" if path else key[:40]))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{i}]") for i, item in reversed(list(enumerate(value))))
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_json_type(value: str | None) -> None:

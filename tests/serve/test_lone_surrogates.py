@@ -1,0 +1,71 @@
+"""A lone UTF-16 surrogate (``"\\ud800"`` with no pair) is valid JSON text that no UTF-8
+encoder takes: on any field of any POST route it is the client's 400 naming the field,
+before anything is stored or sent (it was a 500 from the upstream call's encoding on a
+field the gateway forwards unread, and a 400 quoting ``UnicodeEncodeError`` on a
+message). A surrogate pair (an emoji from an ASCII-only encoder) is text like any other."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from .test_request_edges import CHAT, refused, speaks_http
+from .upstream import FakeVLLM
+
+pytestmark = pytest.mark.redis
+
+USER = '{"role":"user","content":"hello"}'
+CASES = [
+    (CHAT, '{"model":"\\ud800","messages":[' + USER + "]}", "model"),
+    (CHAT, '{"model":"m","messages":[' + USER + '],"stop":["ok","\\udfff"]}', "stop[1]"),
+    (CHAT, '{"model":"m","messages":[' + USER + '],"metadata":{"\\ud800":"x"}}', "metadata"),
+    (
+        CHAT,
+        '{"model":"m","messages":[{"role":"user","content":"a\\udc00b"}]}',
+        "messages[0].content",
+    ),
+    (
+        CHAT,
+        '{"model":"m","messages":[{"role":"user","content":"a","name":"\\ud800"}]}',
+        "messages[0].name",
+    ),
+    ("/v1/responses", '{"model":"m","input":"hi","temperature":"\\uDBFF"}', "temperature"),
+    ("/v1/responses", '{"model":"m","input":"\\ud800"}', "input"),
+    ("/tokenize", '{"model":"m","prompt":"\\ud800"}', "prompt"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "param"),
+    CASES,
+    ids=["model", "stop", "metadata-key", "content", "name", "responses", "input", "tokenize"],
+)
+def test_a_lone_surrogate_anywhere_is_a_400_naming_the_field_and_nothing_is_stored_or_sent(
+    gateway: str,
+    vllm: FakeVLLM,
+    snapshot: Callable[[str], Any],
+    path: str,
+    raw: str,
+    param: str,
+) -> None:
+    calls = vllm.tokenize_calls
+    headers = {"Content-Type": "application/json", "X-Session-Id": "ls"}
+    response = httpx.post(gateway + path, content=raw, headers=headers, timeout=30)
+    error = refused(response, 400, "invalid_json")
+    assert error["param"] == param
+    assert "lone UTF-16 surrogate" in error["message"]
+    assert "Unicode" + "EncodeError" not in error["message"]
+    speaks_http(error["message"])
+    assert vllm.requests == [] and vllm.tokenize_calls == calls
+    assert snapshot("ls") == ([], None, [])
+
+
+def test_a_surrogate_pair_is_text_and_is_stored_whole(gateway: str, stored: Any) -> None:
+    raw = '{"model":"m","messages":[{"role":"user","content":"smile \\ud83d\\ude00"}]}'
+    headers = {"Content-Type": "application/json", "X-Session-Id": "pair"}
+    response = httpx.post(gateway + CHAT, content=raw, headers=headers, timeout=30)
+    assert response.status_code == 200, response.text
+    assert stored("pair")[0]["content"] == "smile \U0001f600"
