@@ -24,6 +24,9 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 # the relay forwards the upstream's bytes as they come: they must be the events themselves
 STREAM_HEADERS = {**JSON_HEADERS, "Accept-Encoding": "identity"}
 MAX_REPLY_BYTES = MAX_BODY  # a non-streaming reply past this is refused (502), not buffered
+# a stream past this is cut (its events are kept to assemble the reply): one event per
+# token, each in a chunk's envelope (with logprobs, kilobytes), so several replies' worth
+MAX_STREAM_BYTES = 4 * MAX_BODY
 
 
 def encode_json(body: dict[str, Any]) -> bytes:

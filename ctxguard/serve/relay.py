@@ -5,7 +5,8 @@ held back when the gateway, not the client, asked for it). A client that goes aw
 cancels the relay: the upstream response is closed (so the model server stops
 generating) and the finish callback runs shielded from the cancellation, with the
 reason (``None`` when the reply finished). A stream that ends unfinished (an error event
-from the upstream, a cut, a timeout, a body that is not SSE) ends with the gateway's own
+from the upstream, a cut, a timeout, a body that is not SSE, a stream past
+``forward.MAX_STREAM_BYTES`` that would never end) ends with the gateway's own
 error event and no ``[DONE]``, so the client never takes a partial reply for a whole one.
 """
 
@@ -22,6 +23,7 @@ import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from ctxguard.serve import forward
 from ctxguard.serve.openai_errors import ApiError, what_failed
 from ctxguard.serve.sse import EventSplitter, ReplyAssembler, error_of, event_data
 
@@ -101,6 +103,16 @@ class StreamRelay:
                 reason,
             )
 
+    def end_too_large(self, cap: int) -> None:
+        """The upstream streamed past ``cap`` bytes: the stream ends with an error event,
+        the reply not stored."""
+        self.held = _error_event(
+            f"the model server streamed more than {cap} bytes without finishing the reply; "
+            "the reply was not stored, ask for fewer output tokens",
+            "upstream_too_large",
+        )
+        self.end("upstream_too_large")
+
     @property
     def assembler(self) -> ReplyAssembler:
         """The reply folded from every chunk so far (each parsed once, on first use)."""
@@ -177,8 +189,13 @@ class RelayResponse(Response):
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
         relay = self.relay
+        size = 0
         try:
             async for data in relay.upstream.aiter_bytes():  # (decoded, if it came compressed)
+                size += len(data)
+                if size > forward.MAX_STREAM_BYTES:  # a stream that never ends: cut, not kept
+                    relay.end_too_large(forward.MAX_STREAM_BYTES)
+                    return "upstream_too_large"
                 # the events one read brought, in one write (each as soon as it is whole)
                 events = relay.events_of(data)
                 if events:

@@ -1,0 +1,106 @@
+"""A stream the upstream never ends: the relay stops at the streaming size cap
+(``forward.MAX_STREAM_BYTES``), closes the upstream, ends the client's stream
+with an error event (no ``[DONE]``) and stores no reply (a ``partial_reply`` audit record
+says why). Before, it relayed and kept every event for as long as the upstream went on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from ctxguard.serve import forward
+
+from .conftest import Start
+from .upstream import serve_in_thread, stop_server
+
+pytestmark = pytest.mark.redis
+
+CAP = 64 * 1024
+CLIENT_GIVES_UP = 64 * CAP  # far past the cap: a stream this long was not cut
+
+
+class Endless:
+    """An upstream whose streams never end: content deltas, or only comments."""
+
+    def __init__(self) -> None:
+        self.mode = "content"
+        self.app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
+
+    async def chat(self, request: Request) -> Response:
+        await request.body()
+        mode = self.mode
+
+        async def events() -> AsyncIterator[bytes]:
+            first = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "x"}}]}
+            yield b"data: " + json.dumps(first).encode() + b"\n\n"
+            more = {"choices": [{"index": 0, "delta": {"content": "y" * 1000}}]}
+            event = (
+                b": keep-alive\n\n"
+                if mode == "comments"
+                else b"data: " + json.dumps(more).encode() + b"\n\n"
+            )
+            while True:
+                yield event
+                await asyncio.sleep(0)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+@pytest.fixture(scope="module")
+def endless_server() -> Iterator[tuple[Endless, str]]:
+    endless = Endless()
+    server, url = serve_in_thread(endless.app)
+    yield endless, url
+    stop_server(server)
+
+
+@pytest.mark.parametrize("mode", ["content", "comments"])
+def test_a_stream_that_never_ends_is_cut_at_the_size_cap_and_not_stored(
+    start_gateway: Start,
+    endless_server: tuple[Endless, str],
+    redis_url: str,
+    namespace: str,
+    snapshot: Callable[[str], Any],
+    stored: Callable[..., list[dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+) -> None:
+    monkeypatch.setattr(forward, "MAX_STREAM_BYTES", CAP)
+    endless, url = endless_server
+    endless.mode = mode
+    gw = start_gateway(
+        upstream=url,
+        url=redis_url,
+        namespace=namespace,
+        counter="tiktoken:cl100k_base",
+        limit=4096,
+        max_tokens=256,
+    )
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    received = b""
+    with httpx.stream(
+        "POST", gw + "/v1/chat/completions", json=body, headers={"X-Session-Id": "e"}, timeout=30
+    ) as response:
+        assert response.status_code == 200
+        for chunk in response.iter_bytes():
+            received += chunk
+            assert len(received) < CLIENT_GIVES_UP, "the stream was not cut at the cap"
+    events = [e for e in received.decode().split("\n\n") if e.strip()]
+    last = json.loads(events[-1].removeprefix("data: "))
+    assert last["error"]["code"] == "upstream_too_large"
+    assert str(CAP) in last["error"]["message"]
+    assert "\n" not in last["error"]["message"]
+    assert "[DONE]" not in received.decode()
+    assert [(m["role"], m["content"]) for m in stored("e")] == [("user", "hi")]  # no reply
+    _, _, audit = snapshot("e")
+    partial = [r for r in audit if r.get("kind") == "partial_reply"]
+    assert [r["reason"] for r in partial] == ["upstream_too_large"]
