@@ -176,3 +176,40 @@ def test_over_the_limit_is_context_length_exceeded(client: openai.OpenAI) -> Non
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model=MODEL, input="word " * 5000)
     assert caught.value.code == "context_length_exceeded"
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "said"),
+    [
+        ({"input": "forget me", "store": False}, "store", "store: false with conversation"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_text", "text": {"a": 1}}]}]},
+            "input[0].content[0].text",
+            "must be a string, got an object",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_text"}]}]},
+            "input[0].content[0].text",
+            "must be a string, got null",
+        ),
+    ],
+    ids=["store-false", "text-object", "text-missing"],
+)
+def test_a_conversation_request_refused_stores_nothing_and_sends_nothing(
+    gateway: str,
+    vllm: FakeVLLM,
+    snapshot: Callable[[str], Any],
+    body: dict[str, Any],
+    param: str,
+    said: str,
+) -> None:
+    # store: false was stored in the conversation anyway; a text part's object was
+    # stored and sent as its Python repr
+    sent = {"model": MODEL, "conversation": "conv-r", **body}
+    response = httpx.post(f"{gateway}/v1/responses", json=sent, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param
+    assert said in error["message"] and "\n" not in error["message"]
+    assert vllm.requests == []
+    assert snapshot("conv-r") == ([], None, [])
