@@ -30,22 +30,27 @@ async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
         if size > max_bytes:
             raise _too_large(max_bytes)
         chunks.append(chunk)
-    raw = b"".join(chunks)
+    text = _text_of(b"".join(chunks))
     try:
-        body = json.loads(raw, parse_constant=_no_constant)
+        body = json.loads(text, parse_constant=_no_constant)
     except _NotJSON as exc:
         raise bad_request(
             f"the request body holds {exc}, which JSON has not; send a number or null",
             code="invalid_json",
         ) from None
-    except (ValueError, RecursionError):
+    except RecursionError:
+        raise bad_request(
+            "the request body nests arrays or objects too deeply to read; flatten it",
+            code="invalid_json",
+        ) from None
+    except ValueError:
         raise bad_request("the request body is not valid JSON", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request(
             f"the request body must be a JSON object, got {json_kind(body)}",
             code="invalid_json",
         )
-    if _SURROGATE_ESCAPE.search(raw) is not None:  # (only an escape can make one)
+    if _SURROGATE_ESCAPE.search(text) is not None:  # (only an escape can make one now)
         found = lone_surrogate(body)
         if found is not None:
             where, param = found
@@ -59,7 +64,20 @@ async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
 
 
 # a \uD800-\uDFFF escape: most are pairs (an emoji from an ASCII-only encoder), a few not
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def _text_of(raw: bytes) -> str:
+    """The body decoded as Python's json would (UTF-8, or UTF-16/32 told by its first
+    bytes), but strictly: json's own decoding lets an encoded surrogate through
+    (``surrogatepass``), a str no encoder takes when it is stored or forwarded."""
+    try:
+        return raw.decode(json.detect_encoding(raw))
+    except UnicodeDecodeError:
+        raise bad_request(
+            "the request body is not UTF-8 text; send the JSON encoded as UTF-8",
+            code="invalid_json",
+        ) from None
 
 
 def lone_surrogate(body: dict[str, Any]) -> tuple[str, str | None] | None:

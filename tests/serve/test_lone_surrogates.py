@@ -1,8 +1,11 @@
-"""A lone UTF-16 surrogate (``"\\ud800"`` with no pair) is valid JSON text that no UTF-8
-encoder takes: on any field of any POST route it is the client's 400 naming the field,
-before anything is stored or sent (it was a 500 from the upstream call's encoding on a
-field the gateway forwards unread, and a 400 quoting ``UnicodeEncodeError`` on a
-message). A surrogate pair (an emoji from an ASCII-only encoder) is text like any other."""
+"""The body's text. A lone UTF-16 surrogate (``"\\ud800"`` with no pair) is valid JSON
+text that no UTF-8 encoder takes: on any field of any POST route it is the client's 400
+naming the field, before anything is stored or sent (it was a 500 from the upstream
+call's encoding on a field the gateway forwards unread, and a 400 quoting
+``UnicodeEncodeError`` on a message). A surrogate pair (an emoji from an ASCII-only
+encoder) is text like any other. Bytes that are not UTF-8 (an encoded surrogate among
+them, which Python's json reads into the same lone surrogate) and nesting too deep to
+read are named as what they are, not as "not valid JSON"."""
 
 from __future__ import annotations
 
@@ -69,3 +72,30 @@ def test_a_surrogate_pair_is_text_and_is_stored_whole(gateway: str, stored: Any)
     response = httpx.post(gateway + CHAT, content=raw, headers=headers, timeout=30)
     assert response.status_code == 200, response.text
     assert stored("pair")[0]["content"] == "smile \U0001f600"
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        (b'{"model":"m","messages":[{"role":"user","content":"a\xed\xa0\x80b"}]}', "not UTF-8"),
+        (b'{"model":"m","messages":[{"role":"user","content":"a\xffb"}]}', "not UTF-8"),
+        (b'{"model":"m","messages":' + b"[" * 5000 + b"]" * 5000 + b"}", "too deeply"),
+    ],
+    ids=["encoded-surrogate", "latin-1", "deep"],
+)
+def test_a_body_json_cannot_read_as_text_says_why_and_nothing_is_stored_or_sent(
+    gateway: str, vllm: FakeVLLM, snapshot: Callable[[str], Any], raw: bytes, said: str
+) -> None:
+    headers = {"Content-Type": "application/json", "X-Session-Id": "bytes"}
+    response = httpx.post(gateway + CHAT, content=raw, headers=headers, timeout=30)
+    error = refused(response, 400, "invalid_json")
+    assert said in error["message"]
+    assert vllm.requests == []
+    assert snapshot("bytes") == ([], None, [])
+
+
+def test_a_body_in_utf16_is_still_read(gateway: str) -> None:
+    raw = '{"model":"m","messages":[{"role":"user","content":"hi"}]}'.encode("utf-16")
+    headers = {"Content-Type": "application/json"}
+    response = httpx.post(gateway + CHAT, content=raw, headers=headers, timeout=30)
+    assert response.status_code == 200, response.text
