@@ -213,6 +213,12 @@ class Message(BaseModel):
             return self.model_dump_json(exclude_none=True, exclude=empty)[:-1] + suffix
         except (PydanticSerializationError, UnicodeError, ValueError, RecursionError) as exc:
             detail = str(exc).splitlines()[0][:160]
+            if isinstance(exc, UnicodeError) or "surrogates not allowed" in detail:
+                # (pydantic's words name Python's codec error: say what is wrong instead)
+                detail = (
+                    "a string holds a lone UTF-16 surrogate, \\ud800-\\udfff without its "
+                    "pair, which is not Unicode text; send valid UTF-8 text"
+                )
             raise ValueError(f"the message cannot be stored as JSON ({detail})") from None
 
     def _plain(self) -> bool:

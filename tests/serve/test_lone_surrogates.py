@@ -9,14 +9,20 @@ read are named as what they are, not as "not valid JSON"."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
+from .conftest import Start
 from .test_request_edges import CHAT, refused, speaks_http
-from .upstream import FakeVLLM
+from .upstream import FakeVLLM, serve_in_thread, stop_server
 
 pytestmark = pytest.mark.redis
 
@@ -99,3 +105,58 @@ def test_a_body_in_utf16_is_still_read(gateway: str) -> None:
     headers = {"Content-Type": "application/json"}
     response = httpx.post(gateway + CHAT, content=raw, headers=headers, timeout=30)
     assert response.status_code == 200, response.text
+
+
+UPSTREAM_REPLY = '{"choices":[{"index":0,"message":{"role":"assistant","content":"a\\ud800"}}]}'
+UPSTREAM_STREAM = (
+    'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":"a\\ud800"}}]}\n\n'
+    'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+)
+
+
+@pytest.fixture(scope="module")
+def surrogate_upstream() -> Iterator[str]:
+    """A model server whose replies hold a lone surrogate (non-streaming and streaming)."""
+
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        if body.get("stream"):
+            return Response(UPSTREAM_STREAM, 200, media_type="text/event-stream")
+        return Response(UPSTREAM_REPLY, 200, media_type="application/json")
+
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    server, url = serve_in_thread(app)
+    yield url
+    stop_server(server)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reply_holding_a_lone_surrogate_is_not_stored_and_says_so_in_words(
+    start_gateway: Start,
+    surrogate_upstream: str,
+    redis_url: str,
+    namespace: str,
+    stored: Any,
+    stream: bool,
+) -> None:
+    # the reason quoted pydantic's "Error serializing to JSON: UnicodeEncodeError: ..."
+    gw = start_gateway(
+        upstream=surrogate_upstream,
+        url=redis_url,
+        namespace=namespace,
+        counter="tiktoken:cl100k_base",
+        limit=4096,
+    )
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    response = httpx.post(gw + CHAT, json=body, headers={"X-Session-Id": "rs"}, timeout=30)
+    if stream:
+        assert response.status_code == 200
+        last = response.text.strip().split("\n\n")[-1]
+        error = json.loads(last.removeprefix("data: "))["error"]
+    else:
+        assert response.status_code == 502, response.text
+        error = response.json()["error"]
+    assert error["code"] == "reply_not_stored"
+    assert "lone UTF-16 surrogate" in error["message"] and "\n" not in error["message"]
+    speaks_http(error["message"])
+    assert [m["role"] for m in stored("rs")] == ["user"]  # no reply stored
