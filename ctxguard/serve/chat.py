@@ -26,7 +26,7 @@ from ctxguard.errors import (
 from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.forward import bad_reply, encode_json, post_json, send_upstream
-from ctxguard.serve.gateway import Gateway, reply_not_stored, stored_anchor
+from ctxguard.serve.gateway import Gateway, reply_not_stored, stored_anchor, upstream_api_error
 from ctxguard.serve.idempotency import DIGEST_FIELD, KEY_FIELD, KeyLease, body_digest, wait_for_key
 from ctxguard.serve.inbound import ChatRequest, check_storable, parse_chat, read_json
 from ctxguard.serve.openai_errors import from_ctxguard
@@ -37,6 +37,10 @@ from ctxguard.serve.sse import reply_of
 CHAT_PATH = "/v1/chat/completions"
 PREPARE_ATTEMPTS = 4
 Reply = Callable[[], tuple[dict[str, Any], dict[str, Any] | None]]  # reply message, usage
+
+
+class NoReply(Exception):
+    """A stream that finished (``[DONE]``) with no reply in it: nothing to store."""
 
 
 @dataclass
@@ -86,8 +90,15 @@ class Turn:
 
     async def complete_stream(self, relay: StreamRelay) -> None:
         """:meth:`complete` with the reply assembled from the relayed events, in the same
-        worker-thread call (the event loop parses no chunk)."""
-        await self._complete(lambda: (relay.assembler.message(), relay.assembler.usage), None)
+        worker-thread call (the event loop parses no chunk); :class:`NoReply` when the
+        events held no reply (``[DONE]`` and nothing before it that a choice said)."""
+
+        def build() -> tuple[dict[str, Any], dict[str, Any] | None]:
+            if not relay.assembler.replied:
+                raise NoReply
+            return relay.assembler.message(), relay.assembler.usage
+
+        await self._complete(build, None)
 
     async def _complete(self, build: Reply, metadata: dict[str, Any] | None) -> None:
         if not self.stored:
@@ -302,6 +313,14 @@ async def _finish_stream(turn: Turn, relay: StreamRelay, reason: str | None) -> 
                 await turn.complete_stream(relay)
             except CtxGuardError as exc:
                 raise reply_not_stored(exc, keyed) from None
+            except NoReply:  # (a non-streaming answer without a choice is a 502 too)
+                await turn.record_partial(relay, "upstream_bad_reply")
+                raise upstream_api_error(
+                    502,
+                    f"the model server {turn.gateway.shown_upstream} ended the stream with no "
+                    "reply in it; the reply was not stored, send the request again",
+                    "upstream_bad_reply",
+                ) from None
         else:
             await turn.record_partial(relay, reason)
     finally:

@@ -174,7 +174,7 @@ class RelayResponse(Response):
                     if isinstance(exc, ApiError)
                     else "the reply could not be stored (an internal error: the gateway's log "
                     "names it); send the request again",
-                    "reply_not_stored",
+                    (exc.code if isinstance(exc, ApiError) else None) or "reply_not_stored",
                 )
             if reason != "client_disconnected":
                 with contextlib.suppress(OSError):

@@ -121,6 +121,11 @@ class ReplyAssembler:
                     call["function"]["arguments"] += function["arguments"]
 
     @property
+    def replied(self) -> bool:
+        """Whether any chunk's first choice said something: text, a call, a finish."""
+        return any(self.content) or bool(self.tool_calls) or self.finish_reason is not None
+
+    @property
     def finished(self) -> bool:
         return self.error is None and (self.done or self.finish_reason is not None)
 

@@ -1,7 +1,10 @@
-"""A stream the upstream never ends: the relay stops at the streaming size cap
-(``forward.MAX_STREAM_BYTES``), closes the upstream, ends the client's stream
-with an error event (no ``[DONE]``) and stores no reply (a ``partial_reply`` audit record
-says why). Before, it relayed and kept every event for as long as the upstream went on."""
+"""Streams with no whole reply in them. One the upstream never ends: the relay stops at
+the streaming size cap (``forward.MAX_STREAM_BYTES``), closes the upstream, ends the
+client's stream with an error event (no ``[DONE]``) and stores no reply (a
+``partial_reply`` audit record says why). Before, it relayed and kept every event for as
+long as the upstream went on. One that finishes (``[DONE]``) with no choice in it ends
+the same way, as a non-streaming answer without a choice is a 502: before, an empty
+assistant reply was stored."""
 
 from __future__ import annotations
 
@@ -28,8 +31,16 @@ CAP = 64 * 1024
 CLIENT_GIVES_UP = 64 * CAP  # far past the cap: a stream this long was not cut
 
 
+EMPTY = {  # streams that finish with no reply in them
+    "done-only": "data: [DONE]\n\n",
+    "no-choice": 'data: {"id":"x","choices":{"a":1}}\n\n: ping\n\ndata: [DONE]\n\n',
+    "usage-only": 'data: {"choices":[],"usage":{"prompt_tokens":3}}\n\ndata: [DONE]\n\n',
+}
+
+
 class Endless:
-    """An upstream whose streams never end: content deltas, or only comments."""
+    """An upstream whose streams never end (content deltas, or only comments), or
+    finish with no reply (``EMPTY``)."""
 
     def __init__(self) -> None:
         self.mode = "content"
@@ -38,6 +49,8 @@ class Endless:
     async def chat(self, request: Request) -> Response:
         await request.body()
         mode = self.mode
+        if mode in EMPTY:
+            return Response(EMPTY[mode], 200, media_type="text/event-stream")
 
         async def events() -> AsyncIterator[bytes]:
             first = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "x"}}]}
@@ -104,3 +117,39 @@ def test_a_stream_that_never_ends_is_cut_at_the_size_cap_and_not_stored(
     _, _, audit = snapshot("e")
     partial = [r for r in audit if r.get("kind") == "partial_reply"]
     assert [r["reason"] for r in partial] == ["upstream_too_large"]
+
+
+@pytest.mark.parametrize("mode", sorted(EMPTY))
+def test_a_stream_that_finishes_with_no_reply_in_it_is_not_stored(
+    start_gateway: Start,
+    endless_server: tuple[Endless, str],
+    redis_url: str,
+    namespace: str,
+    snapshot: Callable[[str], Any],
+    stored: Callable[..., list[dict[str, Any]]],
+    mode: str,
+) -> None:
+    endless, url = endless_server
+    endless.mode = mode
+    gw = start_gateway(
+        upstream=url,
+        url=redis_url,
+        namespace=namespace,
+        counter="tiktoken:cl100k_base",
+        limit=4096,
+        max_tokens=256,
+    )
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    response = httpx.post(
+        gw + "/v1/chat/completions", json=body, headers={"X-Session-Id": "n"}, timeout=30
+    )
+    assert response.status_code == 200
+    last = json.loads(response.text.strip().split("\n\n")[-1].removeprefix("data: "))
+    assert last["error"]["code"] == "upstream_bad_reply"
+    assert "no reply" in last["error"]["message"]
+    assert "[DONE]" not in response.text
+    assert [m["role"] for m in stored("n")] == ["user"]  # no empty reply stored
+    _, _, audit = snapshot("n")
+    assert [r["reason"] for r in audit if r.get("kind") == "partial_reply"] == [
+        "upstream_bad_reply"
+    ]
