@@ -205,6 +205,12 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", param="stream_options")
+    usage = (options or {}).get("include_usage")
+    if usage is not None and not isinstance(usage, bool):  # ("no" is truthy here)
+        raise bad_request(
+            "'stream_options.include_usage' must be true or false",
+            param="stream_options.include_usage",
+        )
     return ChatRequest(list(messages), stream, max_tokens, tools or None, n, field)
 
 

@@ -100,6 +100,19 @@ def test_an_n_that_is_not_a_positive_integer_is_a_400(gateway: str, n: Any) -> N
     assert error["param"] == "n"
 
 
+@pytest.mark.parametrize("usage", ["no", 1, "true", {}])
+def test_an_include_usage_that_is_not_a_boolean_is_a_400_and_nothing_is_stored_or_sent(
+    gateway: str, vllm: FakeVLLM, snapshot: Callable[[str], Any], usage: Any
+) -> None:
+    # "no" was taken as a client asking for usage (truthy), and forwarded for the model
+    # server to read as it liked
+    body = said(USER, stream=True, stream_options={"include_usage": usage})
+    error = refused(post(gateway, body, session="iu"), 400, None)
+    assert error["param"] == "stream_options.include_usage"
+    assert vllm.requests == []
+    assert snapshot("iu") == ([], None, [])
+
+
 def test_n_of_one_with_a_session_is_a_turn(gateway: str, stored: Any) -> None:
     assert chat(gateway, "hi", n=1).status_code == 200
     assert [m["role"] for m in stored("s1")] == ["user", "assistant"]
