@@ -129,10 +129,17 @@ async def upstream_error(gw: Gateway, response: httpx.Response) -> ApiError:
         pass
     finally:
         await response.aclose()
-    detail = _upstream_message(gw, raw)
+    detail = _upstream_message(gw, raw).strip() or "(no message)"
     status = response.status_code
     if 400 <= status < 500 and status != 408:
         return ApiError(status, detail, code="upstream_rejected")
+    if 300 <= status < 400:  # (httpx follows none: its Location may name another host)
+        return upstream_api_error(
+            502,
+            f"the model server {gw.shown_upstream} answered HTTP {status}, a redirect, which "
+            "the gateway does not follow; set the upstream URL to the model server itself",
+            "upstream_error",
+        )
     return upstream_api_error(
         502, f"the model server answered HTTP {status}: {detail}", "upstream_error"
     )

@@ -61,6 +61,10 @@ class Hostile:
             return Response(f"<h1>bad gateway</h1><p>{auth}</p>", 502, media_type="text/html")
         if mode.startswith("shape:"):
             return Response(mode[6:], 200, media_type="application/json")
+        if mode == "redirect":
+            return Response(b"", 307, headers={"Location": "http://u:redirect-pw@elsewhere/"})
+        if mode == "empty502":
+            return Response(b"", 502)
         if mode == "drip":
 
             async def drip() -> AsyncIterator[bytes]:
@@ -345,3 +349,18 @@ def test_an_unexpected_error_is_a_500_without_its_message_or_a_traceback(
     assert "unexpected RuntimeError" in logged  # the type is logged...
     secret_free(logged)  # ...never the message
     assert "Traceback" not in logged and not any(r.exc_info for r in caplog.records)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_redirect_or_an_empty_error_is_a_502_that_says_what_happened(
+    start: Callable[..., str], hostile: Hostile, stream: bool
+) -> None:
+    # both ended "the model server answered HTTP 307:", with nothing after the colon
+    gw = start()
+    hostile.mode = "redirect"
+    error = api_error(chat(gw, stream=stream), 502, "upstream_error")
+    assert "HTTP 307, a redirect" in error["message"] and "set the upstream URL" in error["message"]
+    assert "redirect-pw" not in error["message"] and "elsewhere" not in error["message"]
+    hostile.mode = "empty502"
+    error = api_error(chat(gw, stream=stream), 502, "upstream_error")
+    assert error["message"] == "the model server answered HTTP 502: (no message)"
