@@ -129,10 +129,12 @@ async def upstream_error(gw: Gateway, response: httpx.Response) -> ApiError:
         pass
     finally:
         await response.aclose()
-    detail = _upstream_message(gw, raw).strip() or "(no message)"
+    detail = _upstream_message(gw, raw).strip()
     status = response.status_code
     if 400 <= status < 500 and status != 408:
+        detail = detail or f"the model server answered HTTP {status} with no message"
         return ApiError(status, detail, code="upstream_rejected")
+    detail = detail or "(no message)"
     if 300 <= status < 400:  # (httpx follows none: its Location may name another host)
         return upstream_api_error(
             502,

@@ -63,8 +63,8 @@ class Hostile:
             return Response(mode[6:], 200, media_type="application/json")
         if mode == "redirect":
             return Response(b"", 307, headers={"Location": "http://u:redirect-pw@elsewhere/"})
-        if mode == "empty502":
-            return Response(b"", 502)
+        if mode in ("empty502", "empty404"):
+            return Response(b"", int(mode[5:]))
         if mode == "drip":
 
             async def drip() -> AsyncIterator[bytes]:
@@ -364,3 +364,6 @@ def test_a_redirect_or_an_empty_error_is_a_502_that_says_what_happened(
     hostile.mode = "empty502"
     error = api_error(chat(gw, stream=stream), 502, "upstream_error")
     assert error["message"] == "the model server answered HTTP 502: (no message)"
+    hostile.mode = "empty404"  # (was a 404 with an empty message)
+    error = api_error(chat(gw, stream=stream), 404, "upstream_rejected")
+    assert error["message"] == "the model server answered HTTP 404 with no message"
