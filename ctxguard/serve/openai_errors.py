@@ -113,6 +113,8 @@ def from_ctxguard(
         # 400, not 409: the client must send a new id, and the OpenAI SDKs retry a 409
         return ApiError(400, text, param="messages", code="message_id_reused")
     if isinstance(exc, InvalidInputError):
+        if text.startswith("tools"):  # (the Guard's checks of the tools name them first)
+            return ApiError(400, text, param="tools", code="invalid_tools")
         return ApiError(400, text, param="messages", code="invalid_message")
     if isinstance(exc, StoreConnectionError):
         return ApiError(

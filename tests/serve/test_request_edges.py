@@ -113,6 +113,27 @@ def test_an_include_usage_that_is_not_a_boolean_is_a_400_and_nothing_is_stored_o
     assert snapshot("iu") == ([], None, [])
 
 
+@pytest.mark.parametrize("path", [CHAT, "/v1/responses"])
+def test_tools_nested_too_deep_are_named_as_the_tools_and_nothing_is_stored_or_sent(
+    gateway: str, vllm: FakeVLLM, snapshot: Callable[[str], Any], path: str
+) -> None:
+    # the Guard's words named the tools, the answer's param the messages
+    deep: Any = "x"
+    for _ in range(100):
+        deep = {"a": deep}
+    function = {"name": "f", "parameters": deep}
+    if path == CHAT:
+        body = said(USER, tools=[{"type": "function", "function": function}])
+    else:
+        tools = [{"type": "function", **function}]
+        body = {"model": "m", "input": "hi", "conversation": "tl", "tools": tools}
+    response = httpx.post(gateway + path, json=body, headers={"X-Session-Id": "tl"}, timeout=30)
+    error = refused(response, 400, "invalid_tools")
+    assert error["param"] == "tools" and error["message"].startswith("tools ")
+    assert vllm.requests == []
+    assert snapshot("tl") == ([], None, [])
+
+
 def test_n_of_one_with_a_session_is_a_turn(gateway: str, stored: Any) -> None:
     assert chat(gateway, "hi", n=1).status_code == 200
     assert [m["role"] for m in stored("s1")] == ["user", "assistant"]
