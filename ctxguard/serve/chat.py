@@ -163,10 +163,11 @@ class Turn:
 
 async def chat_completions(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
+    headers = request.headers
+    # the key first: a client without one is told so, not about its body (read after)
+    tenant = identity.tenant_of(headers, gw.config.api_keys, gw.config.tenant)
     body = await read_json(request, gw.config.max_body_bytes)
     chat = parse_chat(body)
-    headers = request.headers
-    tenant = identity.tenant_of(headers, gw.config.api_keys, gw.config.tenant)
     session_id, where = identity.session_id_of(headers, body)
     if session_id is not None:
         check_storable(chat)

@@ -112,6 +112,8 @@ def response_object(reply: Message, rid: str) -> dict[str, Any]:
 
 async def create_response(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
+    # the key first: a client without one is told so, not about its body (read after)
+    tenant = identity.tenant_of(request.headers, gw.config.api_keys, gw.config.tenant)
     body = await read_json(request, gw.config.max_body_bytes)
     if body.get("stream"):
         raise bad_request("streaming /v1/responses is not supported yet", param="stream")
@@ -128,7 +130,6 @@ async def create_response(request: Request) -> Response:
         raise bad_request(
             "'max_output_tokens' must be a positive integer", param="max_output_tokens"
         )
-    tenant = identity.tenant_of(request.headers, gw.config.api_keys, gw.config.tenant)
     session, conversation = _session_of(body, store)
     places: list[str] = []
     messages = input_messages(body, places)
@@ -251,9 +252,9 @@ async def _forward(
 
 async def get_response(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
+    tenant = identity.tenant_of(request.headers, gw.config.api_keys, gw.config.tenant)
     value = request.path_params["response_id"]
     session, reply = parse_response_id(value, "response_id")
-    tenant = identity.tenant_of(request.headers, gw.config.api_keys, gw.config.tenant)
     try:
         guard = await gw.guard_async(tenant)
         stored = await gw.run(guard.store.read, session)

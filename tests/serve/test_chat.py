@@ -284,3 +284,32 @@ def test_api_keys_choose_the_tenant(
     assert ok.status_code == 200
     assert stored("s1", "acme")[0]["content"] == "with key"
     assert stored("s1", "globex") == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "content", "content_type"),
+    [
+        ("POST", "/v1/chat/completions", b"not json", "application/json"),
+        ("POST", "/v1/chat/completions", b'{"messages": 5}', "application/json"),
+        ("POST", "/v1/chat/completions", b"{}", "text/plain"),
+        ("POST", "/v1/responses", b"not json", "application/json"),
+        ("POST", "/v1/responses", b'{"input": 5}', "application/json"),
+        ("GET", "/v1/responses/not-an-id", b"", "application/json"),
+    ],
+)
+def test_without_a_key_a_bad_request_is_a_401_not_a_4xx_about_its_body(
+    start_gateway: Callable[..., str],
+    redis_url: str,
+    namespace: str,
+    method: str,
+    path: str,
+    content: bytes,
+    content_type: str,
+) -> None:
+    # the body was read and judged first: a client with no key was told about its body
+    gateway = start_gateway(url=redis_url, namespace=namespace, api_keys={"sk-acme": "acme"})
+    response = httpx.request(
+        method, gateway + path, content=content, headers={"Content-Type": content_type}, timeout=30
+    )
+    assert response.status_code == 401, response.text
+    assert response.json()["error"]["code"] == "invalid_api_key"
