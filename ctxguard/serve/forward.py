@@ -116,17 +116,19 @@ def timed_out(gw: Gateway) -> ApiError:
 
 
 async def upstream_error(gw: Gateway, response: httpx.Response) -> ApiError:
-    """The OpenAI-shaped error for a non-200 ``response`` (read at most 64 KiB, closed):
+    """The OpenAI-shaped error for a non-200 ``response`` (read at most 64 KiB within
+    ``--upstream-timeout``, closed):
     a 4xx passes through with the upstream's own message, anything else is a 502;
     either message scrubbed of credentials."""
     raw = b""
-    try:
-        async for chunk in response.aiter_bytes():
-            raw += chunk
-            if len(raw) > 65536:
-                break
-    except httpx.HTTPError:
-        pass
+    try:  # (within one deadline: a streaming call has none of its own around this)
+        async with asyncio.timeout(gw.config.upstream_timeout):
+            async for chunk in response.aiter_bytes():
+                raw += chunk
+                if len(raw) > 65536:
+                    break
+    except (httpx.HTTPError, TimeoutError):
+        pass  # what came in time is the message
     finally:
         await response.aclose()
     detail = _upstream_message(gw, raw).strip()

@@ -65,6 +65,15 @@ class Hostile:
             return Response(b"", 307, headers={"Location": "http://u:redirect-pw@elsewhere/"})
         if mode in ("empty502", "empty404"):
             return Response(b"", int(mode[5:]))
+        if mode == "drip500":  # an error whose body never ends
+
+            async def forever() -> AsyncIterator[bytes]:
+                yield b'{"error": {"message": "engine '
+                while True:
+                    yield b"."
+                    await asyncio.sleep(0.2)
+
+            return StreamingResponse(forever(), 500, media_type="application/json")
         if mode == "drip":
 
             async def drip() -> AsyncIterator[bytes]:
@@ -367,3 +376,20 @@ def test_a_redirect_or_an_empty_error_is_a_502_that_says_what_happened(
     hostile.mode = "empty404"  # (was a 404 with an empty message)
     error = api_error(chat(gw, stream=stream), 404, "upstream_rejected")
     assert error["message"] == "the model server answered HTTP 404 with no message"
+
+
+@pytest.mark.parametrize(
+    ("stream", "status", "code"), [(False, 504, "upstream_timeout"), (True, 502, "upstream_error")]
+)
+def test_an_error_whose_body_never_ends_is_answered_at_the_upstream_timeout(
+    start: Callable[..., str], hostile: Hostile, stream: bool, status: int, code: str
+) -> None:
+    # a streaming call read an error body with no deadline but each read's: a body that
+    # trickles forever held the client until its own timeout (here 30 s per read); a
+    # non-streaming call's one deadline already covered it (a 504)
+    gw = start(upstream_timeout=1.0)
+    hostile.mode = "drip500"
+    error = api_error(chat(gw, stream=stream), status, code)
+    if stream:  # what came in time is the message
+        assert error["message"].startswith("the model server answered HTTP 500: ")
+        assert '"engine .' in error["message"]
