@@ -40,14 +40,21 @@ async def send_upstream(
     """POST upstream (a dict, or JSON already encoded) and return the response with its
     body still to read; failures become OpenAI-shaped 502/504 (and upstream 4xx pass
     through, scrubbed). Each call's time to the response headers is reported by outcome
-    (``Gateway.observe_upstream``, the ``/metrics`` histogram). A streaming call's reads
-    each wait ``--upstream-timeout`` at most; :func:`post_json` bounds a whole call."""
+    (``Gateway.observe_upstream``, the ``/metrics`` histogram). The headers come within
+    ``--upstream-timeout``; a streaming call's reads after them each wait that long at
+    most; :func:`post_json` bounds a whole call."""
     started = time.perf_counter()
     content = body if isinstance(body, bytes) else encode_json(body)
     headers = STREAM_HEADERS if stream else JSON_HEADERS
     try:
         request = gw.client.build_request("POST", url, content=content, headers=headers)
-        response = await gw.client.send(request, stream=True)
+        # the headers within one deadline (reads each have their own: headers sent a
+        # line now and then would never time out)
+        async with asyncio.timeout(gw.config.upstream_timeout):
+            response = await gw.client.send(request, stream=True)
+    except TimeoutError:
+        gw.observe_upstream("timeout", started)
+        raise timed_out(gw) from None
     except httpx.HTTPError as exc:
         error = gw.failed(exc)
         gw.observe_upstream("timeout" if error.status == 504 else "unavailable", started)

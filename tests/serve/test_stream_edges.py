@@ -21,6 +21,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from ctxguard.serve import forward
+from tests.conftest import private_memory_url
 
 from .conftest import Start
 from .upstream import serve_in_thread, stop_server
@@ -153,3 +154,25 @@ def test_a_stream_that_finishes_with_no_reply_in_it_is_not_stored(
     assert [r["reason"] for r in audit if r.get("kind") == "partial_reply"] == [
         "upstream_bad_reply"
     ]
+
+
+def test_a_stream_whose_headers_never_end_is_a_504_at_the_upstream_timeout(
+    start_gateway: Start,
+) -> None:
+    # the headers of a streaming call had each read's timeout only: a server sending a
+    # header line now and then held the client until it gave up (here 30 s per read)
+    from drip_server import drip_server
+
+    with drip_server("headers") as server:
+        gw = start_gateway(
+            upstream=server.url,
+            url=private_memory_url(),
+            counter="tiktoken:cl100k_base",
+            limit=4096,
+            upstream_timeout=1.0,
+        )
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        response = httpx.post(gw + "/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 504, response.text
+    error = response.json()["error"]
+    assert error["code"] == "upstream_timeout" and "\n" not in error["message"]
