@@ -20,6 +20,7 @@ from ctxguard.guard.setup import make_counter, make_limit
 from ctxguard.kv.limit import ContextLimit, LimitSource
 from ctxguard.messages import Message, record_of, says_nothing, to_message
 from ctxguard.tokens._protocol import TokenCounter
+from ctxguard.tokens.checked import CheckedCounter
 
 _SETTINGS = frozenset(f.name for f in dataclasses.fields(GuardConfig))
 log = logging.getLogger("ctxguard.guard")
@@ -145,8 +146,9 @@ class GuardBase:
 
     @property
     def counter(self) -> TokenCounter:
-        """The token counter every count of this guard comes from."""
-        return self.core.counter
+        """The token counter every count of this guard comes from (the one passed in)."""
+        counter = self.core.counter
+        return counter.wrapped if isinstance(counter, CheckedCounter) else counter
 
 
 def _config(config: object, settings: dict[str, Any]) -> GuardConfig:

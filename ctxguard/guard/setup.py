@@ -5,6 +5,7 @@ from __future__ import annotations
 from ctxguard.errors import ConfigError
 from ctxguard.kv.limit import ContextLimit, LimitSource, StaticLimit
 from ctxguard.tokens._protocol import TokenCounter
+from ctxguard.tokens.checked import checked
 
 
 def make_counter(counter: str | TokenCounter) -> TokenCounter:
@@ -17,7 +18,7 @@ def make_counter(counter: str | TokenCounter) -> TokenCounter:
             f"counter must be a spec string like 'tiktoken:cl100k_base' or a TokenCounter, "
             f"got {type(counter).__name__}"
         )
-    return counter
+    return checked(counter)  # the caller's own counter: its answers checked
 
 
 def make_limit(limit: int | ContextLimit | LimitSource) -> LimitSource:
