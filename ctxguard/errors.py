@@ -23,6 +23,7 @@ Catch the family you can act on::
     │   ├── ServerBusyError          the model server is past its pressure thresholds
     │   └── TenantBudgetError        the tenant spent its token budget for the window
     ├── SummarizerError              a summarizer failed (recorded, never content)
+    ├── GuardClosedError             the guard was closed; nothing was stored
     └── MissingDependencyError       an optional extra is not installed
 
 Each error's message says what was wrong and what to do about it.
@@ -234,6 +235,17 @@ class SummarizerError(CtxGuardError):
     """A summarizer failed, timed out or returned unusable text."""
 
 
+class GuardClosedError(CtxGuardError):
+    """A :class:`Guard` or :class:`AsyncGuard` was used after ``close()`` /
+    ``aclose()``: its connections are released (a call would open them again, and
+    leak them), so the call is refused before anything is stored. Open a new guard."""
+
+    def __init__(self, guard: str) -> None:
+        super().__init__(
+            f"this {guard} was closed; open a new {guard} for more calls (nothing was stored)"
+        )
+
+
 class MissingDependencyError(CtxGuardError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
 
@@ -248,6 +260,7 @@ __all__ = [
     "ConflictError",
     "CorruptRecordError",
     "CtxGuardError",
+    "GuardClosedError",
     "InvalidIdError",
     "InvalidInputError",
     "InvalidMessageError",

@@ -19,6 +19,7 @@ EXPECTED = {
     "CtxGuardError",
     "ExtractiveSummarizer",
     "Guard",
+    "GuardClosedError",
     "GuardConfig",
     "InvalidIdError",
     "InvalidInputError",

@@ -160,8 +160,8 @@ class AsyncGuard(GuardBase):
         if isinstance(op, flows.Sleep):
             await asyncio.sleep(op.seconds)
             return None
-        if op.session_id in self._summarizing:
-            return None  # one background summary per session at a time
+        if op.session_id in self._summarizing or self._closed:
+            return None  # one background summary per session at a time, none after aclose
         self._summarizing.add(op.session_id)
         task = asyncio.create_task(self.summarize(op.session_id, op.request))
         self._background.add(task)
@@ -201,8 +201,12 @@ class AsyncGuard(GuardBase):
         """Wait for background summaries, write pending audit records, then release the
         connections of the store this guard opened from a URL (a store passed in is left
         open: it is the caller's to close). A held record that cannot be written is
-        raised, after the connections are released."""
+        raised, after the connections are released. Every later call but ``aclose()``
+        (which does nothing then) raises :class:`GuardClosedError`."""
+        if self._closed:
+            return
         await self.wait_for_summaries()
+        self._closed = True
         try:
             await self._run(flows.flush(self.core))
         finally:

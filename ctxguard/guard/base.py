@@ -10,7 +10,7 @@ from typing import Any
 
 from ctxguard import _validate as v
 from ctxguard._secrets import describe
-from ctxguard.errors import ConfigError, InvalidMessageError
+from ctxguard.errors import ConfigError, GuardClosedError, InvalidMessageError
 from ctxguard.guard import flows
 from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.core import GuardCore
@@ -61,6 +61,7 @@ class GuardBase:
                 f"got {v.type_name(observer)}"
             )
         self.core.observer = observer
+        self._closed = False  # set by close() / aclose(): every later call refused
 
     @property
     def observer(self) -> Observer | None:
@@ -103,21 +104,25 @@ class GuardBase:
 
     # -- the argument checks of the public methods (sync and async alike) -----------
 
-    @staticmethod
+    def _check_open(self) -> None:
+        if self._closed:
+            raise GuardClosedError(type(self).__name__)
+
     def _prepare_args(
-        session_id: object, new: object, max_tokens: object, tools: object, what: str
+        self, session_id: object, new: object, max_tokens: object, tools: object, what: str
     ) -> None:
+        self._check_open()
         v.check_session_id(session_id)
         v.check_message_batch(new, what)
         v.check_max_tokens(max_tokens)
         v.check_tools(tools)
 
-    @staticmethod
     def _complete_args(
-        session_id: object, reply: object, prepared: object, usage: object
+        self, session_id: object, reply: object, prepared: object, usage: object
     ) -> tuple[Message, str]:
         """Checks ``complete``'s arguments; returns the reply as a Message, and its record
         when the guard made the Message now (else "": the caller's is serialised as it is)."""
+        self._check_open()
         session = v.check_session_id(session_id)
         v.check_reply(reply)
         try:
@@ -139,8 +144,8 @@ class GuardBase:
         v.check_usage(usage)
         return message, record
 
-    @staticmethod
-    def _summarize_args(session_id: object, request: object) -> None:
+    def _summarize_args(self, session_id: object, request: object) -> None:
+        self._check_open()
         v.check_session_id(session_id)
         v.check_summary_request(request)
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ctxguard._validate import check_state_arg, check_tail_args, check_timeout
-from ctxguard.errors import SummarizerError
+from ctxguard.errors import GuardClosedError, SummarizerError
 from ctxguard.guard import flows
 from ctxguard.guard.base import GuardBase, report_background_failure
 from ctxguard.guard.config import GuardConfig, is_async_callable
@@ -192,6 +192,8 @@ class Guard(GuardBase):
 
     def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
+            if self._closed:  # (a call that began before close(): its pool is shut down)
+                raise GuardClosedError(type(self).__name__)
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="ctxguard")
             return self._pool
@@ -199,7 +201,7 @@ class Guard(GuardBase):
     def _start_background(self, session_id: str, request: SummaryRequest) -> None:
         """One background summary per session at a time; the next prepare asks again."""
         with self._lock:
-            if session_id in self._summarizing:
+            if session_id in self._summarizing or self._closed:
                 return
             self._summarizing.add(session_id)
         future = self._executor().submit(self.summarize, session_id, request)
@@ -224,8 +226,13 @@ class Guard(GuardBase):
         """Wait for background summaries, write pending audit records, then release the
         connections of the store this guard opened from a URL (a store passed in is left
         open: it is the caller's to close). A held record that cannot be written is
-        raised, after the connections are released."""
+        raised, after the connections are released. Every later call but ``close()``
+        (which does nothing then) raises :class:`GuardClosedError`."""
+        if self._closed:
+            return
         self.wait_for_summaries()
+        with self._lock:
+            self._closed = True
         try:
             self._run(flows.flush(self.core))
         finally:
