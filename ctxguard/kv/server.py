@@ -10,15 +10,17 @@ so the sync and async readers share every line of logic and only do the GETs.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from ctxguard import _http
+from ctxguard._secrets import forget, redact_text
 from ctxguard._validate import check_http_options
 from ctxguard.errors import ConfigError
 from ctxguard.stores.urls import redact_url
@@ -71,8 +73,32 @@ def redact(url: str) -> str:
     return f"{scheme}{sep}{rest.rpartition('@')[2]}".rstrip("/")
 
 
-def probe(base_url: str, model: str | None = None) -> Probe:
-    """Ask for /v1/models, /metrics and, when needed, SGLang's /get_server_info."""
+def known_secrets(base_url: str, headers: Mapping[str, str] | None) -> list[str]:
+    """What a server must not echo back into our errors: the headers we send (an API
+    key, raw and after its scheme) and the URL's password, raw and as the Basic
+    credential it goes as; longest first."""
+    values = {v for v in (headers or {}).values() if isinstance(v, str)}
+    values |= {v.split(None, 1)[-1] for v in values if v.strip()}
+    try:
+        url = httpx.URL(base_url)
+        user, password = url.username, url.password
+    except Exception:  # (checked before: a URL httpx takes)
+        user, password = "", ""
+    if password:
+        pair = f"{user}:{password}".encode()
+        values |= {password, base64.b64encode(pair).decode()}
+    return sorted((v for v in values if len(v) >= 4), key=len, reverse=True)
+
+
+def _said(text: object, secrets: Sequence[str]) -> str:
+    """Text the server wrote (a model id), shown on one line: less our secrets (it may
+    echo a header) and any credential by form, cut to 100 characters."""
+    return redact_text(" ".join(forget(str(text), secrets).split()), 100)
+
+
+def probe(base_url: str, model: str | None = None, secrets: Sequence[str] = ()) -> Probe:
+    """Ask for /v1/models, /metrics and, when needed, SGLang's /get_server_info.
+    ``secrets`` (:func:`known_secrets`) are taken out of what the server says."""
     shown = redact(base_url)
     status, body = yield "/v1/models"
     if status != 200:
@@ -80,7 +106,8 @@ def probe(base_url: str, model: str | None = None) -> Probe:
             f"{shown}/v1/models answered HTTP {status}; check that this is an "
             "OpenAI-compatible server and that the API key (if any) is right"
         )
-    model_id, max_len = _pick_model(_json(body, shown, "/v1/models"), model, shown)
+    payload = _json(body, shown, "/v1/models")
+    model_id, max_len = _pick_model(payload, model, shown, secrets)
     status, text = yield "/metrics"
     cache = _cache_config(text) if status == 200 else {}
     extra: Mapping[str, Any] = {}
@@ -99,7 +126,9 @@ def _json(body: str, shown: str, path: str) -> Any:
         raise ConfigError(f"{shown}{path} returned JSON nested too deeply to read") from None
 
 
-def _pick_model(payload: Any, model: str | None, shown: str) -> tuple[str, int | None]:
+def _pick_model(
+    payload: Any, model: str | None, shown: str, secrets: Sequence[str]
+) -> tuple[str, int | None]:
     cards = payload.get("data") if isinstance(payload, Mapping) else None
     if not isinstance(cards, list) or not cards:
         raise ConfigError(f"{shown}/v1/models lists no models; is the server still loading?")
@@ -108,19 +137,24 @@ def _pick_model(payload: Any, model: str | None, shown: str) -> tuple[str, int |
             f"{shown}/v1/models lists models that are not JSON objects; "
             "is this an OpenAI-compatible server?"
         )
-    ids = [str(card.get("id")) for card in cards]
+    ids = _listed([card.get("id") for card in cards], secrets)
     if model is not None:
         matches = [c for c in cards if model in (c.get("id"), c.get("root"))]
         if not matches:
-            raise ConfigError(f"{shown} does not serve {model!r}; it serves {', '.join(ids)}")
+            raise ConfigError(f"{shown} does not serve {model!r}; it serves {ids}")
         cards = matches
     lengths = {_length(card) for card in cards}
     if len(lengths) > 1:
+        ids = _listed([card.get("id") for card in cards], secrets)
         raise ConfigError(
-            f"{shown} serves models with different limits ({', '.join(ids)}); "
-            "pass model= to choose one"
+            f"{shown} serves models with different limits ({ids}); pass model= to choose one"
         )
-    return str(cards[0].get("id")), lengths.pop()
+    return _said(cards[0].get("id"), secrets), lengths.pop()
+
+
+def _listed(ids: list[Any], secrets: Sequence[str], most: int = 10) -> str:
+    shown = ", ".join(_said(i, secrets) for i in ids[:most])
+    return shown + (f" and {len(ids) - most} more" if len(ids) > most else "")
 
 
 def _length(card: Mapping[str, Any]) -> int | None:
@@ -231,7 +265,7 @@ def fetch_server_info(
                 )
                 return reply.status_code, reply.text
 
-            return _drive(probe(base_url, model), send)
+            return _drive(probe(base_url, model, known_secrets(base_url, headers)), send)
     except httpx.HTTPError as exc:
         raise _unreachable(shown, exc) from exc
 
@@ -246,7 +280,7 @@ async def afetch_server_info(
     """GET the server's limits (asyncio); same probe and deadlines as :func:`fetch_server_info`."""
     check_http_options("afetch_server_info", timeout, headers)
     shown = redact(base_url)
-    flow = probe(base_url, model)
+    flow = probe(base_url, model, known_secrets(base_url, headers))
     try:
         async with httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=headers) as client:
             path = next(flow)
