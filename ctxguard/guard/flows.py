@@ -35,7 +35,7 @@ from ctxguard.guard import events
 from ctxguard.guard.core import GuardCore, Speculation, Tools, newest_sent
 from ctxguard.guard.plan import Budget, Plan, SummaryRequest
 from ctxguard.guard.prepared import PreparedRequest
-from ctxguard.guard.setup import checked_limit, limit_failure
+from ctxguard.kv.limit import ContextLimit
 from ctxguard.messages import MessageLike
 from ctxguard.stores.base import (
     AppendResult,
@@ -161,12 +161,7 @@ def _prepare(
     tools: Tools | None,
 ) -> Flow[PreparedRequest]:
     core.check_batch(new)
-    try:
-        limit = checked_limit((yield ResolveLimit()))
-    except CtxGuardError:
-        raise
-    except Exception as exc:  # a limit source the caller wrote
-        raise limit_failure(exc) from exc
+    limit: ContextLimit = yield ResolveLimit()
     budget = core.budget(limit, max_tokens, tools)
     options = core.write_options
     fast = core.speculate(session_id, new, budget, tools)
