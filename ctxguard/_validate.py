@@ -50,6 +50,10 @@ def _bind_types() -> None:
 
 
 MAX_JSON_DEPTH = 64
+# the largest JSON integer stored: its decimal text must stay under Python's default
+# int/str conversion limit (4300 digits), or no reader could decode the record again
+MAX_JSON_INT_DIGITS = 4000
+_JSON_INT_BOUND = 10**MAX_JSON_INT_DIGITS
 _UNSET: Any = object()  # "not passed" for check_store_args (None may be a bad value)
 MAX_SECONDS = 1_000_000  # a wait past this (~11.6 days) overflows time arithmetic (time_t)
 MAX_INT = 2**63 - 1  # Redis integers are signed 64-bit; seconds past this overflow time math
@@ -121,8 +125,15 @@ def json_problem(value: object, what: str, *, loose: bool = False) -> str | None
             if _bad_text(item):  # type: ignore[arg-type]
                 return f"{_where(what, path)} is not valid Unicode text (lone surrogate)"
             continue
-        if item is None or kind is int or kind is bool:
+        if item is None or kind is bool:
             continue
+        if kind is int:
+            if -_JSON_INT_BOUND < item < _JSON_INT_BOUND:
+                continue
+            return (
+                f"{_where(what, path)} is an int of more than {MAX_JSON_INT_DIGITS} digits, "
+                "too long to store as JSON text that can be read back; send it as a string"
+            )
         if kind is float:
             if not math.isfinite(item):  # type: ignore[arg-type]
                 return f"{_where(what, path)} is {item!r}, not a JSON number; use a finite number"
