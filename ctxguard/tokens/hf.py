@@ -5,7 +5,8 @@ Loads ``AutoTokenizer.from_pretrained(dir, local_files_only=True)`` and counts w
 call an OpenAI-compatible server makes. Messages are first shaped the way vLLM shapes
 them (``_openai_dicts.DictStyle``); whether this template wants tool-call arguments as
 objects or JSON text, and list content or joined text, is found by rendering probes.
-Template errors (``raise_exception``, undefined values, type errors) become
+Template errors (``raise_exception``, undefined values, type errors, anything its
+expressions raise: ``1/0``, a macro that calls itself) become
 :class:`TemplateRefusedError` carrying the template's own message; a template that does
 not compile is a :class:`TokenizerError` raised when the counter is built.
 """
@@ -20,6 +21,7 @@ from typing import Any
 from ctxguard._validate import check_arg_types, one_line, show
 from ctxguard.errors import (
     ConfigError,
+    CtxGuardError,
     MissingDependencyError,
     TemplateRefusedError,
     TokenizerError,
@@ -40,7 +42,6 @@ _FINGERPRINT_FILES = (
     "merges.txt",
     "tokenizer.model",
 )
-_RENDER_ERRORS = (TypeError, ValueError, KeyError, IndexError, AttributeError)
 
 
 def load_hf_counter(
@@ -169,8 +170,11 @@ class HFRenderer:
             )
         except jinja2.TemplateSyntaxError as exc:
             raise TokenizerError(f"the chat template does not compile: {exc}") from exc
-        except (jinja2.TemplateError, *_RENDER_ERRORS) as exc:
-            raise TemplateRefusedError(f"the chat template refused: {exc}") from exc
+        except CtxGuardError:
+            raise
+        except Exception as exc:  # jinja's errors, and what the template's expressions
+            # raise: 1/0, a macro calling itself (RecursionError), 10.0 ** 999...
+            raise TemplateRefusedError(one_line(f"the chat template refused: {exc}")) from exc
 
 
 _ARGS_PROBE: list[Dict] = [
