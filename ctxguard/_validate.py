@@ -171,7 +171,14 @@ def json_problem(value: object, what: str, *, loose: bool = False) -> str | None
 
 
 def check_json(value: object, what: str, *, loose: bool = False) -> None:
-    problem = json_problem(value, what, loose=loose)
+    try:
+        problem = json_problem(value, what, loose=loose)
+    except Exception as exc:  # a mapping of the caller's whose reading raises
+        from ctxguard._secrets import describe
+
+        raise InvalidInputError(
+            one_line(f"{what}: reading it raised {describe(exc, 200)}; nothing was stored")
+        ) from exc
     if problem is not None:
         raise InvalidInputError(one_line(problem))
 

@@ -38,7 +38,7 @@ from ctxguard._record_time import (
     ulid_ms,
 )
 from ctxguard._validate import check_message_batch, json_problem
-from ctxguard.errors import InvalidMessageError
+from ctxguard.errors import CtxGuardError, InvalidMessageError
 from ctxguard.ids import MAX_ID_BYTES, new_message_id, new_message_id_ms, validate_id
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
@@ -257,8 +257,11 @@ class Message(BaseModel):
                 f"a message must be a dict like {{'role': 'user', 'content': 'hi'}}, "
                 f"got {type(data).__name__}"
             )
-        fields = {k: v for k, v in data.items() if k in _OWN_KEYS or k in _CTXGUARD_KEYS}
-        fields["extra"] = {k: v for k, v in data.items() if k not in fields}
+        try:
+            fields = {k: v for k, v in data.items() if k in _OWN_KEYS or k in _CTXGUARD_KEYS}
+            fields["extra"] = {k: v for k, v in data.items() if k not in fields}
+        except Exception as exc:  # a mapping of the caller's whose reading raises
+            raise InvalidMessageError(_raised("reading the message", exc)) from exc
         if id is not None:
             fields["id"] = id
         if metadata is not None:
@@ -437,12 +440,23 @@ def to_message(value: MessageLike) -> Message:
 def to_messages(values: Iterable[MessageLike], what: str = "messages") -> list[Message]:
     """Convert a batch, failing on the first bad message with its index."""
     out: list[Message] = []
-    for index, value in enumerate(check_message_batch(values, what)):
-        try:
-            out.append(to_message(value))
-        except InvalidMessageError as exc:
-            raise InvalidMessageError(f"message {index}: {exc}") from None
+    try:
+        for index, value in enumerate(check_message_batch(values, what)):
+            try:
+                out.append(to_message(value))
+            except InvalidMessageError as exc:
+                raise InvalidMessageError(f"message {index}: {exc}") from None
+    except CtxGuardError:
+        raise
+    except Exception as exc:  # an iterable of the caller's that raises part way
+        raise InvalidMessageError(_raised(f"{what}: iterating them", exc)) from exc
     return out
+
+
+def _raised(doing: str, exc: Exception) -> str:
+    from ctxguard._secrets import describe  # (only on this path: stores import this module)
+
+    return f"{doing} raised {describe(exc, 200)}; nothing was stored"
 
 
 def _content_out(content: str | tuple[TextPart | ImagePart, ...] | None) -> Any:
