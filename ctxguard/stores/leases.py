@@ -20,6 +20,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from ctxguard._validate import MAX_SECONDS, show
 from ctxguard.errors import ConfigError
 from ctxguard.ids import validate_id
 from ctxguard.stores.keys import KeySpace
@@ -30,17 +31,20 @@ if TYPE_CHECKING:
 MAX_HOLDER = 128
 
 
-def check_lease(holder: str, seconds: float | None = None) -> None:
-    """A holder token is a non-empty string; a lease lasts a positive finite time."""
+def check_lease(holder: str, seconds: float | None = None, *, acquire: bool = False) -> None:
+    """A holder token is a non-empty string; a lease lasts a positive finite time (an
+    acquire must say how long: None would be a release in :func:`lease_call`)."""
     if not isinstance(holder, str) or not 0 < len(holder) <= MAX_HOLDER:
         raise ConfigError(f"a lease holder is a string of 1 to {MAX_HOLDER} characters")
-    if seconds is not None and (
+    if (seconds is not None or acquire) and (
         isinstance(seconds, bool)
         or not isinstance(seconds, int | float)
         or not math.isfinite(seconds)
-        or seconds < 0.001
+        or not 0.001 <= seconds <= MAX_SECONDS
     ):
-        raise ConfigError(f"a lease lasts at least 0.001 seconds, got {seconds!r}")
+        raise ConfigError(
+            f"a lease lasts from 0.001 to {MAX_SECONDS:,} seconds, got {show(seconds)}"
+        )
 
 
 def lease_call(
@@ -66,7 +70,7 @@ class MemoryLeases:
     def acquire(self, session_id: str, name: str, holder: str, seconds: float) -> bool:
         validate_id(session_id, "session id")
         validate_id(name, "lease name")
-        check_lease(holder, seconds)
+        check_lease(holder, seconds, acquire=True)
         now = time.monotonic()
         with self._lock:
             for key in [k for k, (_, until) in self._held.items() if until <= now]:

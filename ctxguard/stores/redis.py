@@ -75,7 +75,7 @@ from ctxguard.stores.base import (
     decode_summary,
 )
 from ctxguard.stores.integrity import RawSession, RepairPlan
-from ctxguard.stores.leases import lease_call
+from ctxguard.stores.leases import check_lease, lease_call
 from ctxguard.stores.redis_async import AsyncRedisStore
 from ctxguard.stores.redis_clients import (
     ConnectionShelf,
@@ -370,6 +370,7 @@ class RedisStore(RedisStoreBase):
 
     def acquire_lease(self, session_id: str, name: str, holder: str, seconds: float) -> bool:
         """Take or renew the lease on ``name`` (see :mod:`.leases`); False if another holds it."""
+        check_lease(holder, seconds, acquire=True)  # (None: a release in lease_call)
         call = lease_call(self.protocol.keyspace, session_id, name, holder, seconds)
         return bool(self._run(call))  # repeatable: the holder's own lease is renewed
 

@@ -41,7 +41,7 @@ from ctxguard.stores.base import (
     decode_summary,
 )
 from ctxguard.stores.integrity import RawSession, RepairPlan
-from ctxguard.stores.leases import lease_call
+from ctxguard.stores.leases import check_lease, lease_call
 from ctxguard.stores.redis_clients import (
     AsyncConnectionShelf,
     RedisStoreBase,
@@ -366,6 +366,7 @@ class AsyncRedisStore(RedisStoreBase):
         return int(await self._run(call))  # repeatable: by the record's rid
 
     async def acquire_lease(self, session_id: str, name: str, holder: str, seconds: float) -> bool:
+        check_lease(holder, seconds, acquire=True)  # (None: a release in lease_call)
         call = lease_call(self.protocol.keyspace, session_id, name, holder, seconds)
         return bool(await self._run(call))  # repeatable: see RedisStore.acquire_lease
 

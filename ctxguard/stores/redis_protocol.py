@@ -23,7 +23,7 @@ from typing import Any
 import pydantic
 
 from ctxguard._frozen import fast_init
-from ctxguard._validate import check_state_arg
+from ctxguard._validate import check_state_arg, show
 from ctxguard.errors import (
     ConflictError,
     CorruptRecordError,
@@ -357,7 +357,7 @@ class RedisProtocol:
         expected_state: str | None = None,
     ) -> Call:
         if not isinstance(count, int) or count < 0:
-            raise InvalidInputError(f"count must be a non-negative int, got {count!r}")
+            raise InvalidInputError(f"count must be a non-negative int, got {show(count)}")
         now = datetime.now(UTC).isoformat()
         args: list[str | int] = [count, -1 if expected is None else expected, ttl, now]
         return Call("retract", self.keys(session_id), [*args, _state_arg(expected_state)])
