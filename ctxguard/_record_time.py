@@ -24,6 +24,7 @@ fails on one (a JSON array is not a message) instead of reading a wrong message.
 from __future__ import annotations
 
 import re
+import time
 from datetime import UTC, datetime, timedelta
 
 from pydantic_core import to_json
@@ -49,6 +50,38 @@ _ULID_DIGITS = bytes(
 _POSITIONAL_TIME = re.compile(r",(-?[0-9]{1,24})\]\Z")
 _ULID_TAIL = re.compile(r',"([^"\\]{26})",(-?[0-9]{1,24})\]\Z')
 _STRING_TEXT = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*', re.DOTALL)  # no unescaped quote
+
+
+_MINUTE_US = 60_000_000
+_minute: tuple[int, str] = (-1, "")  # a minute (µs // _MINUTE_US) and its "YYYY-MM-DDTHH:MM:"
+_made: tuple[str | None, int] = (None, 0)  # the last text now_iso() made, and its µs
+
+
+def now_iso() -> str:
+    """``datetime.now(UTC).isoformat()``, from one read of the same clock (floored to µs,
+    as ``datetime.now`` does), the minute's text made once per minute: an audit record's
+    ``at`` (one per turn). The µs the text stands for are kept for :func:`made_micros`."""
+    global _minute, _made
+    micros = time.time_ns() // 1000
+    minute, rest = divmod(micros, _MINUTE_US)
+    known = _minute
+    if known[0] != minute:
+        head = (EPOCH + timedelta(microseconds=minute * _MINUTE_US)).isoformat()[:17]
+        known = _minute = (minute, head)
+    seconds, fraction = divmod(rest, 1_000_000)
+    if fraction:  # (isoformat writes no fraction for a whole second)
+        text = f"{known[1]}{seconds:02d}.{fraction:06d}+00:00"
+    else:
+        text = f"{known[1]}{seconds:02d}+00:00"
+    _made = (text, micros)
+    return text
+
+
+def made_micros(text: str) -> int | None:
+    """The µs since the epoch of ``text`` when it is the text :func:`now_iso` made last
+    (the compacted audit record's ``at``, without parsing it back); else None."""
+    made = _made
+    return made[1] if made[0] == text else None
 
 
 def micros_of(created_at: datetime) -> int | None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from ctxguard._record_time import now_iso
 from ctxguard.errors import BudgetError, CtxGuardError, TemplateRefusedError
 from ctxguard.guard.plan import Budget, Plan, Sent, SummaryRequest
 from ctxguard.guard.prepared import PreparedRequest
@@ -51,7 +51,7 @@ class AuditRecords:
         """The audit record of a refused prepare: why, the numbers, the ids (no content)."""
         record: dict[str, Any] = {
             "kind": "refused",
-            "at": datetime.now(UTC).isoformat(),
+            "at": now_iso(),
             "error": type(exc).__name__,
             "ids": [n.message.id for n in new],
         }
@@ -102,7 +102,7 @@ class AuditRecords:
         if policy:
             record["policy"] = dict(policy)  # (each record its own dict)
         record.update(
-            at=datetime.now(UTC).isoformat(),
+            at=now_iso(),
             **sent_fields(
                 [i.seq for i in sent.items],
                 [m.id for m in sent.messages],
@@ -250,7 +250,7 @@ class AuditRecords:
         record: dict[str, Any] = {
             "rid": "u-" + digest.hexdigest(),
             "kind": "usage",
-            "at": datetime.now(UTC).isoformat(),
+            "at": now_iso(),
         }
         if prepared is not None:
             record.update(of_turn=prepared.turn, estimated=prepared.tokens)
@@ -269,7 +269,7 @@ class AuditRecords:
         record: dict[str, Any] = {
             "rid": new_message_id(),
             "kind": "summary" if error is None else "summary_failed",
-            "at": datetime.now(UTC).isoformat(),
+            "at": now_iso(),
             "covers_from": request.covers_from,
             "covers_to": request.covers_to,
             "previous_version": request.previous_version,

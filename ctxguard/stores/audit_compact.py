@@ -48,6 +48,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ctxguard._record_time import made_micros
 from ctxguard.stores.audit_derive import derivation, derived, guard_derivation
 from ctxguard.stores.records import encode_audit, encode_finite, too_deep
 
@@ -307,6 +308,9 @@ def _micros(at: str) -> int | None:
     only when not 0): that text is read with integer arithmetic on its fields, the minute
     it starts with looked up (:func:`_minute`); any other text goes to ``fromisoformat``
     and must come back from :func:`_iso` unchanged."""
+    made = made_micros(at)  # the text the guard made just now: its µs are known
+    if made is not None:
+        return made
     found = _CANONICAL.fullmatch(at)
     if found is not None:
         text, seconds, fraction = found.groups()
