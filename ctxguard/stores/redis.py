@@ -83,6 +83,7 @@ from ctxguard.stores.redis_clients import (
     RetryPolicy,
     as_fetch,
     pack,
+    pack_evalsha,
     scan_keys,
     sync_client,
 )
@@ -166,9 +167,7 @@ class RedisStore(RedisStoreBase):
         """
         conn = self._shelf.take()
         try:
-            conn.send_packed_command(
-                pack(conn, "EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
-            )
+            conn.send_packed_command(pack_evalsha(conn, script.sha, call.keys, call.args))
             try:
                 return conn.read_response()
             except NoScriptError:  # a restarted or flushed server: EVAL caches it again

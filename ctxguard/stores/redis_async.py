@@ -51,6 +51,7 @@ from ctxguard.stores.redis_clients import (
     asend,
     async_client,
     pack,
+    pack_evalsha,
 )
 from ctxguard.stores.redis_errors import (
     CLIENT_INTERNAL_ERRORS,
@@ -154,9 +155,7 @@ class AsyncRedisStore(RedisStoreBase):
         """EVALSHA on a shelved connection (see :meth:`RedisStore._evalsha`)."""
         conn = await self._shelf.take()
         try:
-            await asend(
-                conn, pack(conn, "EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
-            )
+            await asend(conn, pack_evalsha(conn, script.sha, call.keys, call.args))
             try:
                 return await conn.read_response()
             except NoScriptError:
