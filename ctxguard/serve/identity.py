@@ -117,8 +117,15 @@ def tenant_of(
             )
         return tenant
     raw = header(headers, TENANT_HEADER, "X-Tenant")
-    if raw is None or raw == "":
+    if raw is None:
         return default
+    if not raw.strip():  # (it fell back to the default tenant: another tenant's sessions)
+        raise ApiError(
+            400,
+            "X-Tenant is empty; send a tenant, or leave the header out for the default one",
+            param="X-Tenant",
+            code="invalid_tenant",
+        )
     try:
         return validate_name(raw, "tenant (X-Tenant)")
     except InvalidIdError as exc:
@@ -127,8 +134,14 @@ def tenant_of(
 
 def idempotency_key_of(headers: Mapping[str, str]) -> str | None:
     raw = header(headers, IDEMPOTENCY_HEADER, "Idempotency-Key")
-    if raw is None or raw == "":
+    if raw is None:
         return None
+    if not raw.strip():  # (it was ignored: a retry the client thought safe stored twice)
+        raise bad_request(
+            "Idempotency-Key is empty; send a unique key, or leave the header out",
+            param="Idempotency-Key",
+            code="invalid_idempotency_key",
+        )
     try:
         return validate_id(raw, "Idempotency-Key")
     except InvalidIdError as exc:

@@ -263,6 +263,27 @@ def test_an_empty_session_id_is_a_400_not_a_stateless_request(
     assert vllm.requests == []
 
 
+@pytest.mark.parametrize(
+    ("name", "code"),
+    [("X-Tenant", "invalid_tenant"), ("Idempotency-Key", "invalid_idempotency_key")],
+)
+@pytest.mark.parametrize("value", [""])  # (" " is "" on the wire: HTTP strips it)
+def test_an_empty_tenant_or_idempotency_key_is_a_400_not_the_default(
+    gateway: str, vllm: FakeVLLM, stored: Stored, name: str, code: str, value: str
+) -> None:
+    """(an empty X-Tenant took the default tenant's sessions, and an empty Idempotency-Key
+    was ignored: a retry the client believed safe stored the turn twice)"""
+    response = chat(gateway, "hi", headers={name: value})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == (code, name)
+    assert (
+        f"{name} is empty; send a" in error["message"]
+        and "leave the header out" in error["message"]
+    )
+    assert vllm.requests == [] and stored("s1") == []
+
+
 def test_tenants_are_separate(gateway: str, stored: Stored) -> None:
     chat(gateway, "for acme", headers={"X-Tenant": "acme"})
     chat(gateway, "for globex", headers={"X-Tenant": "globex"})
