@@ -57,6 +57,7 @@ class AsyncGuard(GuardBase):
         )
         self._owns_store = isinstance(store, str)  # a store passed in stays the caller's
         self._check_store(self.store, want_async=True)
+        self._foreign_store = self._foreign(self.store)
         self._background: set[asyncio.Task[Any]] = set()
         self._summarizing: set[str] = set()
 
@@ -148,6 +149,8 @@ class AsyncGuard(GuardBase):
                     reply, error = await self._execute(op), None
             except Exception as exc:  # handed back to the flow, which decides
                 reply, error = None, exc
+                if self._foreign_store and isinstance(op, flows.StoreCall):
+                    error = self._store_failed(self.store, op.method, exc)
 
     async def _execute(self, op: flows.Op) -> Any:
         if isinstance(op, flows.StoreCall):

@@ -10,7 +10,13 @@ from typing import Any
 
 from ctxguard import _validate as v
 from ctxguard._secrets import describe
-from ctxguard.errors import ConfigError, GuardClosedError, InvalidMessageError
+from ctxguard.errors import (
+    ConfigError,
+    CtxGuardError,
+    GuardClosedError,
+    InvalidMessageError,
+    StoreError,
+)
 from ctxguard.guard import flows
 from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.core import GuardCore
@@ -101,6 +107,24 @@ class GuardBase:
             raise ConfigError(
                 f"{type(store).__name__} is not {wanted} session store; pass a URL or {use}(url)"
             )
+
+    @staticmethod
+    def _foreign(store: object) -> bool:
+        """A store the caller wrote (not one of ctxguard's): what it raises is checked."""
+        return not type(store).__module__.startswith("ctxguard.")
+
+    @staticmethod
+    def _store_failed(store: object, method: str, exc: Exception) -> Exception:
+        """What a store the caller wrote raised that is not a CtxGuardError, as a
+        StoreError (the original is its ``__cause__``); a CtxGuardError as it is."""
+        if isinstance(exc, CtxGuardError):
+            return exc
+        error = StoreError(
+            f"the session store {v.type_name(store)} raised {describe(exc, 300)} in "
+            f"{method}(); the operation may be partly written: fix the store and retry"
+        )
+        error.__cause__ = exc
+        return error
 
     # -- the argument checks of the public methods (sync and async alike) -----------
 

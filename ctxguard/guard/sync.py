@@ -67,6 +67,7 @@ class Guard(GuardBase):
         )
         self._owns_store = isinstance(store, str)  # a store passed in stays the caller's
         self._check_store(self.store, want_async=False)
+        self._foreign_store = self._foreign(self.store)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._background: set[concurrent.futures.Future[Any]] = set()
         self._summarizing: set[str] = set()
@@ -160,6 +161,8 @@ class Guard(GuardBase):
                     reply, error = self._execute(op), None
             except Exception as exc:  # handed back to the flow, which decides
                 reply, error = None, exc
+                if self._foreign_store and isinstance(op, flows.StoreCall):
+                    error = self._store_failed(self.store, op.method, exc)
 
     def _execute(self, op: flows.Op) -> Any:
         if isinstance(op, flows.StoreCall):
