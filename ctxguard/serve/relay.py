@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from ctxguard.serve import forward
 from ctxguard.serve.openai_errors import ApiError, what_failed
-from ctxguard.serve.sse import EventSplitter, ReplyAssembler, error_of, event_data
+from ctxguard.serve.sse import EventSplitter, ReplyAssembler, clean_event, error_of, event_data
 
 log = logging.getLogger("ctxguard.serve")
 
@@ -57,9 +57,12 @@ class StreamRelay:
         gateway's own error event in its place (the upstream's text scrubbed), and no
         ``[DONE]``."""
         out: list[bytes] = []
-        for event in self.splitter.feed(data):
+        for raw in self.splitter.feed(data):
             if self.failed:
                 break
+            event = clean_event(raw)
+            if event is None:
+                continue
             if b'"error"' in event and self._error(event):
                 break
             self.events.append(event)

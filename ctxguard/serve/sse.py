@@ -39,6 +39,30 @@ class EventSplitter:
         return out
 
 
+def clean_event(event: bytes) -> bytes | None:
+    """``event`` as a client may be shown it: the fields SSE defines (``data``, ``event``,
+    ``id``, ``retry``), a comment as a bare ``:`` (a keep-alive still keeps the connection
+    alive), and ``data`` only when it holds a JSON object or ``[DONE]`` (its continuation
+    lines with it); None when nothing is left. Other text an upstream or a proxy in front
+    of it put in the stream (an HTML error page, a line quoting a credential) was relayed
+    as it came: SSE clients ignore it, but it reached them unscrubbed."""
+    if event.startswith(b"data: {") and event.count(b"\n") == 2:
+        return event  # (a chunk, as every server sends it: the common case, kept as it is)
+    kept: list[bytes] = []
+    in_json = False  # the event's data holds a JSON object: its data lines are kept
+    for line in event.rstrip(b"\n").split(b"\n"):
+        if line.startswith(b":"):
+            kept.append(b":")
+        elif line.startswith(b"data:"):
+            body = line[5:].lstrip()
+            in_json = in_json or body.startswith(b"{")
+            if in_json or body == b"[DONE]":
+                kept.append(line)
+        elif line.startswith((b"event:", b"id:", b"retry:")):
+            kept.append(line)
+    return b"\n".join(kept) + b"\n\n" if kept else None
+
+
 def event_data(event: bytes) -> str | None:
     """The event's ``data:`` payload (lines joined), or None for comments and other fields."""
     lines = [

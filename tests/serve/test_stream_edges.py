@@ -39,6 +39,20 @@ EMPTY = {  # streams that finish with no reply in them
 }
 
 
+KEY = "sk-upstream-0123456789abcdef"
+JUNK = (  # a reply with what a proxy or a broken server put between its events
+    'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":"o"}}]}\n\n'
+    f"<html><body>proxy error, key {KEY}</body></html>\n\n"
+    f": upstream {KEY}\n\n"
+    f"data: <p>{KEY}</p>\n\n"
+    f"junk {KEY}\n"
+    'data: {"choices":[{"index":0,\n'
+    'data: "delta":{"content":"k"}}]}\n\n'
+    'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    "data: [DONE]\n\n"
+)
+
+
 class Endless:
     """An upstream whose streams never end (content deltas, or only comments), or
     finish with no reply (``EMPTY``)."""
@@ -52,6 +66,8 @@ class Endless:
         mode = self.mode
         if mode in EMPTY:
             return Response(EMPTY[mode], 200, media_type="text/event-stream")
+        if mode == "junk":
+            return Response(JUNK, 200, media_type="text/event-stream")
 
         async def events() -> AsyncIterator[bytes]:
             first = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "x"}}]}
@@ -176,3 +192,40 @@ def test_a_stream_whose_headers_never_end_is_a_504_at_the_upstream_timeout(
     assert response.status_code == 504, response.text
     error = response.json()["error"]
     assert error["code"] == "upstream_timeout" and "\n" not in error["message"]
+
+
+def test_text_between_events_that_is_not_sse_is_not_relayed(
+    start_gateway: Start,
+    endless_server: tuple[Endless, str],
+    stored: Callable[..., list[dict[str, Any]]],
+    redis_url: str,
+    namespace: str,
+) -> None:
+    """(an HTML page, a comment or a non-JSON data line in the stream reached the client
+    as it came, unscrubbed: a line quoting a credential too; SSE clients ignore such
+    lines, so they are left out, a comment kept as a bare ":" keep-alive)"""
+    endless, url = endless_server
+    endless.mode = "junk"
+    gw = start_gateway(
+        upstream=url,
+        url=redis_url,
+        namespace=namespace,
+        counter="tiktoken:cl100k_base",
+        limit=4096,
+        max_tokens=256,
+    )
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    response = httpx.post(
+        gw + "/v1/chat/completions", json=body, headers={"X-Session-Id": "j"}, timeout=30
+    )
+    assert response.status_code == 200
+    assert KEY not in response.text and "<" not in response.text
+    events = [e for e in response.text.split("\n\n") if e]
+    assert ":" in events and events[-1] == "data: [DONE]"
+    text = ""
+    for event in events:
+        if event.startswith("data: {"):
+            data = json.loads("".join(line[5:] for line in event.split("\n")))
+            text += data["choices"][0]["delta"].get("content") or ""
+    assert text == "ok"
+    assert [(m["role"], m["content"]) for m in stored("j")] == [("user", "hi"), ("assistant", "ok")]
