@@ -14,6 +14,7 @@ password from ``CTXGUARD_URL`` when its redacted form matches.
 from __future__ import annotations
 
 import os
+import uuid
 import weakref
 from typing import Any
 
@@ -27,11 +28,34 @@ from ctxguard.kv.limit import ContextLimit, StaticLimit
 from ctxguard.stores.urls import redact_url
 
 try:
-    from llama_index.core.bridge.pydantic import ValidationError
+    from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr, ValidationError
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxguard.adapters.llamaindex", "llamaindex") from exc
 
 URL_ENV = "CTXGUARD_URL"
+
+
+class StoreFields(BaseModel):
+    """The fields that name the store, shared by the memory and the chat store."""
+
+    store: str | None = Field(
+        default="memory://",
+        description="the store URL, password as ***; None: a Guard object of this process",
+    )
+    namespace: str | None = Field(default=None, description="the store's namespace")
+    tenant: str | None = Field(default=None, description="the store's tenant")
+    limit: int | None = Field(default=None, description="the context limit in tokens")
+    counter: str | None = Field(default="approx", description="the token counter spec")
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="GuardConfig fields (no summarizer)"
+    )
+    handle: str = Field(
+        default_factory=lambda: uuid.uuid4().hex,
+        description="finds the live guard again when rebuilt in the same process",
+    )
+    _ref: GuardRef | None = PrivateAttr(default=None)
+
+
 _LIVE: weakref.WeakValueDictionary[str, GuardRef] = weakref.WeakValueDictionary()
 
 

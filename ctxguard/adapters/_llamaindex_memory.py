@@ -7,7 +7,6 @@ workflow ``Context`` saved with ``JsonSerializer``, pickle): see
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from typing import Any, Self
 
@@ -30,7 +29,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxguard.adapters.llamaindex", "llamaindex") from exc
 
 
-class CtxGuardMemory(BaseMemory, ClosesOwnGuard):
+class CtxGuardMemory(BaseMemory, fields.StoreFields, ClosesOwnGuard):
     """``BaseMemory`` whose ``get()`` is the guard's budgeted window of the session.
 
     ``max_tokens`` is the output to reserve (the guard's default when None).
@@ -48,22 +47,6 @@ class CtxGuardMemory(BaseMemory, ClosesOwnGuard):
         default="chat_history", description="the ctxguard session id (LlamaIndex's chat_store_key)"
     )
     max_tokens: int | None = Field(default=None, description="output tokens to reserve")
-    store: str | None = Field(
-        default="memory://",
-        description="the store URL, password as ***; None: a Guard object of this process",
-    )
-    namespace: str | None = Field(default=None, description="the store's namespace")
-    tenant: str | None = Field(default=None, description="the store's tenant")
-    limit: int | None = Field(default=None, description="the context limit in tokens")
-    counter: str | None = Field(default="approx", description="the token counter spec")
-    settings: dict[str, Any] = Field(
-        default_factory=dict, description="GuardConfig fields (no summarizer)"
-    )
-    handle: str = Field(
-        default_factory=lambda: uuid.uuid4().hex,
-        description="finds the live guard again when rebuilt in the same process",
-    )
-    _ref: GuardRef | None = PrivateAttr(default=None)
     _last: PreparedRequest | None = PrivateAttr(default=None)
 
     def __init__(self, /, **data: Any) -> None:

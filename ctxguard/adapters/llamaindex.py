@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 from typing import Any
 
 from ctxguard.adapters import _llamaindex_fields as fields
@@ -57,7 +56,7 @@ from ctxguard.guard.sync import Guard
 
 try:
     from llama_index.core.base.llms.types import ChatMessage
-    from llama_index.core.bridge.pydantic import Field, PrivateAttr, ValidationError
+    from llama_index.core.bridge.pydantic import PrivateAttr, ValidationError
     from llama_index.core.storage.chat_store.base import BaseChatStore
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxguard.adapters.llamaindex", "llamaindex") from exc
@@ -68,7 +67,7 @@ from ctxguard.adapters._llamaindex_memory import CtxGuardMemory
 # -- the chat store ------------------------------------------------------------------
 
 
-class CtxGuardChatStore(BaseChatStore, ClosesOwnGuard):
+class CtxGuardChatStore(BaseChatStore, fields.StoreFields, ClosesOwnGuard):
     """``BaseChatStore`` on ctxguard: one key is one session (memory://, Redis, Cluster).
 
     ``CtxGuardChatStore(guard_or_url, **guard_options)``: a Guard, an AsyncGuard or a
@@ -78,22 +77,6 @@ class CtxGuardChatStore(BaseChatStore, ClosesOwnGuard):
     store (see :mod:`ctxguard.adapters._llamaindex_fields`), not a fresh ``memory://``.
     """
 
-    store: str | None = Field(
-        default="memory://",
-        description="the store URL, password as ***; None: a Guard object of this process",
-    )
-    namespace: str | None = Field(default=None, description="the store's namespace")
-    tenant: str | None = Field(default=None, description="the store's tenant")
-    limit: int | None = Field(default=None, description="the context limit in tokens")
-    counter: str | None = Field(default="approx", description="the token counter spec")
-    settings: dict[str, Any] = Field(
-        default_factory=dict, description="GuardConfig fields (no summarizer)"
-    )
-    handle: str = Field(
-        default_factory=lambda: uuid.uuid4().hex,
-        description="finds the live guard again when rebuilt in the same process",
-    )
-    _ref: GuardRef | None = PrivateAttr(default=None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     # one asyncio.Lock per event loop: a lock shared by loops binds to the first that
     # waits on it and raises RuntimeError in any other (asyncio.run per call, threads)
