@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ctxguard._validate import check_state_arg, check_tail_args
-from ctxguard.errors import SummarizerError
+from ctxguard.errors import ConfigError, SummarizerError
 from ctxguard.guard import flows
 from ctxguard.guard.base import GuardBase, report_background_failure
 from ctxguard.guard.config import GuardConfig, is_async_callable
@@ -214,4 +214,8 @@ class AsyncGuard(GuardBase):
             await self._run(flows.flush(self.core))
         finally:
             if self._owns_store:
-                await self.store.close()
+                try:
+                    await self.store.close()
+                except ConfigError:  # another running loop owns the store: nothing was
+                    self._closed = False  # closed from here, and the guard stays usable
+                    raise
