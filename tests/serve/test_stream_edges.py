@@ -136,16 +136,15 @@ def test_a_stream_that_never_ends_is_cut_at_the_size_cap_and_not_stored(
     assert [r["reason"] for r in partial] == ["upstream_too_large"]
 
 
-@pytest.mark.parametrize("mode", sorted(EMPTY))
-def test_a_stream_that_finishes_with_no_reply_in_it_is_not_stored(
+def _stream_once(
     start_gateway: Start,
     endless_server: tuple[Endless, str],
+    mode: str,
     redis_url: str,
     namespace: str,
-    snapshot: Callable[[str], Any],
-    stored: Callable[..., list[dict[str, Any]]],
-    mode: str,
-) -> None:
+    session: str,
+) -> httpx.Response:
+    """One streamed "hi" in ``session`` through a gateway in front of ``mode``'s stream."""
     endless, url = endless_server
     endless.mode = mode
     gw = start_gateway(
@@ -157,9 +156,22 @@ def test_a_stream_that_finishes_with_no_reply_in_it_is_not_stored(
         max_tokens=256,
     )
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-    response = httpx.post(
-        gw + "/v1/chat/completions", json=body, headers={"X-Session-Id": "n"}, timeout=30
+    return httpx.post(
+        gw + "/v1/chat/completions", json=body, headers={"X-Session-Id": session}, timeout=30
     )
+
+
+@pytest.mark.parametrize("mode", sorted(EMPTY))
+def test_a_stream_that_finishes_with_no_reply_in_it_is_not_stored(
+    start_gateway: Start,
+    endless_server: tuple[Endless, str],
+    redis_url: str,
+    namespace: str,
+    snapshot: Callable[[str], Any],
+    stored: Callable[..., list[dict[str, Any]]],
+    mode: str,
+) -> None:
+    response = _stream_once(start_gateway, endless_server, mode, redis_url, namespace, "n")
     assert response.status_code == 200
     last = json.loads(response.text.strip().split("\n\n")[-1].removeprefix("data: "))
     assert last["error"]["code"] == "upstream_bad_reply"
@@ -204,20 +216,7 @@ def test_text_between_events_that_is_not_sse_is_not_relayed(
     """(an HTML page, a comment or a non-JSON data line in the stream reached the client
     as it came, unscrubbed: a line quoting a credential too; SSE clients ignore such
     lines, so they are left out, a comment kept as a bare ":" keep-alive)"""
-    endless, url = endless_server
-    endless.mode = "junk"
-    gw = start_gateway(
-        upstream=url,
-        url=redis_url,
-        namespace=namespace,
-        counter="tiktoken:cl100k_base",
-        limit=4096,
-        max_tokens=256,
-    )
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-    response = httpx.post(
-        gw + "/v1/chat/completions", json=body, headers={"X-Session-Id": "j"}, timeout=30
-    )
+    response = _stream_once(start_gateway, endless_server, "junk", redis_url, namespace, "j")
     assert response.status_code == 200
     assert KEY not in response.text and "<" not in response.text
     events = [e for e in response.text.split("\n\n") if e]
