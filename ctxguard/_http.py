@@ -187,6 +187,17 @@ class _Body:
 _BROKEN = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
+def without_userinfo(url: str) -> tuple[str, httpx.BasicAuth | None]:
+    """``url`` without its user and password, and those as the Basic auth httpx would
+    send for them (None when it has none): for a client whose requests go to paths under
+    ``url`` (httpx logs every request's URL, and each of its exceptions keeps it)."""
+    parsed = httpx.URL(url)
+    if not parsed.userinfo:
+        return url, None
+    auth = httpx.BasicAuth(parsed.username, parsed.password)
+    return str(parsed.copy_with(username=None, password=None)), auth
+
+
 def _build(
     http: httpx.Client | httpx.AsyncClient, method: str, url: str, kwargs: dict[str, Any]
 ) -> tuple[httpx.Request, httpx.Auth | None]:

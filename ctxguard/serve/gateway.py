@@ -34,7 +34,7 @@ from ctxguard import (
     load_counter,
     open_store,
 )
-from ctxguard._http import KEEPALIVE_EXPIRY
+from ctxguard._http import KEEPALIVE_EXPIRY, without_userinfo
 from ctxguard._secrets import redact_text
 from ctxguard.errors import (
     ConfigError,
@@ -68,6 +68,9 @@ class Gateway:
         if self.upstream.endswith("/v1"):
             self.upstream = self.upstream[:-3]
         self.shown_upstream = redact_url(self.upstream)
+        # the user and password of the upstream's URL go as Basic auth (what httpx sends for
+        # them), never in a request's URL: httpx logs each one's URL at INFO
+        bare, auth = without_userinfo(self.upstream)
         self._lock = threading.Lock()
         self._counter: TokenCounter | None = None
         self._guards: dict[str | None, Guard] = {}
@@ -93,7 +96,9 @@ class Gateway:
                 keepalive_expiry=KEEPALIVE_EXPIRY,  # under the upstream's keep-alive
             ),
             headers=self.upstream_headers(),
+            auth=auth,
         )
+        self.upstream = bare
         self._background: set[asyncio.Task[None]] = set()
         self.metrics = make_metrics(config.metrics)
         self.observer = None if self.metrics is None else self.metrics.observer

@@ -33,6 +33,7 @@ def vllm_server(qwen: Any) -> Iterator[FakeVLLM]:
 def vllm(vllm_server: FakeVLLM) -> Iterator[FakeVLLM]:
     """The shared upstream with its records cleared for this test."""
     vllm_server.requests.clear()
+    vllm_server.authorizations.clear()
     vllm_server.prompt_tokens.clear()
     vllm_server.cancelled = 0
     vllm_server.max_model_len = 4096

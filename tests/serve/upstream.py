@@ -72,6 +72,7 @@ class FakeVLLM:
         self.fail_status: int | None = None  # answer every chat request with this status
         self.stall_enabled = True  # False: STALL streams like any other reply
         self.first_tool_arguments: dict[str, Any] | None = None  # call the first tool offered
+        self.authorizations: list[str | None] = []  # each chat request's Authorization
         self._lock = threading.Lock()
         self.stall_started = threading.Event()
         self.app = Starlette(
@@ -120,6 +121,7 @@ class FakeVLLM:
         prompt = self.count({"messages": body["messages"], "tools": body.get("tools")})
         with self._lock:
             self.requests.append(body)
+            self.authorizations.append(request.headers.get("authorization"))
             self.prompt_tokens.append(prompt)
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 0
         if prompt + max_tokens > self.max_model_len:
