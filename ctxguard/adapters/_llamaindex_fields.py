@@ -5,7 +5,8 @@ The memory (:mod:`~ctxguard.adapters._llamaindex_memory`) and the chat store
 with ``to_dict`` (a workflow ``Context`` with ``JsonSerializer``) or pickles, and
 rebuilds with ``from_dict`` / ``cls(**fields)``. Their fields name the store (URL with
 the password as ``***``), namespace, tenant, limit, counter spec and the guard's
-settings, never a secret or a callable. Rebuilt in the same process, an object finds
+settings, never a secret (a URL's password in the store or the counter spec is ``***``)
+or a callable. Rebuilt in the same process, an object finds
 the live guard it was made with (its ``handle``), summarizer and all; rebuilt
 elsewhere, it opens the store again from those fields, taking the URL with its
 password from ``CTXGUARD_URL`` when its redacted form matches.
@@ -18,6 +19,7 @@ import uuid
 import weakref
 from typing import Any
 
+from ctxguard._secrets import redact_urls
 from ctxguard._validate import one_line, show
 from ctxguard.adapters._shared import GuardRef
 from ctxguard.errors import ConfigError, InvalidInputError, MissingDependencyError
@@ -103,6 +105,11 @@ def reopen(fields: dict[str, Any], build: str) -> GuardRef:
             "this object's counter was an object, not a spec; rebuild it with "
             f"{build}(..., counter=...)"
         )
+    if "***" in fields["counter"]:
+        raise ConfigError(
+            "the counter spec's password is never serialised: rebuild this object with "
+            f"{build}(..., counter=...) and the full spec"
+        )
     if "***" in url:
         full = os.environ.get(URL_ENV)
         if full is None or redact_url(full) != url:
@@ -124,6 +131,25 @@ def reopen(fields: dict[str, Any], build: str) -> GuardRef:
         tenant=fields.get("tenant"),
         config=config,
     )
+
+
+def hide_credentials(obj: StoreFields, build: str) -> None:
+    """An object built from fields holding a password (a store URL or a counter spec
+    written out in full): its guard is made from them now (it connects on first use) and
+    the fields keep the password as ``***``, so its repr, ``to_dict`` and ``model_dump``
+    show none."""
+    store, counter = obj.store, obj.counter
+    shown_store = None if store is None else redact_url(store)
+    shown_counter = None if counter is None else redact_urls(counter)
+    if not any(
+        shown is not None and "***" in shown and "***" not in given
+        for given, shown in ((store or "", shown_store), (counter or "", shown_counter))
+    ):
+        return
+    ref = reopen(obj.model_dump(), build)
+    obj.store, obj.counter = shown_store, shown_counter
+    obj._ref = ref
+    remember(obj.handle, ref)
 
 
 def refusal(exc: ValidationError, kind: str, how: str) -> InvalidInputError:
@@ -156,7 +182,7 @@ def describe(guard_or_url: Guard | AsyncGuard | str, options: dict[str, Any]) ->
             "namespace": options.get("namespace"),
             "tenant": options.get("tenant"),
             "limit": _tokens(limit),
-            "counter": counter if isinstance(counter, str) else None,
+            "counter": redact_urls(counter) if isinstance(counter, str) else None,
             "settings": _settings(config),
         }
     store = guard_or_url.store

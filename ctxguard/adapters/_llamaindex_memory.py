@@ -73,6 +73,7 @@ class CtxGuardMemory(BaseMemory, fields.StoreFields, ClosesOwnGuard):
         _shared.check_key(self.session_id)
         _shared.check_optional_count(self.max_tokens, "max_tokens")
         _shared.check_optional_count(self.limit, "limit")
+        fields.hide_credentials(self, "CtxGuardMemory.from_defaults")
 
     @classmethod
     def class_name(cls) -> str:

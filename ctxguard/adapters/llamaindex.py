@@ -117,6 +117,7 @@ class CtxGuardChatStore(BaseChatStore, fields.StoreFields, ClosesOwnGuard):
 
     def model_post_init(self, context: Any, /) -> None:
         _shared.check_optional_count(self.limit, "limit")
+        fields.hide_credentials(self, "CtxGuardChatStore")
 
     @property
     def ref(self) -> GuardRef:
