@@ -77,7 +77,9 @@ def one_line(text: str, limit: int = 300) -> str:
 
 
 def show(value: object, limit: int = 60) -> str:
-    """A short, safe rendering of a caller's value for an error message (no deep repr)."""
+    """A short, safe rendering of a caller's value for an error message (no deep repr);
+    a credential in text (a URL's password, a bearer token: a store URL given where a
+    number goes) as ``***``, hidden before the cut (a cut URL hides nothing)."""
     kind = type(value)
     if value is None or kind is bool or kind is float:
         return repr(value)
@@ -85,7 +87,9 @@ def show(value: object, limit: int = 60) -> str:
         bits = value.bit_length()  # type: ignore[attr-defined]
         return repr(value) if bits < 128 else f"an int of {bits} bits"
     if kind is str:
-        text: str = value  # type: ignore[assignment]
+        from ctxguard._secrets import redact_text  # (it imports the store URLs, which use this)
+
+        text = redact_text(value, max(limit, 4096))  # type: ignore[arg-type]
         return repr(text[:limit]) + ("..." if len(text) > limit else "")
     return f"a {kind.__name__}"
 

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ctxguard._validate import show
 from ctxguard.errors import ConfigError
 from ctxguard.kv.architecture import (
     KVArchitecture,
@@ -78,7 +79,7 @@ def _unknown_message(name: str) -> str:
     picked = [repr(s) for s in list(suggestions.values())[:3]]
     hint = f"; did you mean {' or '.join(picked)}?" if picked else ""
     return (
-        f"unknown model {name!r}{hint} (give a catalogue name from `ctxguard kv "
+        f"unknown model {show(name, 200)}{hint} (give a catalogue name from `ctxguard kv "
         "--list-models`, a config.json path or a local model directory)"
     )
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from ctxguard._validate import show
 from ctxguard.errors import ConfigError, MissingDependencyError, TokenizerError
 
 _OPENAI_BLOBS = "https://openaipublic.blob.core.windows.net/encodings/"
@@ -147,7 +148,11 @@ def load_file(path: str, like: str | None = None) -> LoadedEncoding:
         with open(path, "rb") as handle:
             data = handle.read()
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        raise TokenizerError(f"cannot read tiktoken rank file {path!r}: {exc}") from exc
+        # (not chained: OSError's text repeats the path, which may be a URL with a password)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not a path"
+        raise TokenizerError(
+            f"cannot read tiktoken rank file {show(path, 200)}: {reason}"
+        ) from None
     sha = hashlib.sha256(data).hexdigest()
     name = like or next((n for n, k in KNOWN.items() if k.sha256 == sha), None)
     if name is None or name not in KNOWN:
