@@ -158,7 +158,7 @@ class StoreURL:
             form
             for value in (self.password, *(v for _, v in self.secret_options))
             if value
-            for form in (value, quote(value, safe=""), quote_plus(value, safe=""))
+            for form in (value, quote(value, safe=""), quote_plus(value, safe=""), *_quoted(value))
         }
         return tuple(sorted(values, key=lambda v: (-len(v), v)))
 
@@ -512,6 +512,15 @@ def _first(*values: str | None) -> str:
 # -- redacting any URL -------------------------------------------------------------
 
 _SECRET_PARAM = re.compile(r"(?i)(pass|secret|token|key|auth|sig)")
+
+
+def _quoted(value: str) -> list[str]:
+    """What Redis's "unknown command" error quotes of an argument: CR and LF as spaces,
+    and only the first 128 bytes of all the arguments (fewer of the password after a
+    user name): each start of it down to 16 characters (shorter ones could match words
+    of the error; a start shorter still only follows a user name of over 100)."""
+    echoed = value.replace("\r", " ").replace("\n", " ")
+    return [echoed, *(echoed[:size] for size in range(16, min(len(echoed), 128)))]
 
 
 def redact_url(url: str) -> str:
