@@ -35,7 +35,11 @@ Every option is also an environment variable CTXGUARD_SERVE_<NAME> (CTXGUARD_URL
 @click.option("--tenant", help="Tenant for requests without X-Tenant or an API key map.")
 @click.option("--max-tokens", type=int, help="Output reserve when a request gives none.")
 @click.option("--max-body-bytes", type=int, help="Largest request body accepted.")
-@click.option("--upstream-timeout", type=float, help="Seconds to wait on the model server.")
+@click.option(
+    "--upstream-timeout",
+    type=float,
+    help="Seconds to wait on the model server (and for a request body to arrive).",
+)
 @click.option(
     "--idempotency-lease",
     type=float,

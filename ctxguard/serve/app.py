@@ -53,7 +53,7 @@ async def models(request: Request) -> Response:
 async def tokenize(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     identity.tenant_of(request.headers, gw.config.api_keys, gw.config.tenant)
-    body = await read_json(request, gw.config.max_body_bytes)
+    body = await read_json(request, gw.config.max_body_bytes, gw.config.upstream_timeout)
     return Response(await _call(gw, "POST", "/tokenize", body), 200, media_type="application/json")
 
 

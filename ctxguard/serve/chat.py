@@ -166,7 +166,7 @@ async def chat_completions(request: Request) -> Response:
     headers = request.headers
     # the key first: a client without one is told so, not about its body (read after)
     tenant = identity.tenant_of(headers, gw.config.api_keys, gw.config.tenant)
-    body = await read_json(request, gw.config.max_body_bytes)
+    body = await read_json(request, gw.config.max_body_bytes, gw.config.upstream_timeout)
     chat = parse_chat(body)
     session_id, where = identity.session_id_of(headers, body)
     if session_id is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from dataclasses import dataclass
@@ -16,20 +17,30 @@ if TYPE_CHECKING:  # parse_chat is used without Starlette (the LiteLLM guardrail
     from starlette.requests import Request
 
 
-async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
+async def read_json(request: Request, max_bytes: int, seconds: float) -> dict[str, Any]:
     """The body as a JSON object; 415 unless it is declared JSON, 413 past ``max_bytes``
-    (read no further), 400 if not JSON."""
+    (read no further), 408 unless it has all come within ``seconds`` (uvicorn bounds no
+    body read: a client sending a byte now and then held its request open for ever),
+    400 if not JSON."""
     check_json_type(request.headers.get("content-type"))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise _too_large(max_bytes)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(seconds):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise _too_large(max_bytes)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(
+            408,
+            f"the request body did not arrive within {seconds:g} s; send it whole at once",
+            code="request_timeout",
+        ) from None
     text = _text_of(b"".join(chunks))
     try:
         body = json.loads(text, parse_constant=_no_constant)

@@ -114,7 +114,7 @@ async def create_response(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     # the key first: a client without one is told so, not about its body (read after)
     tenant = identity.tenant_of(request.headers, gw.config.api_keys, gw.config.tenant)
-    body = await read_json(request, gw.config.max_body_bytes)
+    body = await read_json(request, gw.config.max_body_bytes, gw.config.upstream_timeout)
     if body.get("stream"):
         raise bad_request("streaming /v1/responses is not supported yet", param="stream")
     if body.get("truncation", "auto") != "auto":
