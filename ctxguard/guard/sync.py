@@ -29,6 +29,8 @@ from ctxguard.stores import open_store
 from ctxguard.stores.base import AppendResult, ReplaceResult, SessionStore, Summary
 from ctxguard.tokens._protocol import TokenCounter
 
+BACKGROUND_SUMMARIES = 4  # background summaries running at once (one guard)
+
 
 class Guard(GuardBase):
     """Keeps every request of every session inside its token limit.
@@ -68,7 +70,11 @@ class Guard(GuardBase):
         self._owns_store = isinstance(store, str)  # a store passed in stays the caller's
         self._check_store(self.store, want_async=False)
         self._foreign_store = self._foreign(self.store)
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        # background summaries and summarizer calls in pools of their own: a background
+        # summary waits for its summarizer call, so with one pool of 4, four summaries
+        # at once held every thread, their calls queued behind them, and each failed
+        # ("summarizer timed out") after summary_timeout with its summarizer never run
+        self._pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         self._background: set[concurrent.futures.Future[Any]] = set()
         self._summarizing: set[str] = set()
         self._lock = threading.Lock()
@@ -181,7 +187,7 @@ class Guard(GuardBase):
         fn = self.config.summarizer
         if fn is None:
             raise SummarizerError("no summarizer configured")
-        pool = self._executor()
+        pool = self._executor("calls")
         future: concurrent.futures.Future[Any]
         if is_async_callable(fn):
             future = pool.submit(asyncio.run, fn(previous, messages))  # type: ignore[arg-type]
@@ -193,13 +199,19 @@ class Guard(GuardBase):
             timeout = self.config.summary_timeout
             raise SummarizerError(f"summarizer timed out after {timeout}s") from None
 
-    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+    def _executor(self, kind: str) -> concurrent.futures.ThreadPoolExecutor:
+        """The pool for ``kind``: "background" summaries (4 at once), summarizer "calls"
+        (theirs and 4 more, for calls made inline by callers' threads)."""
         with self._lock:
             if self._closed:  # (a call that began before close(): its pool is shut down)
                 raise GuardClosedError(type(self).__name__)
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="ctxguard")
-            return self._pool
+            pool = self._pools.get(kind)
+            if pool is None:
+                size = BACKGROUND_SUMMARIES if kind == "background" else 2 * BACKGROUND_SUMMARIES
+                pool = self._pools[kind] = concurrent.futures.ThreadPoolExecutor(
+                    size, thread_name_prefix=f"ctxguard-{kind}"
+                )
+            return pool
 
     def _start_background(self, session_id: str, request: SummaryRequest) -> None:
         """One background summary per session at a time; the next prepare asks again."""
@@ -207,7 +219,7 @@ class Guard(GuardBase):
             if session_id in self._summarizing or self._closed:
                 return
             self._summarizing.add(session_id)
-        future = self._executor().submit(self.summarize, session_id, request)
+        future = self._executor("background").submit(self.summarize, session_id, request)
         with self._lock:
             self._background.add(future)
 
@@ -239,7 +251,7 @@ class Guard(GuardBase):
         try:
             self._run(flows.flush(self.core))
         finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
+            for pool in self._pools.values():
+                pool.shutdown(wait=False, cancel_futures=True)
             if self._owns_store:
                 self.store.close()

@@ -197,3 +197,46 @@ def test_background_summaries_race_four_writers_without_loss(
     covered = [s.message.id for s in stored[: summary.covers_to] if s.message.role != "system"]
     assert summary.text.split() == covered  # the chain of summaries covers exactly its range
     guard.close()
+
+
+@pytest.mark.timeout(120)
+def test_four_background_summaries_at_once_each_get_their_summarizer_call() -> None:
+    # background summaries and their summarizer calls shared one pool of 4 threads: four
+    # summaries at once held all four, their calls queued behind them, and each failed
+    # ("summarizer timed out") after summary_timeout with its summarizer never run
+    together = threading.Barrier(4, timeout=30)  # the first four calls must run at once
+    calls: list[str] = []
+    lock = threading.Lock()
+
+    def summarizer(previous: str | None, messages: Sequence[Message]) -> str:
+        with lock:
+            calls.append(messages[0].text)
+            first_four = len(calls) <= 4
+        if first_four:
+            together.wait()
+        return "SUMMARY"
+
+    guard = Guard(
+        private_memory_url(),
+        counter="approx",
+        limit=300,
+        max_tokens=40,
+        summarizer=summarizer,
+        summarize_after=3,
+        summary_mode="background",
+        summary_timeout=20,
+    )
+    sessions = [f"s{n}" for n in range(4)]
+    for i in range(6):
+        for session in sessions:
+            guard.prepare(session, chat(i))
+            guard.complete(session, reply(i))
+    guard.wait_for_summaries(timeout=60)
+    failed = [
+        r for s in sessions for r in guard.store.read_audit(s) if r["kind"] == "summary_failed"
+    ]
+    assert failed == [] and len(calls) >= 4 and not together.broken
+    for session in sessions:
+        summary = guard.store.get_summary(session)
+        assert summary is not None and summary.text == "SUMMARY"
+    guard.close()
