@@ -250,7 +250,7 @@ async def _fit_and_forward(
     url = f"{gw.upstream}{CHAT_PATH}"
     if chat.stream:
         upstream = await send_upstream(gw, url, content, stream=True)
-        relay = StreamRelay(upstream, drop_usage, gw.scrub)
+        relay = StreamRelay(upstream, drop_usage, gw.scrub, gw.config.upstream_timeout)
         return relay_response(relay, lambda reason: _finish_stream(turn, relay, reason), headers)
     try:
         data, raw = await post_json(gw, url, content)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -38,9 +39,17 @@ class StreamRelay:
     way, so relaying costs little more than copying)."""
 
     def __init__(
-        self, upstream: httpx.Response, drop_usage: bool, scrub: Callable[[str], str] = str
+        self,
+        upstream: httpx.Response,
+        drop_usage: bool,
+        scrub: Callable[[str], str] = str,
+        stall_seconds: float | None = None,
     ) -> None:
         self.upstream = upstream
+        # the longest wait for an event with data (``--upstream-timeout``): each read has
+        # that timeout too, but bytes that never make an event (a byte every few hundred
+        # ms) kept the stream, and the upstream connection, open for ever
+        self.stall_seconds = stall_seconds
         self.drop_usage = drop_usage
         self.scrub = scrub  # for what the upstream says in an error event
         self.events: list[bytes] = []  # every event as received, parsed only on demand
@@ -193,6 +202,7 @@ class RelayResponse(Response):
         )
         relay = self.relay
         size = 0
+        last_data = time.monotonic()
         try:
             async for data in relay.upstream.aiter_bytes():  # (decoded, if it came compressed)
                 size += len(data)
@@ -204,6 +214,13 @@ class RelayResponse(Response):
                 if events:
                     body = events[0] if len(events) == 1 else b"".join(events)
                     await send({"type": "http.response.body", "body": body, "more_body": True})
+                if relay.held or any(b"data:" in event for event in events):
+                    last_data = time.monotonic()
+                elif (
+                    relay.stall_seconds is not None
+                    and time.monotonic() - last_data > relay.stall_seconds
+                ):
+                    raise httpx.ReadTimeout("no event with data within the upstream timeout")
                 if relay.failed:
                     relay.end("upstream_error")
                     return "upstream_error"

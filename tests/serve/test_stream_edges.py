@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -204,6 +205,33 @@ def test_a_stream_whose_headers_never_end_is_a_504_at_the_upstream_timeout(
     assert response.status_code == 504, response.text
     error = response.json()["error"]
     assert error["code"] == "upstream_timeout" and "\n" not in error["message"]
+
+
+def test_a_stream_that_trickles_bytes_but_no_event_ends_at_the_upstream_timeout(
+    start_gateway: Start,
+) -> None:
+    # each read of a stream had --upstream-timeout, so an upstream sending a byte every
+    # 0.3 s that never made an event held the stream (and the client, sent nothing) for ever
+    from drip_server import drip_server
+
+    with drip_server("body") as server:
+        gw = start_gateway(
+            upstream=server.url,
+            url=private_memory_url(),
+            counter="tiktoken:cl100k_base",
+            limit=4096,
+            upstream_timeout=1.0,
+        )
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        started = time.monotonic()
+        response = httpx.post(gw + "/v1/chat/completions", json=body, timeout=60)
+        took = time.monotonic() - started
+    assert response.status_code == 200, response.text
+    events = [e for e in response.text.split("\n\n") if e]
+    assert len(events) == 1 and "[DONE]" not in response.text, response.text
+    error = json.loads(events[0].removeprefix("data: "))["error"]
+    assert error["code"] == "upstream_timeout" and "\n" not in error["message"]
+    assert took < 30, took  # a generous bound: the deadline is 1 s, the drip endless
 
 
 def test_text_between_events_that_is_not_sse_is_not_relayed(
