@@ -108,16 +108,19 @@ class PrefixCache:
             if h not in self._slot_of:
                 break
             hit += 1
-        used = [self._slot_of[h] for h in hashes[:hit]]
-        for slot in used:
-            self._free.pop(slot, None)
         length = len(prompt) + max(0, len(reply) - 1)
         needed = -(-length // size) - hit
         if self.capacity is not None and needed + hit > self.capacity:
+            # refused before any block is taken: a refused request leaves the pool as it
+            # was (its hit blocks taken out of the free queue were never put back, so the
+            # pool shrank until a later request found the queue empty: KeyError)
             raise InvalidInputError(
                 f"a request of {length} tokens needs {needed + hit} blocks, "
-                f"the cache holds {self.capacity}"
+                f"the cache holds {self.capacity}; give a larger capacity or a shorter request"
             )
+        used = [self._slot_of[h] for h in hashes[:hit]]
+        for slot in used:
+            self._free.pop(slot, None)
         fresh = [self._take() for _ in range(needed)]
         for slot, h in zip(fresh, hashes[hit:], strict=False):  # rule 6: full blocks cached
             if h not in self._slot_of:

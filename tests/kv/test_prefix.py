@@ -83,3 +83,17 @@ def test_block_hashes_chain_and_bad_input() -> None:
         PrefixCache().request([])
     with pytest.raises(InvalidInputError, match="needs 3 blocks"):
         PrefixCache(block_size=4, capacity=2).request(ids(1, 9))
+
+
+def test_a_refused_request_leaves_the_pool_as_it_was() -> None:
+    """A request too long for the pool, whose prefix was cached, is refused without
+    taking its hit blocks out of the free queue: the pool keeps every block, and the
+    cache answers as one that never saw the refused request."""
+    cache, twin = PrefixCache(block_size=1, capacity=4), PrefixCache(block_size=1, capacity=4)
+    for pool in (cache, twin):
+        pool.request([1, 2, 3])
+    with pytest.raises(InvalidInputError, match="needs 6 blocks, the cache holds 4"):
+        cache.request([1, 2, 3, 4, 5, 6])
+    for prompt in ([9], [8, 7], [6, 5, 4, 3], [1, 2, 3, 4]):
+        assert cache.request(prompt) == twin.request(prompt)
+    assert cache.cached_blocks == twin.cached_blocks
