@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
@@ -193,18 +194,35 @@ def _sglang(body: str) -> Mapping[str, Any]:
     return payload
 
 
+_WHOLE = re.compile(r"[0-9]+", re.ASCII)
+
+
 def _int(value: Any) -> int | None:
-    try:
-        return int(value) if value not in (None, "", "None") else None
-    except (TypeError, ValueError):
-        return None
+    """A count the server reported (a label's text or a JSON number) when it is a
+    positive whole number; else None, as if not reported. A count that cannot be right
+    (negative: -100 blocks of -16 tokens made 1,600 tokens; a bool; a fraction cut to
+    an int; JSON's Infinity, an OverflowError) is no figure to size a limit by."""
+    if isinstance(value, str):
+        text = value.strip()
+        number = int(text) if _WHOLE.fullmatch(text) else None
+    elif type(value) is int:
+        number = value
+    elif type(value) is float and math.isfinite(value) and value.is_integer():
+        number = int(value)
+    else:
+        number = None
+    return number if number is not None and number > 0 else None
 
 
 def _float(value: Any) -> float | None:
+    """A finite, non-negative number the server reported; else None."""
+    if isinstance(value, bool):
+        return None
     try:
-        return float(value) if value not in (None, "", "None") else None
+        number = float(value) if value not in (None, "", "None") else None
     except (TypeError, ValueError):
         return None
+    return number if number is not None and math.isfinite(number) and number >= 0 else None
 
 
 def _info(
