@@ -72,6 +72,9 @@ def parse_metrics(text: str) -> tuple[float | None, float | None]:
 
 # the metric's name: what a sample line starts with, up to blanks or its label set
 _NAME = re.compile(r"[^\s{]+")
+# a sample's value as the text format writes one (Go's ParseFloat; NaN and Inf are
+# left out after)
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 
 
 def read_metrics(text: str) -> tuple[float | None, float | None, float | None]:
@@ -103,10 +106,9 @@ def read_metrics(text: str) -> tuple[float | None, float | None, float | None]:
         if rest[:1] == "{":  # (a label value may hold blanks, braces too: the value
             rest = rest.rpartition("}")[2]  # follows the last brace)
         raw = rest.split()
-        try:
-            value = float(raw[0])
-        except (IndexError, ValueError):
-            continue
+        if not raw or not _NUMBER.fullmatch(raw[0]):  # float() also reads "1_000" and
+            continue  # non-ASCII digits, which no exporter writes: garbage, not a queue
+        value = float(raw[0])
         if not math.isfinite(value) or value < 0:  # no usage or queue is negative: a
             continue  # -100 waiting would have cancelled another engine's real queue
         if name in KV_USAGE:

@@ -72,3 +72,18 @@ def test_the_queue_still_refuses_beside_a_kv_reading_past_1(server: MetricsServe
     limit = PressureLimit(4000, f"{server.url}?t={uuid.uuid4().hex}", interval=0)
     with pytest.raises(ServerBusyError):
         limit.resolve()
+
+
+@pytest.mark.parametrize("value", ["1_000", "1_0", "\u0661\u0660\u0660", "\uff11\uff10\uff10"])
+def test_a_value_only_python_reads_as_a_number_is_left_out(value: str) -> None:
+    """(float() reads "1_000" and non-ASCII digits as 1000, 10 and 100: garbage in a
+    /metrics reply was a queue of 1000, and every request was refused)"""
+    text = f"vllm:kv_cache_usage_perc {value}\nvllm:num_requests_waiting {value}\n"
+    assert parse_metrics(text) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("value", "read"), [("5", 5.0), ("5.", 5.0), (".5", 0.5), ("+5e0", 5.0), ("1E+1", 10.0)]
+)
+def test_every_form_of_a_text_format_number_is_read(value: str, read: float) -> None:
+    assert parse_metrics(f"vllm:num_requests_waiting {value}\n") == (None, read)
