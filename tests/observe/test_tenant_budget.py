@@ -91,6 +91,32 @@ def test_buckets_leave_the_window(redis_url: str, namespace: str) -> None:
         budget.close()
 
 
+@pytest.mark.parametrize("stale", [8_999, 20_001])
+def test_many_buckets_leaving_the_window_at_once_are_dropped(
+    url: str, namespace: str, stale: int
+) -> None:
+    """A budget of many buckets idle for most of its window finds that many stale at
+    once: they were dropped with one HDEL of unpack(stale), a Lua error past ~8,000
+    values, so every charge and every limit failed (StoreError) until the key expired."""
+    budget = TenantBudget(
+        url, tokens=100, window_seconds=60, namespace=namespace, tenant="m", buckets=60_000
+    )
+    client = raw_client(url)
+    try:
+        key = KeySpace(namespace, "m").tenant_budget_key()
+        for low in range(0, stale, 5_000):  # buckets from 1970, as charges once wrote them
+            fields = range(1000 + low, 1000 + min(stale, low + 5_000))
+            client.hset(key, mapping={str(f): 1 for f in fields})
+        assert client.hlen(key) == stale
+        assert budget.charge(7) == 7
+        assert client.hlen(key) == 1
+        assert budget.remaining() == 93
+    finally:
+        client.delete(KeySpace(namespace, "m").tenant_budget_key())
+        client.close()
+        budget.close()
+
+
 def test_corrupt_key_is_a_store_error(redis_url: str, namespace: str) -> None:
     budget = TenantBudget(redis_url, tokens=100, window_seconds=60, namespace=namespace, tenant="c")
     client = raw_client(redis_url)

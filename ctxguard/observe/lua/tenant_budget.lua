@@ -31,7 +31,11 @@ for i = 1, #flat, 2 do
     if first == nil or start < first then first = start end
   end
 end
-if #stale > 0 then redis.call('HDEL', KEYS[1], unpack(stale)) end
+-- in slices: unpack of more than ~8000 values is a Lua error ('too many results to
+-- unpack'), and a budget of many buckets idle for most of a window had that many stale
+for i = 1, #stale, 1000 do
+  redis.call('HDEL', KEYS[1], unpack(stale, i, math.min(i + 999, #stale)))
+end
 if add > 0 then
   redis.call('HINCRBY', KEYS[1], tostring(bucket), add)
   redis.call('PEXPIRE', KEYS[1], window + width)
