@@ -172,10 +172,14 @@ class TenantBudget:
         """Charge each completed request's usage (prompt + completion tokens)."""
         if event.kind != "complete" or event.error is not None or event.usage is None:
             return
-        total = event.usage.get("total_tokens")
-        if not isinstance(total, int):
-            parts = (event.usage.get("prompt_tokens"), event.usage.get("completion_tokens"))
-            total = sum(p for p in parts if isinstance(p, int))
+        # prompt + completion (checked non-negative ints), or the server's total when
+        # larger: total_tokens is not checked, and a -1, 0 or true sent as it charged
+        # nothing (or 1) for a request that spent thousands
+        parts = (event.usage.get("prompt_tokens"), event.usage.get("completion_tokens"))
+        total = sum(p for p in parts if type(p) is int and p > 0)
+        reported = event.usage.get("total_tokens")
+        if type(reported) is int and reported > total:
+            total = reported
         if total > 0:
             try:
                 self.charge(total)

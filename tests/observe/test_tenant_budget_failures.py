@@ -98,3 +98,29 @@ def test_charges_working_again_are_said_once(
         client.close()
         guard.close()
         budget.close()
+
+
+@pytest.mark.parametrize(
+    ("total", "charged"), [(-1, 1050), (0, 1050), (True, 1050), ("1050", 1050), (2000, 2000)]
+)
+def test_a_total_the_server_got_wrong_charges_prompt_and_completion(
+    redis_url: str, namespace: str, total: object, charged: int
+) -> None:
+    """(usage["total_tokens"] is not checked: a -1, 0 or true there was charged as the
+    request's whole spend, so a server that got it wrong let the tenant past its budget)"""
+    budget = TenantBudget(
+        redis_url, tokens=10_000, window_seconds=60, namespace=namespace, tenant="tt"
+    )
+    guard = Guard(private_memory_url(), limit=4096, observer=budget)
+    try:
+        req = guard.prepare("s", [{"role": "user", "content": "question"}])
+        usage = {"prompt_tokens": 1000, "completion_tokens": 50, "total_tokens": total}
+        guard.complete("s", {"role": "assistant", "content": "ok"}, prepared=req, usage=usage)
+        assert budget.spent()[0] == charged
+        assert budget.charge_failures == 0
+    finally:
+        guard.close()
+        client = raw_client(redis_url)
+        client.delete(KeySpace(namespace, "tt").tenant_budget_key())
+        client.close()
+        budget.close()
