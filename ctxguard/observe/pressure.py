@@ -134,6 +134,7 @@ class PressureMonitor:
         self._claim_lock = threading.Lock()  # held only to claim the next reading
         self._client: httpx.Client | None = None
         self._warned = False  # a KV reading past 1 was logged
+        self._silent_warned = False  # a reply without any gauge was logged
 
     def _claim(self) -> bool:
         """True for the one caller that reads now (until ``interval`` has passed again);
@@ -189,6 +190,20 @@ class PressureMonitor:
             return
         usage, waiting, past_one = read_metrics(reply.text)
         self.last, self.error = Pressure(usage, waiting, self._checked), None
+        if usage is None and waiting is None and past_one is None:
+            # another page, or a server not exporting them: nothing known (fail open),
+            # and said so (it was an error-free "ok" on every request)
+            self.error = "no KV usage or queue gauge in the reply"
+            if not self._silent_warned:
+                self._silent_warned = True
+                log.warning(
+                    "the reply from %s has no KV usage gauge (%s) nor queue gauge (%s): is "
+                    "it the model server's /metrics? The budget cannot follow its pressure "
+                    "(said once per server)",
+                    self.shown,
+                    ", ".join(KV_USAGE),
+                    ", ".join(WAITING),
+                )
         if past_one is not None:
             self.error = f"KV usage {past_one:g} is past 1 (a 0-1 fraction): left out"
             if not self._warned:

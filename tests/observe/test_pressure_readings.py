@@ -87,3 +87,24 @@ def test_a_value_only_python_reads_as_a_number_is_left_out(value: str) -> None:
 )
 def test_every_form_of_a_text_format_number_is_read(value: str, read: float) -> None:
     assert parse_metrics(f"vllm:num_requests_waiting {value}\n") == (None, read)
+
+
+@pytest.mark.parametrize(
+    "server",
+    [[(200, "<html><body>vLLM</body></html>")], [(200, "process_cpu_seconds_total 3.0\n")]],
+    indirect=True,
+)
+def test_a_reply_without_any_gauge_fails_open_and_says_so(
+    server: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """(a 200 from another page, or a server exporting neither gauge, was an error-free
+    "pressure ok" on every request: nothing said the budget could not follow anything)"""
+    caplog.set_level(logging.WARNING, logger="ctxguard.observe")
+    limit = PressureLimit(4000, f"{server.url}?t={uuid.uuid4().hex}", interval=0)
+    for _ in range(3):
+        got = limit.resolve()
+        decision = describe(got)
+        assert got.tokens == 4000 and decision is not None and decision["level"] == "ok"
+        assert decision["error"] == "no KV usage or queue gauge in the reply"
+    said = [r.getMessage() for r in caplog.records if r.name == "ctxguard.observe"]
+    assert len(said) == 1 and "has no KV usage gauge" in said[0] and "\n" not in said[0]
