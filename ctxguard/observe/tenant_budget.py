@@ -77,6 +77,11 @@ class TenantBudget:
         for name, value in (("tokens", tokens), ("buckets", buckets), ("min_tokens", min_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        if min_tokens > tokens:  # (every request was refused: "retry in 0.0s")
+            raise ConfigError(
+                f"min_tokens ({min_tokens}) must be at most tokens ({tokens}): with more, "
+                "every request of the tenant is refused, even with nothing spent"
+            )
         if (
             isinstance(window_seconds, bool)
             or not isinstance(window_seconds, (int, float))

@@ -169,6 +169,7 @@ def test_unreachable_redis_is_typed_and_redacted() -> None:
         {"window_seconds": float("inf")},
         {"window_seconds": 1e300},  # (before: a StoreError from the script's PEXPIRE)
         {"buckets": 0},
+        {"min_tokens": 11},  # (before: accepted, then every request refused, nothing spent)
     ],
 )
 def test_bad_settings(kwargs: dict[str, object]) -> None:
