@@ -283,10 +283,21 @@ class PressureLimit:
             ):
                 unit = f" of seconds, at most {MAX_SECONDS:,}" if seconds else ""
                 raise ConfigError(f"{name} must be a non-negative number{unit}, got {value!r}")
-        if not 0 < lower_at <= refuse_at:
-            raise ConfigError(f"need 0 < lower_at <= refuse_at, got {lower_at}, {refuse_at}")
+        # the KV gauges are fractions: a lower_at past 1 (85 for 85%) was never reached,
+        # the KV check silently off (refuse_at past 1 turns only KV refusals off); a
+        # margin at or past the lower threshold never let a level go back to ok
+        if not 0 < lower_at <= min(1, refuse_at):
+            raise ConfigError(
+                "need 0 < lower_at <= refuse_at, lower_at at most 1 (KV usage is a "
+                f"fraction 0-1), got {lower_at}, {refuse_at}"
+            )
         if not 0 < waiting_lower <= waiting_refuse:
             raise ConfigError("need 0 < waiting_lower <= waiting_refuse")
+        if kv_margin >= lower_at or waiting_margin >= waiting_lower:
+            raise ConfigError(
+                "kv_margin and waiting_margin must be below lower_at and waiting_lower "
+                "(else a budget once lowered never comes back)"
+            )
         if not 0 < lowered_fraction <= 1 or timeout <= 0:
             raise ConfigError("lowered_fraction must be in (0, 1] and timeout positive")
         check_http_url(metrics_url, "PressureLimit metrics_url", base=False)

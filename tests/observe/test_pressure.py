@@ -206,6 +206,11 @@ def test_server_error_fails_open(server: MetricsServer) -> None:
         {"timeout": float("nan")},
         {"timeout": 1e300},  # (before: OverflowError out of every resolve)
         {"waiting_lower": True},
+        # (before: accepted, the KV check never reached / a lowered budget never back)
+        {"lower_at": 85, "refuse_at": 97},
+        {"lower_at": 1.5, "refuse_at": 2},
+        {"kv_margin": 0.85},
+        {"waiting_margin": 8},
     ],
 )
 def test_bad_settings_are_config_errors(kwargs: dict[str, float]) -> None:
@@ -257,3 +262,8 @@ def test_a_hold_whose_deadline_passes_mid_loop_does_not_sleep_a_negative_time(
 def _sleep(seconds: float) -> None:
     if seconds < 0:  # what time.sleep says
         raise ValueError("sleep length must be non-negative")
+
+
+def test_a_refuse_at_past_1_turns_kv_refusals_off() -> None:
+    """(the benchmark's "lower-only" setting: refuse_at=2 is accepted)"""
+    assert PressureLimit(4000, "http://127.0.0.1:1/metrics", refuse_at=2.0).refuse_at == 2.0
