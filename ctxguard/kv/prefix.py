@@ -99,6 +99,8 @@ class PrefixCache:
 
     def request(self, prompt: Sequence[int], reply: Sequence[int] = ()) -> PrefixUse:
         """Run one request through the cache and return its prompt's reuse."""
+        _check_ids(prompt, "prompt")
+        _check_ids(reply, "reply")
         if not prompt:
             raise InvalidInputError("a request needs at least one prompt token")
         size = self.block_size
@@ -143,6 +145,17 @@ class PrefixCache:
         return slot
 
 
+def _check_ids(ids: object, name: str) -> None:
+    """Token ids: a list or tuple of ints (a str is a sequence too, of characters)."""
+    if not isinstance(ids, list | tuple | range) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in ids
+    ):
+        raise InvalidInputError(
+            f"{name} must be a list of token ids (ints), got {show(ids)}; pass the ids the "
+            "tokenizer gave"
+        )
+
+
 def simulate(
     requests: Iterable[tuple[Sequence[int], Sequence[int]]],
     block_size: int = DEFAULT_BLOCK_SIZE,
@@ -150,4 +163,11 @@ def simulate(
 ) -> list[PrefixUse]:
     """:class:`PrefixCache` over a session's ``(prompt ids, reply ids)`` in order."""
     cache = PrefixCache(block_size, capacity)
-    return [cache.request(prompt, reply) for prompt, reply in requests]
+    out = []
+    for request in requests:
+        if not isinstance(request, tuple | list) or len(request) != 2:
+            raise InvalidInputError(
+                f"each request must be a (prompt ids, reply ids) pair, got {show(request)}"
+            )
+        out.append(cache.request(*request))
+    return out

@@ -97,3 +97,31 @@ def test_a_refused_request_leaves_the_pool_as_it_was() -> None:
     for prompt in ([9], [8, 7], [6, 5, 4, 3], [1, 2, 3, 4]):
         assert cache.request(prompt) == twin.request(prompt)
     assert cache.cached_blocks == twin.cached_blocks
+
+
+@pytest.mark.parametrize(
+    ("prompt", "reply"),
+    [
+        ("abc", ()),
+        ([1, None], ()),
+        ([1, [2]], ()),
+        ([1, True], ()),
+        ([1, 2], 5),
+        ([1], "xy"),
+        (None, ()),
+    ],
+)
+def test_ids_that_are_no_token_ids_are_an_invalid_input_error(
+    prompt: object, reply: object
+) -> None:
+    """(before: a str was read as its characters, and a list in the ids, an int reply
+    or None came out as a bare TypeError)"""
+    with pytest.raises(InvalidInputError, match="must be a list of token ids") as err:
+        PrefixCache(1).request(prompt, reply)  # type: ignore[arg-type]
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("requests", [[([1, 2],)], [[1, 2, 3]], [([1], (), ())]])
+def test_a_request_that_is_no_pair_is_an_invalid_input_error(requests: object) -> None:
+    with pytest.raises(InvalidInputError, match=r"\(prompt ids, reply ids\) pair"):
+        simulate(requests)  # type: ignore[arg-type]
