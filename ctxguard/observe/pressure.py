@@ -77,7 +77,8 @@ class PressureMonitor:
         self.last: Pressure | None = None
         self.error: str | None = None
         self._checked = -math.inf
-        self._lock = threading.Lock()  # held across a sync reading: others wait for it
+        self._lock = threading.Lock()  # held across a sync reading (see sample)
+        self._answered = False  # a reading has answered (or failed): nobody waits now
         self._claim_lock = threading.Lock()  # held only to claim the next reading
         self._client: httpx.Client | None = None
         self._warned = False  # a KV reading past 1 was logged
@@ -94,24 +95,36 @@ class PressureMonitor:
             return True
 
     def sample(self) -> Pressure | None:
+        """The last reading, read again first by the one caller whose turn it is. The
+        others take the last one rather than wait for a reading in flight (a slow server
+        held every request of the process up to ``timeout`` each ``interval``), except
+        before any reading has answered: a first burst is not waved through unread."""
+        if self._answered:
+            if self._claim():
+                with self._lock:
+                    self._read()
+            return self.last
         with self._lock:
             if self._claim():
-                try:
-                    if self._client is None:  # one client (and TLS context) for every reading
-                        self._client = _http.client(timeout=self.timeout)
-                    reply = _http.request(
-                        self._client,
-                        "GET",
-                        self.url,
-                        seconds=self.timeout,
-                        shown=self.shown,
-                        error=ConfigError,
-                        idempotent=True,  # a GET of /metrics
-                    )
-                    self._take(reply)
-                except (httpx.HTTPError, ConfigError) as exc:
-                    self._failed(exc)
+                self._read()
             return self.last
+
+    def _read(self) -> None:
+        try:
+            if self._client is None:  # one client (and TLS context) for every reading
+                self._client = _http.client(timeout=self.timeout)
+            reply = _http.request(
+                self._client,
+                "GET",
+                self.url,
+                seconds=self.timeout,
+                shown=self.shown,
+                error=ConfigError,
+                idempotent=True,  # a GET of /metrics
+            )
+            self._take(reply)
+        except (httpx.HTTPError, ConfigError) as exc:
+            self._failed(exc)
 
     async def asample(self) -> Pressure | None:
         if self._claim():
@@ -131,7 +144,7 @@ class PressureMonitor:
         return self.last
 
     def _take(self, reply: _http.Reply) -> None:
-        self._checked = time.monotonic()
+        self._checked, self._answered = time.monotonic(), True
         if reply.status_code != 200:
             self.error = f"HTTP {reply.status_code}"
             return
@@ -165,7 +178,7 @@ class PressureMonitor:
                 )
 
     def _failed(self, exc: Exception) -> None:
-        self._checked = time.monotonic()
+        self._checked, self._answered = time.monotonic(), True
         self.error = type(exc).__name__
 
 
