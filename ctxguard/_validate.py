@@ -266,12 +266,18 @@ def check_usage(usage: object) -> None:
             f"usage must be a dict like response.usage.model_dump() or None, got {type_name(usage)}"
         )
     check_json(usage, "usage", loose=True)
-    for key in ("prompt_tokens", "completion_tokens"):
+    for key in ("prompt_tokens", "completion_tokens"):  # (total_tokens: observe charges
+        # the larger of it and their sum, so a wrong total alone is not refused)
         count = usage.get(key)
-        if count is not None and (type(count) is not int or count < 0):
+        if count is not None and (type(count) is not int or not 0 <= count <= _MAX_USAGE):
             raise InvalidInputError(
-                one_line(f"usage[{key!r}] must be a non-negative int or None, got {show(count)}")
+                one_line(
+                    f"usage[{key!r}] must be an int from 0 to 2**63-1 or None, got {show(count)}"
+                )
             )
+
+
+_MAX_USAGE = 2**63 - 1  # no server counts past it (10**400 overflowed every observer)
 
 
 def check_prepared(prepared: object, session_id: str) -> None:

@@ -26,7 +26,13 @@ from ctxguard.errors import (
 from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.forward import bad_reply, encode_json, post_json, send_upstream
-from ctxguard.serve.gateway import Gateway, reply_not_stored, stored_anchor, upstream_api_error
+from ctxguard.serve.gateway import (
+    Gateway,
+    reply_not_stored,
+    stored_anchor,
+    upstream_api_error,
+    usable_usage,
+)
 from ctxguard.serve.idempotency import DIGEST_FIELD, KEY_FIELD, KeyLease, body_digest, wait_for_key
 from ctxguard.serve.inbound import ChatRequest, check_storable, parse_chat, read_json
 from ctxguard.serve.openai_errors import from_ctxguard
@@ -112,7 +118,7 @@ class Turn:
     def _complete_blocking(self, build: Reply, metadata: dict[str, Any] | None) -> None:
         reply, usage = build()
         message = Message.from_openai(reply, id=self.reply_id, metadata=metadata)
-        usage = usage if isinstance(usage, dict) else None
+        usage = usable_usage(usage)
         self.guard.complete(self.session_id, message, prepared=self.prepared, usage=usage)
 
     async def store_reply(

@@ -36,10 +36,12 @@ from ctxguard import (
 )
 from ctxguard._http import KEEPALIVE_EXPIRY, without_userinfo
 from ctxguard._secrets import redact_text
+from ctxguard._validate import check_usage
 from ctxguard.errors import (
     ConfigError,
     ConflictError,
     CtxGuardError,
+    InvalidInputError,
     StoreConnectionError,
     StoreError,
     TemplateRefusedError,
@@ -270,7 +272,7 @@ class Gateway:
     ) -> None:
         """Store the model's reply (an OpenAI assistant message) with its usage."""
         message = Message.from_openai(reply, id=reply_id, metadata=metadata)
-        usage = usage if isinstance(usage, dict) else None
+        usage = usable_usage(usage)
         await self.complete_with(
             lambda: guard.complete(session_id, message, prepared=prepared, usage=usage)
         )
@@ -407,3 +409,17 @@ def upstream_failure(exc: Exception, where: str) -> tuple[int, str, str]:
         f"cannot reach the model server {where} ({what_failed(exc)})",
         "upstream_unavailable",
     )
+
+
+def usable_usage(usage: object) -> dict[str, Any] | None:
+    """The upstream's ``usage`` when :meth:`Guard.complete` takes it, else None (logged):
+    the model did answer, so a usage no server reports (negative, past 2**63-1, NaN, not
+    a number) is dropped rather than lose the reply (it was a 502 ``reply_not_stored``)."""
+    if not isinstance(usage, dict):
+        return None
+    try:
+        check_usage(usage)
+    except InvalidInputError as exc:
+        log.warning("the model server's usage is not stored with its reply: %s", exc)
+        return None
+    return usage

@@ -31,7 +31,7 @@ from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.chat import CHAT_PATH, Turn, open_turn, prepare
 from ctxguard.serve.forward import bad_reply, post_json
-from ctxguard.serve.gateway import Gateway
+from ctxguard.serve.gateway import Gateway, usable_usage
 from ctxguard.serve.idempotency import body_digest
 from ctxguard.serve.inbound import ChatRequest, read_json
 from ctxguard.serve.openai_errors import ApiError, bad_request, from_ctxguard
@@ -238,14 +238,15 @@ async def _forward(
         if turn.stored
         else "resp_" + identity.reply_id([turn.session_id], "stateless")[5:]
     )
+    usage = usable_usage(data.get("usage")) or {}
     metadata = {
         "model": str(data.get("model") or body.get("model", "")),
-        "usage": data.get("usage") if isinstance(data.get("usage"), dict) else {},
+        "usage": usage,
         "previous_response_id": body.get("previous_response_id"),
         "conversation": conversation,
         "store": turn.stored,
     }
-    await turn.store_reply(reply, metadata["usage"], metadata)
+    await turn.store_reply(reply, usage, metadata)
     message = Message.from_openai(reply, id=turn.reply_id or "stateless", metadata=metadata)
     return JSONResponse(response_object(message, rid))
 

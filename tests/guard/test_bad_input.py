@@ -160,6 +160,8 @@ def _bad_calls() -> dict[str, Any]:
         "usage-str": lambda g: g.complete("s", reply, usage="abc"),
         "usage-prompt-tokens-str": lambda g: g.complete("s", reply, usage={"prompt_tokens": "x"}),
         "usage-bytes": lambda g: g.complete("s", reply, usage={"x": b"raw"}),
+        "usage-past-2**63": lambda g: g.complete("s", reply, usage={"prompt_tokens": 2**63}),
+        "usage-10**400": lambda g: g.complete("s", reply, usage={"completion_tokens": 10**400}),
         "prepared-dict": lambda g: g.complete("s", reply, prepared={"turn": 1}),
         "reply-list": lambda g: g.complete("s", [reply]),
         "reply-None": lambda g: g.complete("s", None),

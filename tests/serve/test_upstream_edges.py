@@ -393,3 +393,49 @@ def test_an_error_whose_body_never_ends_is_answered_at_the_upstream_timeout(
     if stream:  # what came in time is the message
         assert error["message"].startswith("the model server answered HTTP 500: ")
         assert '"engine .' in error["message"]
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        '{"prompt_tokens": -1, "completion_tokens": 2}',
+        '{"prompt_tokens": 1e400}',
+        '{"prompt_tokens": 1' + "0" * 400 + "}",
+        '{"completion_tokens": "7"}',
+        '"lots"',
+    ],
+)
+def test_a_reply_with_usage_no_server_could_report_is_stored_without_it(
+    start: Callable[..., str],
+    hostile: Hostile,
+    redis_url: str,
+    namespace: str,
+    stored: Any,
+    usage: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the model did answer: a usage no server reports (negative, past 2**63, not a
+    # number) is the upstream's fault, so the reply is stored and the usage dropped
+    # (it was a 503 reply_not_stored, the answer lost to the client)
+    gw = start(url=redis_url, namespace=namespace)
+    reply = '{"role":"assistant","content":"fine"}'
+    hostile.mode = f'shape:{{"choices":[{{"index":0,"message":{reply}}}],"usage":{usage}}}'
+    with caplog.at_level(logging.WARNING, logger="ctxguard"):
+        response = httpx.post(
+            gw + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"X-Session-Id": "usage"},
+            timeout=30,
+        )
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == "fine"
+    response = httpx.post(
+        gw + "/v1/responses",
+        json={"model": "m", "input": "hello", "conversation": "usage"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["output"][0]["content"][0]["text"] == "fine"
+    assert [m["content"] for m in stored("usage")] == ["hi", "fine", "hello", "fine"]
+    if usage.startswith("{"):  # (not a dict: never usage, dropped as before, unlogged)
+        assert any("usage" in r.getMessage() for r in caplog.records), caplog.text
