@@ -1,0 +1,164 @@
+"""A store's whole contents before and after a call, and the one change a refusal may make.
+
+``take(store)`` reads every key a store holds under its namespace: on Redis and Redis
+Cluster each key's type, value and TTL (whole seconds: -1 none); on ``memory://``
+every session's fields as ``raw_session`` lays them out, plus its audit trail and
+expiry. ``assert_refused_only(before, after)`` passes when nothing changed, or when
+``refused=True`` and the only change is ONE new ``refused`` audit record at the end of
+one session's trail (with its rid and the TTL refresh that write makes: see
+``add_audit`` in docs/redis-keys.md and ``flows._refused``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ctxguard.stores.memory_session import raw_session
+
+Snapshot = dict[str, tuple[str, Any, int]]
+
+
+def _inner(store: Any) -> Any:
+    """The sync store behind an async memory store (``memory_async`` wraps one)."""
+    return getattr(store, "sync", store)
+
+
+def take(store: Any, url: str | None = None) -> Snapshot:
+    """Every key of ``store``'s namespace: ``{key: (type, value, ttl seconds)}``."""
+    inner = _inner(store)
+    if hasattr(inner, "_sessions"):
+        return _memory(inner)
+    from tests.conftest import raw_client
+
+    assert url is not None, "a Redis store's snapshot needs its URL"
+    client = raw_client(url)
+    try:
+        return _redis(client, f"{store.namespace}:*")
+    finally:
+        client.close()
+
+
+def _memory(store: Any) -> Snapshot:
+    found: Snapshot = {}
+    with store._lock:
+        for sid, session in sorted(store._sessions.items()):
+            raw = raw_session(session)
+            ttl = -1 if session.expires_at is None else 1
+            meta = {k: v for k, v in raw.meta.items() if k != "updated"}
+            found[f"{sid}:meta"] = ("hash", sorted(meta.items()), ttl)
+            found[f"{sid}:updated"] = ("string", raw.meta["updated"], ttl)
+            for name in ("records", "toks", "pins"):
+                value = getattr(raw, name)
+                if value:
+                    found[f"{sid}:{name}"] = ("list", list(value), ttl)
+            if raw.ids:
+                found[f"{sid}:ids"] = ("hash", sorted(raw.ids.items()), ttl)
+            if raw.summary is not None:
+                found[f"{sid}:sum"] = ("string", raw.summary, ttl)
+            if session.audit:
+                found[f"{sid}:audit"] = ("list", list(session.audit), ttl)
+            if session.audit_rids:
+                found[f"{sid}:rids"] = ("hash", sorted(session.audit_rids.items()), ttl)
+    return found
+
+
+def _redis(client: Any, pattern: str) -> Snapshot:
+    from redis.cluster import RedisCluster
+
+    if isinstance(client, RedisCluster):
+        keys = client.scan_iter(match=pattern, count=1000, target_nodes=RedisCluster.PRIMARIES)
+    else:
+        keys = client.scan_iter(match=pattern, count=1000)
+    found: Snapshot = {}
+    for key in sorted(set(keys)):
+        kind = client.type(key).decode()
+        if kind == "hash":
+            value: Any = sorted(client.hgetall(key).items())
+        elif kind == "list":
+            value = client.lrange(key, 0, -1)
+        elif kind == "string":
+            value = client.get(key)
+        elif kind == "set":
+            value = sorted(client.smembers(key))
+        elif kind == "zset":
+            value = client.zrange(key, 0, -1, withscores=True)
+        else:
+            value = None
+        pttl = client.pttl(key)
+        found[key.decode()] = (kind, value, -1 if pttl < 0 else 1)
+    return found
+
+
+def _is_meta(key: str) -> bool:
+    return key.endswith(":meta")
+
+
+def changes(before: Snapshot, after: Snapshot) -> list[str]:
+    """What differs, one line per key (for a readable assertion)."""
+    lines = []
+    for key in sorted(before.keys() | after.keys()):
+        if before.get(key) != after.get(key):
+            lines.append(f"{key}: {str(before.get(key))[:300]} -> {str(after.get(key))[:300]}")
+    return lines
+
+
+def _strip_refused(before: Snapshot, after: Snapshot) -> tuple[Snapshot, list[str]]:
+    """``after`` without one refused record added to a trail (and its rid, and the
+    ``updated`` time a memory store's audit write moves); the problems seen."""
+    problems: list[str] = []
+    grown = [
+        key
+        for key, (kind, value, _) in after.items()
+        if key.endswith(":audit")
+        and kind == "list"
+        and (before.get(key) or ("list", [], -1))[1] == value[:-1]
+        and before.get(key, (None, None))[1] != value
+    ]
+    if len(grown) != 1:
+        return after, [f"expected one trail grown by one record, got {grown}"]
+    key = grown[0]
+    record = json.loads(after[key][1][-1])
+    if record.get("kind", record.get("k")) != "refused":  # (Redis keeps it compacted)
+        problems.append(f"the new audit record is not a refused one: {record}")
+    out = dict(after)
+    if key in before:
+        out[key] = (before[key][0], before[key][1], before[key][2])
+    else:
+        del out[key]
+    prefix = key[: -len("audit")]
+    rids = prefix + "rids"
+    if rids in after and after.get(rids) != before.get(rids):
+        old = dict(before[rids][1]) if rids in before else {}
+        new = dict(after[rids][1])
+        added = set(new) - set(old)
+        if len(added) > 1 or any(old[k] != new[k] for k in old):
+            problems.append(f"rids changed beyond one new entry: {old} -> {new}")
+        if rids in before:
+            out[rids] = before[rids]
+        else:
+            del out[rids]
+    for name in ("updated",):  # a memory store's audit write touches the session
+        if prefix + name in out and prefix + name in before:
+            out[prefix + name] = before[prefix + name]
+    return out, problems
+
+
+def assert_refused_only(before: Snapshot, after: Snapshot, refused: bool = False) -> None:
+    """Nothing changed, or (``refused``) only one refused audit record was added."""
+    if before == after:
+        return
+    if refused:
+        stripped, problems = _strip_refused(before, after)
+        diff = changes(before, stripped)
+        assert not problems and not diff, "\n".join(problems + diff)
+        return
+    raise AssertionError("a refused call changed the store:\n" + "\n".join(changes(before, after)))
+
+
+def refused_added(before: Snapshot, after: Snapshot) -> bool:
+    """Whether ``after`` holds one more refused record than ``before`` (and nothing else)."""
+    if before == after:
+        return False
+    _, problems = _strip_refused(before, after)
+    return not problems
