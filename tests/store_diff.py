@@ -73,6 +73,8 @@ def _redis(client: Any, pattern: str) -> Snapshot:
     found: Snapshot = {}
     for key in sorted(set(keys)):
         kind = client.type(key).decode()
+        if kind == "none":
+            continue  # (gone since the scan: a lease released meanwhile)
         if kind == "hash":
             value: Any = sorted(client.hgetall(key).items())
         elif kind == "list":
@@ -88,10 +90,6 @@ def _redis(client: Any, pattern: str) -> Snapshot:
         pttl = client.pttl(key)
         found[key.decode()] = (kind, value, -1 if pttl < 0 else 1)
     return found
-
-
-def _is_meta(key: str) -> bool:
-    return key.endswith(":meta")
 
 
 def changes(before: Snapshot, after: Snapshot) -> list[str]:
