@@ -145,7 +145,6 @@ def prepare(
     except MessageTooLongError as exc:
         yield from _refused(core, session_id, (), exc)
         raise
-    yield from flush(core, session_id)
     try:
         return (yield from _prepare(core, session_id, new, max_tokens, tools))
     except REFUSALS as exc:
@@ -167,6 +166,8 @@ def _prepare(
     fast = core.speculate(session_id, new, budget, tools)
     fetch: WindowFetch
     if fast is not None:
+        # held records go first, once the request is planned: a refused one leaves them held
+        yield from flush(core, session_id)
         token = fast.fetch.token
         outcome: WindowHit | WindowFetch = yield StoreCall(
             "commit_if_unchanged",
@@ -206,6 +207,7 @@ def _prepare(
                 # the request as planned must be one the counter accepts before a summary
                 # is committed for it: a refused request stores nothing, summary included
                 core.finalize(plan, budget, tools, required)
+                yield from flush(core, session_id)
                 folding = yield from _fold(core, session_id, plan, budget, new)
                 if isinstance(folding, Plan):
                     plan = folding  # the summary failed: the plan stands, with the reason
@@ -215,6 +217,7 @@ def _prepare(
                     version = fetch.info.summary_version
                     plan.decisions[:0] = [{"policy": "summary_committed", "version": version}]
         total, sent = core.finalize(plan, budget, tools, required)
+        yield from flush(core, session_id)  # (the request passed every check)
         record = core.audit_record(plan, sent, total, budget, fetch, tools)
         with_reply = core.config.audit_mode == "with_reply"
         write = core.write(recounts, None if with_reply else record)

@@ -280,3 +280,35 @@ def test_async_refusal_stores_nothing(backend: str, namespace: str, name: str, d
             await store.close()
 
     asyncio.run(run())
+
+
+# -- audit_mode="with_reply": a refused prepare leaves the held record held ----------
+
+HELD_REFUSALS = ["orphan-tool-result", "duplicate-call-ids", "over-budget", "output-reserve"]
+
+
+@pytest.mark.parametrize("name", HELD_REFUSALS)
+def test_a_refused_prepare_leaves_the_previous_turns_record_held(
+    backend: str, namespace: str, name: str
+) -> None:
+    """A record held for ``complete`` (audit_mode="with_reply") was written by a refused
+    prepare (completed: false), so that turn's complete() could no longer add the
+    server's usage to it; a refused prepare now writes only its refused record."""
+    case = CASES[name]
+    store = open_store(backend, namespace=namespace)
+    guard = Guard(store, **_settings(case), audit_mode="with_reply")
+    try:
+        guard.append(SID, SEEDED)
+        prepared = guard.prepare(SID, users(1))
+        before = store_diff.take(store, backend)
+        with pytest.raises(CtxGuardError):
+            _call(guard, "prepare", case)
+        store_diff.assert_refused_only(before, store_diff.take(store, backend), refused=True)
+        usage = {"prompt_tokens": prepared.tokens, "completion_tokens": 2}
+        guard.complete(SID, {"role": "assistant", "content": "ok"}, prepared=prepared, usage=usage)
+        requests = [r for r in store.read_audit(SID) if r["kind"] == "request"]
+        assert len(requests) == 1 and requests[0]["completed"] is True
+        assert requests[0]["prompt_tokens"] == prepared.tokens
+    finally:
+        guard.close()
+        store.close()
