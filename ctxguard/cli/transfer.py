@@ -54,10 +54,12 @@ from ctxguard.cli.import_file import (
     Incoming,
     read_import_file,
 )
+from ctxguard.cli.repair import inspect_session
 from ctxguard.cli.show import message_json
 from ctxguard.cli.snapshot import Snapshot, read_messages, require_snapshot
 from ctxguard.errors import CtxGuardError
 from ctxguard.stores.base import SessionStore, WriteOptions
+from ctxguard.stores.integrity import find_problems
 
 BATCH = 500
 
@@ -210,6 +212,7 @@ def check_held_ids(store: SessionStore, parsed: ImportFile) -> None:
         info = None if item.generated else store.info(item.session_id)
         if info is None:
             continue
+        _check_intact(store, parsed, item)
         if item.counter and info.counter and info.message_count and item.counter != info.counter:
             # (the store would switch the session's counter and drop every count it holds)
             raise ImportFileError(
@@ -230,6 +233,20 @@ def check_held_ids(store: SessionStore, parsed: ImportFile) -> None:
                     f"{item.session_id!r} with other content; an id names one message: give "
                     "the message in the file a new id, or import into another namespace"
                 )
+
+
+def _check_intact(store: SessionStore, parsed: ImportFile, item: Incoming) -> None:
+    """Refuse a file naming a stored session whose keys disagree (``ctxguard audit``'s
+    checks): its append would be refused as CORRUPT after the sessions before it."""
+    raw = inspect_session(store, item.session_id)
+    problems = [] if raw is None else find_problems(item.session_id, raw)
+    if problems:
+        first = problems[0]
+        raise ImportFileError(
+            f"{parsed.name}: line {item.line}: session {item.session_id!r} is stored damaged "
+            f"({first.key} {first.detail}); run `ctxguard repair {item.session_id}` first, "
+            "or import into another namespace"
+        )
 
 
 def write_all(store: SessionStore, parsed: ImportFile, url: str) -> list[Imported]:
