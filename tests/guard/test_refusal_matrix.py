@@ -312,3 +312,57 @@ def test_a_refused_prepare_leaves_the_previous_turns_record_held(
     finally:
         guard.close()
         store.close()
+
+
+# -- a store failing as it is asked to write ----------------------------------------
+
+WRITES = ("append", "replace_tail", "commit_if_unchanged", "record", "append_with_audit")
+
+
+class FailingWrites:
+    """A store whose writes fail (a connection lost before the command was sent), reads
+    pass: what the guard does after a write fails must not write anything else."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.armed = False
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+        if name not in (*WRITES, "add_audit", "commit_summary", "retract", "restore"):
+            return method
+
+        def failing(*args: Any, **kwargs: Any) -> Any:
+            if self.armed:
+                from ctxguard.errors import StoreConnectionError
+
+                raise StoreConnectionError(f"lost the connection before {name}")
+            return method(*args, **kwargs)
+
+        return failing
+
+
+@pytest.mark.parametrize("audit_mode", ["sync", "with_reply"])
+@pytest.mark.parametrize("door", ["append", "prepare", "replace", "complete"])
+def test_a_write_that_fails_leaves_the_store_as_it_was(
+    backend: str, namespace: str, door: str, audit_mode: str
+) -> None:
+    inner = open_store(backend, namespace=namespace)
+    store = FailingWrites(inner)
+    guard = Guard(store, **_settings(CASES["bad-role"]), audit_mode=audit_mode)
+    try:
+        guard.append(SID, SEEDED)
+        prepared = guard.prepare(SID, users(1, "p"))
+        usage = {"prompt_tokens": prepared.tokens, "completion_tokens": 1}
+        store.armed = True
+        before = store_diff.take(inner, backend)
+        with pytest.raises(CtxGuardError):
+            if door == "complete":
+                guard.complete(SID, {"role": "assistant", "content": "ok"}, usage=usage)
+            else:
+                _call(guard, door, Case(lambda: users(2)))
+        store_diff.assert_refused_only(before, store_diff.take(inner, backend))
+        store.armed = False
+    finally:
+        guard.close()
+        inner.close()

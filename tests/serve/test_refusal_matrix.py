@@ -140,3 +140,50 @@ def test_a_refused_request_stores_nothing(
             assert len(vllm.requests) == sent
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("path", [CHAT, RESPONSES], ids=["chat", "responses"])
+def test_a_key_reused_with_another_body_stores_nothing(
+    start_gateway: Start, vllm: FakeVLLM, redis_url: str, namespace: str, path: str
+) -> None:
+    """An Idempotency-Key a done request used, sent with another body: a 422, nothing
+    sent, nothing stored (docs: serve/idempotency.py)."""
+    gateway = start_gateway(url=redis_url, namespace=namespace, max_tokens=256)
+    seed = _body(path, [{"role": "user", "content": "hello", "id": "c-1"}], {}, False)
+    assert _post(gateway, path, seed, "seed").status_code == 200
+    store = open_store(redis_url, namespace=namespace)
+    try:
+        before = _settled(store, redis_url)
+        sent = len(vllm.requests)
+        other = _body(path, [{"role": "user", "content": "other"}], {}, False)
+        answer = _post(gateway, path, other, "seed")
+        assert answer.status_code == 422, answer.text
+        assert len(vllm.requests) == sent
+        store_diff.assert_refused_only(before, _settled(store, redis_url), refused=True)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("path", [CHAT, RESPONSES], ids=["chat", "responses"])
+def test_an_upstream_refusal_stores_the_new_message_only(
+    start_gateway: Start, vllm: FakeVLLM, redis_url: str, namespace: str, path: str
+) -> None:
+    """The upstream answers 400: the new user message stays stored (by design: the
+    request was sent), with its request record; no reply, no lease left behind."""
+    gateway = start_gateway(url=redis_url, namespace=namespace, max_tokens=256)
+    seed = _body(path, [{"role": "user", "content": "hello", "id": "c-1"}], {}, False)
+    assert _post(gateway, path, seed, "seed").status_code == 200
+    store = open_store(redis_url, namespace=namespace)
+    try:
+        before = [s.message.role for s in store.read("s1")]
+        vllm.fail_status = 400
+        answer = _post(
+            gateway, path, _body(path, [{"role": "user", "content": "next"}], {}, False), "k"
+        )
+        assert 400 <= answer.status_code < 500, answer.text
+        after = _settled(store, redis_url)
+        assert not any(":lease:" in k for k in after)
+        assert [s.message.role for s in store.read("s1")] == [*before, "user"]
+    finally:
+        vllm.fail_status = None
+        store.close()
