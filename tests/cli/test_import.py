@@ -514,3 +514,23 @@ def test_a_number_past_4000_digits_is_refused_in_the_file_s_terms(
     _refused(result, "line 3: not JSON (a number of 5,000 digits; at most 4,000", str(path))
     assert "sys." not in result.stderr
     assert snapshot(store) == before
+
+
+def test_a_counter_spec_with_a_password_is_not_shown_when_refused(
+    target: tuple[Cli, SessionStore], tmp_path: Path
+) -> None:
+    """(the refusal above quoted the file's counter spec as written, password and all.)"""
+    run, store = target
+    from ctxguard.messages import Message
+    from ctxguard.stores.base import NewMessage, WriteOptions
+
+    held = Message(role="user", content="the stored text", id="held-1")
+    store.append("bad-2", [NewMessage(held, 4)], WriteOptions(counter="tiktoken:cl100k_base"))
+    lines = good_file()
+    lines[5] = session_line("bad-2", counter="vllm:http://admin:pw-SECRET-9@127.0.0.1:9")
+    path = tmp_path / "secret-counter.jsonl"
+    write_jsonl(path, lines)
+    result = run("import", str(path))
+    assert result.exit_code == 2, result.output
+    assert "bad-2" in result.output and "counter" in result.output
+    assert "pw-SECRET-9" not in result.output and "***" in result.output
