@@ -185,14 +185,12 @@ def test_a_stream_that_finishes_with_no_reply_in_it_is_not_stored(
     ]
 
 
-def test_a_stream_whose_headers_never_end_is_a_504_at_the_upstream_timeout(
-    start_gateway: Start,
-) -> None:
-    # the headers of a streaming call had each read's timeout only: a server sending a
-    # header line now and then held the client until it gave up (here 30 s per read)
+def _stream_from_drip(start_gateway: Start, mode: str) -> httpx.Response:
+    """A streamed 'hi' through a gateway (``--upstream-timeout`` 1 s) whose upstream
+    drips its ``mode`` ("headers" or "body") for ever."""
     from drip_server import drip_server
 
-    with drip_server("headers") as server:
+    with drip_server(mode) as server:
         gw = start_gateway(
             upstream=server.url,
             url=private_memory_url(),
@@ -201,7 +199,15 @@ def test_a_stream_whose_headers_never_end_is_a_504_at_the_upstream_timeout(
             upstream_timeout=1.0,
         )
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-        response = httpx.post(gw + "/v1/chat/completions", json=body, timeout=30)
+        return httpx.post(gw + "/v1/chat/completions", json=body, timeout=60)
+
+
+def test_a_stream_whose_headers_never_end_is_a_504_at_the_upstream_timeout(
+    start_gateway: Start,
+) -> None:
+    # the headers of a streaming call had each read's timeout only: a server sending a
+    # header line now and then held the client until it gave up (here 30 s per read)
+    response = _stream_from_drip(start_gateway, "headers")
     assert response.status_code == 504, response.text
     error = response.json()["error"]
     assert error["code"] == "upstream_timeout" and "\n" not in error["message"]
@@ -212,20 +218,9 @@ def test_a_stream_that_trickles_bytes_but_no_event_ends_at_the_upstream_timeout(
 ) -> None:
     # each read of a stream had --upstream-timeout, so an upstream sending a byte every
     # 0.3 s that never made an event held the stream (and the client, sent nothing) for ever
-    from drip_server import drip_server
-
-    with drip_server("body") as server:
-        gw = start_gateway(
-            upstream=server.url,
-            url=private_memory_url(),
-            counter="tiktoken:cl100k_base",
-            limit=4096,
-            upstream_timeout=1.0,
-        )
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-        started = time.monotonic()
-        response = httpx.post(gw + "/v1/chat/completions", json=body, timeout=60)
-        took = time.monotonic() - started
+    started = time.monotonic()
+    response = _stream_from_drip(start_gateway, "body")
+    took = time.monotonic() - started
     assert response.status_code == 200, response.text
     events = [e for e in response.text.split("\n\n") if e]
     assert len(events) == 1 and "[DONE]" not in response.text, response.text
