@@ -57,23 +57,36 @@ async def tokenize(request: Request) -> Response:
     return Response(await _call(gw, "POST", "/tokenize", body), 200, media_type="application/json")
 
 
+HEALTH_SECONDS = 5.0  # each of /health's checks answers within this (a probe waits ~1-10 s)
+
+
 async def health(request: Request) -> Response:
     """200 while the store answers, else 503 (the gateway's own dependency). The model
     server's tokenizer is reported (``counter``), not required: a liveness probe must not
-    restart every gateway while vLLM restarts."""
+    restart every gateway while vLLM restarts. Each check has :data:`HEALTH_SECONDS`: a
+    store that accepts and never answers took its read timeout times its retries (~40 s
+    by default), past any probe's wait (the check's thread ends at its own timeout)."""
     gw: Gateway = request.app.state.gateway
     status: dict[str, Any] = {"status": "ok"}
     try:
-        store = await gw.run(gw.health_store)
-        await gw.run(store.info, "ctxguard-health-probe")
+        async with asyncio.timeout(HEALTH_SECONDS):
+            store = await gw.run(gw.health_store)
+            await gw.run(store.info, "ctxguard-health-probe")
         status["store"] = "ok"
+    except TimeoutError:
+        log.warning("health: the session store did not answer within %gs", HEALTH_SECONDS)
+        status.update(status="unavailable", store="not answering")
     except CtxGuardError as exc:  # (the class to the log; the probe reads words)
         log.warning("health: the session store failed: %s", type(exc).__name__)
         unreachable = isinstance(exc, StoreConnectionError)
         status.update(status="unavailable", store="unreachable" if unreachable else "failing")
     try:
-        await gw.run(gw.counter)
+        async with asyncio.timeout(HEALTH_SECONDS):
+            await gw.run(gw.counter)
         status["counter"] = "ok"
+    except TimeoutError:
+        log.warning("health: the model server's tokenizer did not load within %gs", HEALTH_SECONDS)
+        status["counter"] = "not answering"
     except CtxGuardError as exc:
         log.warning("health: the model server's tokenizer failed: %s", type(exc).__name__)
         status["counter"] = "unavailable"

@@ -142,3 +142,26 @@ def test_a_guard_error_naming_a_message_the_gateway_named_reads_by_its_place() -
     plain(text)
     assert "messages[3] (user) is over max_message_tokens" in text
     assert "message messages[3]" not in text
+
+
+def test_health_answers_within_its_deadline_when_the_store_never_answers(
+    start_gateway: Callable[..., str],
+    vllm: FakeVLLM,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a store that accepts and never answers held /health for the read timeout times the
+    # retries (~40 s by default), past any liveness probe's wait
+    from faults.fake_servers import fake_server
+
+    from ctxguard.serve import app
+
+    monkeypatch.setattr(app, "HEALTH_SECONDS", 0.5)
+    with fake_server("handshake_then_silent") as silent:
+        gateway = start_gateway(url=silent.url, upstream=vllm.url, limit=4096)
+        with caplog.at_level(logging.WARNING):
+            health = httpx.get(gateway + "/health", timeout=60)
+    assert health.status_code == 503
+    assert health.json()["store"] == "not answering"
+    plain(health.text)
+    assert "did not answer within 0.5s" in caplog.text
