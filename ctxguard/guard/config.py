@@ -23,7 +23,8 @@ class GuardConfig:
     ``"with_reply"`` writes it together with the reply in :meth:`complete`
     (with the server's usage in the same record), so even an uncached turn
     costs two round trips; a request whose ``complete`` never comes is recorded
-    at the session's next prepare/complete or at ``close()``, and lost only if
+    at the session's next prepare that passes its checks (a refused one leaves it
+    held for its ``complete``), its next complete or ``close()``, and lost only if
     the process dies first.
 
     ``window_cache_size`` is how many sessions' last windows the guard keeps
