@@ -310,3 +310,42 @@ def test_docs_modules_names_no_module_that_is_not_there() -> None:
     dirs = {d.name for d in package.rglob("*") if d.is_dir()}
     absent = sorted(f for f in folders if f not in dirs)
     assert not absent, f"docs/modules.md names folders ctxguard does not have: {absent}"
+
+
+# -- the exception tree ------------------------------------------------------------------
+
+
+def test_every_error_the_readme_names_is_public_and_a_ctxguard_error() -> None:
+    import ctxguard
+
+    named = set(re.findall(r"`(\w+Error)`", README))
+    assert len(named) > 10
+    missing = sorted(n for n in named if not isinstance(getattr(ctxguard, n, None), type))
+    assert not missing, f"the README names errors `import ctxguard` does not have: {missing}"
+    outside = sorted(
+        n for n in named if not issubclass(getattr(ctxguard, n), ctxguard.CtxGuardError)
+    )
+    assert not outside, f"errors the README names outside the CtxGuardError tree: {outside}"
+
+
+# "X (a Y)", "(both are Ys)", "an `InvalidInputError` (`A`, `B`, `C`)" as the README says them
+FAMILIES = [
+    (r"`(\w+Error)` \(a `(\w+Error)`", 1),
+    (r"raises\s+`(\w+Error)` at `prepare`.*?raises `(\w+Error)`\s+\(both are `(\w+Error)`s", 2),
+    (r"is an `(InvalidInputError)`\s+\(`(\w+Error)`, `(\w+Error)`, `(\w+Error)`\)", 3),
+]
+
+
+@pytest.mark.parametrize(("pattern", "members"), FAMILIES, ids=[p for p, _ in FAMILIES])
+def test_an_error_family_the_readme_states_is_the_trees(pattern: str, members: int) -> None:
+    import ctxguard
+
+    found = re.findall(pattern, README, flags=re.S)
+    assert found, f"the README no longer says {pattern!r}: update this table"
+    for groups in found:
+        if members == 3:  # the family first, then its members
+            parent, children = groups[0], groups[1:]
+        else:
+            *children, parent = groups
+        for child in children:
+            assert issubclass(getattr(ctxguard, child), getattr(ctxguard, parent)), (child, parent)
