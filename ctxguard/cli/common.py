@@ -140,9 +140,17 @@ class Commands(click.Group):
             click.echo(f"error: {_output_failure(exc)}", err=True)
             sys.exit(EXIT_BAD_INPUT)
 
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as exc:  # the group's own options (`ctxguard --bogus`)
+            raise _one_line(exc) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:  # a command's options or arguments, no such command
+            raise _one_line(exc) from None
         except KeyboardInterrupt:
             raise failure(
                 "interrupted (Ctrl-C) before the command finished; what it wrote so far "
@@ -157,6 +165,15 @@ class Commands(click.Group):
                 _quiet_stdout()
                 raise failure(_output_failure(exc), EXIT_BAD_INPUT) from None
             raise
+
+
+def _one_line(exc: click.UsageError) -> click.ClickException:
+    """click's usage error (usage, hint, blank line, error: four lines) as one line that
+    names what was wrong and the --help to read; no arguments at all still shows the help."""
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        return exc
+    where = f"`{exc.ctx.command_path} --help`" if exc.ctx is not None else "--help"
+    return failure(f"{exc.format_message().rstrip('.')} (see {where})", EXIT_BAD_INPUT)
 
 
 def _output_failed(exc: OSError) -> bool:
