@@ -349,3 +349,18 @@ def test_an_error_family_the_readme_states_is_the_trees(pattern: str, members: i
             *children, parent = groups
         for child in children:
             assert issubclass(getattr(ctxguard, child), getattr(ctxguard, parent)), (child, parent)
+
+
+def test_every_command_states_its_exit_codes_in_its_help() -> None:
+    """The README: "Exit codes are in each command's `--help`"."""
+    from click.testing import CliRunner
+
+    from ctxguard.cli import cli
+
+    assert "Exit codes are in each command's `--help`" in README
+    silent = [
+        name
+        for name in cli.commands
+        if "Exit codes:" not in CliRunner().invoke(cli, [name, "--help"], terminal_width=200).output
+    ]
+    assert not silent, f"commands whose --help gives no exit codes: {silent}"

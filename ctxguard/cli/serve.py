@@ -19,6 +19,10 @@ Examples:
 Every option is also an environment variable CTXGUARD_SERVE_<NAME> (CTXGUARD_URL for
 --url; CTXGUARD_SERVE_API_KEYS as key=tenant,key2=tenant2) and a key of the TOML file
 (top level or a [serve] table). Flags win over variables, variables over the file.
+
+\b
+Exit codes: 0 stopped; 2 a bad option, variable or config file, or an address it
+cannot listen on; 6 ctxguard[serve] not installed.
 """
 
 
