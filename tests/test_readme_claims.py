@@ -364,3 +364,12 @@ def test_every_command_states_its_exit_codes_in_its_help() -> None:
         if "Exit codes:" not in CliRunner().invoke(cli, [name, "--help"], terminal_width=200).output
     ]
     assert not silent, f"commands whose --help gives no exit codes: {silent}"
+
+
+def test_every_hf_counter_the_readme_shows_is_a_local_path() -> None:
+    """hf: loads a local tokenizer directory and never downloads: a hub name there
+    (`hf:Qwen/...`) is refused, so the README shows paths only."""
+    specs = re.findall(r"\bhf:([^\s`\"',)]+)", README)
+    assert specs
+    hub_names = [s for s in specs if not s.startswith(("/", "./", "~"))]
+    assert not hub_names, f"the README shows hf: counters that are not local paths: {hub_names}"

@@ -75,7 +75,10 @@ def load_hf_counter(
 
 def _load_tokenizer(path: str) -> Any:
     if not os.path.isdir(path):
-        raise TokenizerError(f"tokenizer directory {path!r} does not exist")
+        raise TokenizerError(
+            f"tokenizer directory {path!r} does not exist; hf: takes the path of a local "
+            "directory holding the model's tokenizer files (a hub name is never downloaded)"
+        )
     try:
         from transformers import AutoTokenizer
     except ImportError:

@@ -102,6 +102,17 @@ def test_missing_hf_dir(tmp_path: Path) -> None:
         load_counter(f"hf:{tmp_path}/absent")
 
 
+def test_a_hub_name_given_to_hf_says_a_local_directory_is_needed() -> None:
+    """`hf:Qwen/Qwen2.5-7B-Instruct` (the README's LiteLLM comment once said so) is not
+    fetched: the one line says what hf: takes."""
+    with pytest.raises(TokenizerError) as caught:
+        load_counter("hf:Qwen/Qwen2.5-7B-Instruct")
+    message = str(caught.value)
+    assert "'Qwen/Qwen2.5-7B-Instruct' does not exist" in message
+    assert "local directory" in message and "never downloaded" in message
+    assert "\n" not in message
+
+
 def test_hf_dir_without_tokenizer(tmp_path: Path) -> None:
     require("transformers", "transformers")
     (tmp_path / "README").write_text("nothing here")
