@@ -348,4 +348,4 @@ def load_model_directory(path: str | Path) -> KVArchitecture:
 def _model_name(data: Any, fallback: Path) -> str:
     if isinstance(data, Mapping) and data.get("_name_or_path"):
         return str(data["_name_or_path"])
-    return fallback.name or str(fallback)
+    return fallback.name or fallback.resolve().name or str(fallback)  # ./config.json: not '.'
