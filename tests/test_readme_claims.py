@@ -169,6 +169,7 @@ DEFAULTS: list[tuple[str, Callable[[], object]]] = [
         r"within `--upstream-timeout`[^.]*? and at most\s+(\d+) MiB",
         lambda: _mib(_forward("MAX_REPLY_BYTES")),
     ),
+    (r"before it is cut to (\d+)\s+characters", lambda: _forward("UPSTREAM_TEXT_CHARS")),
     (r"\(`--idempotency-lease`, (\d+) s\)", lambda: _serve_default("idempotency_lease")),
     (r"among\s+the session's newest (\d+) messages", lambda: _serve_default("idempotency_window")),
     (r"each check\s+answers within (\d+) s", lambda: _app("HEALTH_SECONDS")),

@@ -27,6 +27,7 @@ MAX_REPLY_BYTES = MAX_BODY  # a non-streaming reply past this is refused (502), 
 # a stream past this is cut (its events are kept to assemble the reply): one event per
 # token, each in a chunk's envelope (with logprobs, kilobytes), so several replies' worth
 MAX_STREAM_BYTES = 4 * MAX_BODY
+UPSTREAM_TEXT_CHARS = 300  # the upstream's error text passed on, scrubbed first
 
 
 def encode_json(body: dict[str, Any]) -> bytes:
@@ -157,13 +158,13 @@ async def upstream_error(gw: Gateway, response: httpx.Response) -> ApiError:
 
 
 def _upstream_message(gw: Gateway, raw: bytes) -> str:
-    """The upstream's error text, scrubbed before it is cut to 300 characters (a cut
+    """The upstream's error text, scrubbed before it is cut to UPSTREAM_TEXT_CHARS (a cut
     must never leave part of a key)."""
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
-        return gw.scrub(raw.decode("utf-8", "replace"))[:300]
+        return gw.scrub(raw.decode("utf-8", "replace"))[:UPSTREAM_TEXT_CHARS]
     error = data.get("error", data) if isinstance(data, dict) else data
     if isinstance(error, dict):
         error = error.get("message", error)
-    return gw.scrub(str(error))[:300]
+    return gw.scrub(str(error))[:UPSTREAM_TEXT_CHARS]
