@@ -222,3 +222,48 @@ def test_readme_adapter_snippet_runs_against_a_vllm_shaped_server(
     assert [m["content"] for m in new if m["role"] == "user"] == [user], new
     assert any(m.get("tool_calls") for m in new), new
     assert new[-1]["role"] == "assistant" and printed in str(new[-1]["content"]), new
+
+
+# -- the README's "Use" snippet, run as printed against a vLLM-shaped server -------------
+
+README_USE_URL = '"redis://:password@localhost:6379/0?namespace=support&tenant=acme"'
+README_USE_COUNTER = '"hf:/models/Qwen2.5-7B-Instruct"'
+
+
+def test_readme_use_snippet_runs_against_a_vllm_shaped_server(
+    vllm: Any, hf_dirs: dict[str, Path], redis_url: str, namespace: str
+) -> None:
+    """The first snippet a user copies: the README's store URL (with a password our
+    server has not) and tokenizer path are the only changes; `client`, `MODEL` and `TOOLS`,
+    which it leaves to the reader, are an OpenAI client on the fake, its model and a tool."""
+    pytest.importorskip("openai")
+    from ctxguard import Guard
+
+    text = README.read_text(encoding="utf-8")
+    use = text[text.index("## Use\n") :]
+    snippet = re.search(r"```python\n(.*?)```", use, flags=re.S).group(1)  # type: ignore[union-attr]
+    assert snippet.count(README_USE_URL) == 1 and snippet.count(README_USE_COUNTER) == 1
+    join = "&" if "?" in redis_url else "?"
+    store = f"{redis_url}{join}namespace={namespace}&tenant=acme"
+    code = snippet.replace(README_USE_URL, repr(store)).replace(
+        README_USE_COUNTER, repr(f"hf:{hf_dirs['qwen-2.5']}")
+    )
+    setup = (
+        "import openai\n"
+        f"client = openai.OpenAI(base_url={vllm.url + '/v1'!r}, api_key='unused')\n"
+        "MODEL = 'Qwen/Qwen2.5-7B-Instruct'\n"
+        "TOOLS = [{'type': 'function', 'function': {'name': 'order_status', 'description': "
+        "'Where an order is.', 'parameters': {'type': 'object', 'properties': {}}}}]\n"
+    )
+    scope: dict[str, Any] = {"__name__": "__main__"}
+    exec(compile(setup + code, "README Use snippet", "exec"), scope)
+    request = scope["request"]
+    assert request.tokens + request.reserved_output <= request.limit == 32768
+    assert request.reserved_output == 512 and "calculator" in request.limit_source
+    scope["guard"].close()
+    guard = Guard(redis_url, namespace=namespace, tenant="acme", limit=4096)
+    try:
+        stored = [s.message.role for s in guard.store.read("chat-123")]
+    finally:
+        guard.close()
+    assert stored == ["user", "assistant"]
