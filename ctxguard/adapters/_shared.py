@@ -503,6 +503,7 @@ def fit(
             "no messages to fit: the list is empty, so there is no request to send; "
             "pass at least the user's message"
         )
+    guard._check_open()  # a closed guard fits nothing (the model is not called, then refused)
     scratch = _scratch(guard)
     tagged = [m.model_copy(update={"id": f"fit-{i}"}) for i, m in enumerate(messages)]
     prepared = scratch.prepare(FIT_SESSION, tagged, max_tokens=max_tokens, tools=tools)
