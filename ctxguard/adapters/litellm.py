@@ -103,6 +103,10 @@ class _Turn:
     session_id: str
     reply_id: str
     prepared: PreparedRequest
+    sent: list[dict[str, Any]]  # data["messages"] as pre_call left it
+
+
+_TurnKey = tuple[str, str | None, str]  # (call id, tenant, session id)
 
 
 class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
@@ -115,7 +119,7 @@ class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
         super().__init__(**kwargs)
         self.session_from_user = session_from_user
         self.gateway = Gateway(_config(settings))
-        self._turns: OrderedDict[tuple[str, str | None, str], _Turn] = OrderedDict()
+        self._turns: OrderedDict[_TurnKey, _Turn] = OrderedDict()
 
     def __repr__(self) -> str:
         return f"CtxGuardGuardrail({self.guardrail_name!r}, {self.gateway.config!r})"
@@ -132,6 +136,8 @@ class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
         """Fit ``data["messages"]`` (and keep the session); refuse what cannot fit."""
         if str(getattr(call_type, "value", call_type)) not in CHAT_CALL_TYPES:
             return data
+        if self._fitted_here(data, user_api_key_dict):
+            return data  # this very request again (see _fitted_here): already fitted and kept
         where = "X-Session-Id"
         chat: ChatRequest | None = None
         try:
@@ -164,7 +170,8 @@ class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
                 prepared = await gw.prepare(
                     guard, session_id, messages, chat.max_tokens, chat.tools
                 )
-                turn = _Turn(guard, session_id, identity.reply_id(ids, anchor), prepared)
+                reply_id = identity.reply_id(ids, anchor)
+                turn = _Turn(guard, session_id, reply_id, prepared, prepared.openai_messages())
                 self._keep(data, tenant, turn)
         except ApiError as exc:
             raise GuardrailRefusal(exc, self.guardrail_name) from None
@@ -270,6 +277,19 @@ class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
             self._turns.popitem(last=False)
 
     def _take(self, data: Mapping[str, Any], user_api_key_dict: Any) -> _Turn | None:
+        key = self._key(data, user_api_key_dict)
+        return None if key is None else self._turns.pop(key, None)
+
+    def _fitted_here(self, data: Mapping[str, Any], user_api_key_dict: Any) -> bool:
+        """Whether ``data`` is a request this guardrail already fitted, its messages the
+        window it sent. LiteLLM may hand the same request dict to the hook again (its
+        deployment-level hook runs it on the router's kwargs, per retry or fallback): the
+        window must not be taken for new messages and stored twice."""
+        key = self._key(data, user_api_key_dict)
+        turn = None if key is None else self._turns.get(key)
+        return turn is not None and data.get("messages") == turn.sent
+
+    def _key(self, data: Mapping[str, Any], user_api_key_dict: Any) -> _TurnKey | None:
         call_id = data.get("litellm_call_id")
         if not isinstance(call_id, str) or not self._turns:
             return None
@@ -277,8 +297,7 @@ class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
             session_id, _ = self.session_id_of(data)
         except ApiError:
             return None
-        key = (call_id, self.tenant_of(user_api_key_dict), session_id or "")
-        return self._turns.pop(key, None)
+        return (call_id, self.tenant_of(user_api_key_dict), session_id or "")
 
     async def aclose(self) -> None:
         await self.gateway.aclose()

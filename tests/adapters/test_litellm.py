@@ -383,3 +383,23 @@ def test_the_readme_config_snippet_builds_the_guardrail(monkeypatch: pytest.Monk
     assert g.event_hook == ["pre_call", "post_call"]
     assert g.gateway.config.max_tokens == 512
     assert g.gateway.config.counter_spec == "vllm:http://vllm:8000"
+
+
+async def test_the_same_request_through_the_hook_twice_is_stored_once(
+    guardrail: CtxGuardGuardrail, reader: Any
+) -> None:
+    """LiteLLM's deployment-level hook (a guardrail named in the request's ``guardrails``)
+    runs the pre-call hook again on the request dict it is handed; when that dict is one
+    the hook already fitted (the same kwargs on a retry or fallback, or a proxy that did
+    not mark the first run), its messages are the window sent, not new ones (the whole
+    window was appended again and sent twice over)."""
+    first = await pre_call(guardrail, request([{"role": "user", "content": "hello"}], header="d"))
+    await post_call(guardrail, first, await call_model(first, reply="hi"))
+    data = request([{"role": "user", "content": "again"}], header="d", guardrails=[NAME])
+    data = await pre_call(guardrail, data)
+    window = list(data["messages"])
+    for _ in range(2):  # a retry, then a fallback
+        out = await guardrail.async_pre_call_deployment_hook(data, litellm.CallTypes.acompletion)
+        assert out is not None and out["messages"] == window
+    await post_call(guardrail, data, await call_model(data, reply="ok"))
+    assert [m["content"] for m in reader("d")] == ["hello", "hi", "again", "ok"]
