@@ -22,7 +22,7 @@ MAX_ID_BYTES = 256
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _PAIRS = tuple(a + b for a in _CROCKFORD for b in _CROCKFORD)  # index: 10 bits
 _RAND_SHIFTS = tuple(range(70, -1, -10))
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # fullmatch: "$" matches before a final \n
 
 _lock = threading.Lock()
 _last_ms = -1
@@ -60,7 +60,7 @@ def validate_name(value: object, what: str) -> str:
     They become literal key prefixes and SCAN patterns, so they must never hold
     a separator or a glob character.
     """
-    if not isinstance(value, str) or not _NAME_RE.match(value):
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
         raise InvalidIdError(
             f"{what} {show(value)} is not allowed: use 1-64 characters from A-Z a-z 0-9 _ . -"
         )
