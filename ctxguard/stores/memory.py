@@ -34,7 +34,7 @@ from ctxguard.errors import (
     InvalidMessageError,
     SessionFullError,
 )
-from ctxguard.ids import validate_id
+from ctxguard.ids import validate_id, validate_name
 from ctxguard.stores.base import (
     REQUEST_RECORD_HEAD,
     AppendResult,
@@ -76,8 +76,9 @@ class MemoryStore:
     """In-process session store (``memory://``). Thread-safe."""
 
     def __init__(self, namespace: str = "ctxg", tenant: str = "default") -> None:
-        self.namespace = namespace
-        self.tenant = tenant
+        # checked as a Redis store checks them (what it reports as its namespace and tenant)
+        self.namespace = validate_name(namespace, "namespace")
+        self.tenant = validate_name(tenant, "tenant")
         self._sessions: dict[str, Session] = {}
         self._lock = threading.RLock()
         self._leases = MemoryLeases()

@@ -10,7 +10,7 @@ from ctxguard import Guard
 from ctxguard.errors import ConfigError, CtxGuardError, InvalidIdError
 from ctxguard.ids import validate_name
 from ctxguard.serve.config import ServeConfig
-from ctxguard.stores import open_store
+from ctxguard.stores import AsyncMemoryStore, MemoryStore, open_store
 
 # "$" in a regex matches before a final newline: "a\n" once passed as tenant "a\n"
 HOSTILE_NAMES = ["a\n", "ns\n", "a\r\n", "a\x00", "a:b", "a*", "{a}", "a\\", ""]
@@ -36,3 +36,15 @@ def test_a_name_with_a_final_newline_is_refused_at_every_door(value: str, what: 
     with pytest.raises(ConfigError) as caught:
         ServeConfig(upstream="http://127.0.0.1:1", api_keys={"k": value})
     assert isinstance(caught.value, CtxGuardError) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("value", [*HOSTILE_NAMES, 5, None, ["a"], b"a", "é"])
+@pytest.mark.parametrize("what", ["namespace", "tenant"])
+def test_memory_stores_built_directly_check_their_names(value: object, what: str) -> None:
+    """``MemoryStore(...)``/``AsyncMemoryStore(...)`` took any object as their namespace
+    and tenant (and reported it, e.g. to an adapter's serialised fields)."""
+    with pytest.raises(InvalidIdError):
+        MemoryStore(**{what: value})  # type: ignore[arg-type]
+    with pytest.raises(InvalidIdError):
+        AsyncMemoryStore(**{what: value})  # type: ignore[arg-type]
+    assert MemoryStore("ns-2", "a.b").tenant == "a.b"
