@@ -34,6 +34,7 @@ through its ``/tokenize`` and default limit from its ``/v1/models``), ``model``,
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Mapping
@@ -61,8 +62,25 @@ from litellm.integrations.custom_guardrail import CustomGuardrail  # noqa: E402
 
 # only used for the defaults of the settings no LiteLLM request reaches
 _NO_UPSTREAM = "http://upstream.unset"
+_HASHED_TEAM = re.compile(r"team-[0-9a-f]{24}")
 CHAT_CALL_TYPES = frozenset({"completion", "acompletion"})
 MAX_OPEN_TURNS = 4096  # turns between pre_call and post_call kept per proxy worker
+
+
+def team_tenant(team: str) -> str:
+    """A team id as a tenant: itself when it is a tenant name, else ``team-<hash>``. A
+    team id of that hashed form is hashed too, so no team can name another's tenant."""
+    try:
+        validate_name(team, "tenant (the key's team_id)")
+    except InvalidIdError:
+        pass
+    else:
+        if not _HASHED_TEAM.fullmatch(team):
+            return team
+    digest = hashlib.blake2b(team.encode("utf-8", "surrogatepass"), digest_size=12)
+    return "team-" + digest.hexdigest()
+
+
 _SETTINGS = (
     "url",
     "counter",
@@ -206,10 +224,7 @@ class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
         """The key's team, else the configured tenant."""
         team = getattr(user_api_key_dict, "team_id", None)
         if isinstance(team, str) and team:
-            try:
-                return validate_name(team, "tenant (the key's team_id)")
-            except InvalidIdError:
-                return "team-" + hashlib.blake2b(team.encode(), digest_size=12).hexdigest()
+            return team_tenant(team)
         return self.gateway.config.tenant
 
     # -- post_call --------------------------------------------------------------------

@@ -26,7 +26,11 @@ from litellm.types.guardrails import GuardrailEventHooks, LitellmParams  # noqa:
 from litellm.types.proxy.auth.user_api_key_auth import UserAPIKeyAuth  # noqa: E402
 
 from ctxguard import Guard  # noqa: E402
-from ctxguard.adapters.litellm import CtxGuardGuardrail, GuardrailRefusal  # noqa: E402
+from ctxguard.adapters.litellm import (  # noqa: E402
+    CtxGuardGuardrail,
+    GuardrailRefusal,
+    team_tenant,
+)
 from ctxguard.errors import ConfigError, CtxGuardError  # noqa: E402
 from ctxguard.messages import Message  # noqa: E402
 from tests.conftest import private_memory_url  # noqa: E402
@@ -263,6 +267,21 @@ async def test_the_keys_team_is_the_tenant(guardrail: CtxGuardGuardrail, reader:
     await pre_call(guardrail, request([{"role": "user", "content": "theirs"}], header="same"))
     assert reader("same", tenant="team-a") == say
     assert reader("same") == [{"role": "user", "content": "theirs"}]
+
+
+async def test_no_team_id_names_another_teams_tenant(
+    guardrail: CtxGuardGuardrail, reader: Any
+) -> None:
+    """A team id that is no tenant name is kept as ``team-<hash>``; a team whose id is
+    that hash's text once shared its sessions (and read them back): it is hashed too."""
+    odd = "acme corp"  # (a space: not a tenant name)
+    hashed = team_tenant(odd)
+    assert hashed.startswith("team-") and team_tenant(hashed) != hashed
+    assert team_tenant("team-a") == "team-a"  # a plain name stays where it was
+    await pre_call(guardrail, request([{"role": "user", "content": "acme's"}], header="s"), odd)
+    await pre_call(guardrail, request([{"role": "user", "content": "x"}], header="s"), hashed)
+    assert reader("s", tenant=hashed) == [{"role": "user", "content": "acme's"}]
+    assert reader("s", tenant=team_tenant(hashed)) == [{"role": "user", "content": "x"}]
 
 
 # -- stateless mode ---------------------------------------------------------------------------
