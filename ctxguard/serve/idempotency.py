@@ -70,6 +70,17 @@ def key_reused() -> ApiError:
     )
 
 
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def key_lease_name(key: str) -> str:
+    """The name of the lease on ``key``: the key itself, unless it begins as a body
+    lease's name (``body:``) or this hashed form (``key:``) does; then ``key:<sha256>``.
+    So no Idempotency-Key takes (and holds up) another key's body lease."""
+    return "key:" + _sha256(key) if key.startswith(("body:", "key:")) else key
+
+
 class KeyLease:
     """This request's hold on its key: taken, renewed every third of the lease, let go;
     with the body lease (holder: the body's digest) beside it."""
@@ -78,14 +89,15 @@ class KeyLease:
         self.gw, self.store, self.session_id, self.key = gw, guard.store, session_id, key
         self.holder = uuid.uuid4().hex
         self.digest = digest
-        self.body_name = "body:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+        self.name = key_lease_name(key)
+        self.body_name = "body:" + _sha256(key)
         self.seconds = gw.config.idempotency_lease
         self._renewing: asyncio.Task[None] | None = None
 
     async def take(self) -> bool:
         acquire = self.store.acquire_lease
         return bool(
-            await self.gw.run(acquire, self.session_id, self.key, self.holder, self.seconds)
+            await self.gw.run(acquire, self.session_id, self.name, self.holder, self.seconds)
         )
 
     async def claim_body(self) -> bool:
@@ -121,7 +133,7 @@ class KeyLease:
         await self.give_back_body()
         release = self.store.release_lease
         with contextlib.suppress(CtxGuardError):
-            await self.gw.run(release, self.session_id, self.key, self.holder)
+            await self.gw.run(release, self.session_id, self.name, self.holder)
 
     async def give_back_body(self) -> None:
         release = self.store.release_lease

@@ -7,6 +7,7 @@ both), and a retry after the holder died takes over once the lease expires."""
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -146,5 +147,30 @@ def test_a_key_held_too_long_is_a_409_and_nothing_is_sent(
         again = chat(gateway, "hello", headers={"Idempotency-Key": "busy-1"})
         assert again.status_code == 200
         assert len(vllm.requests) == 1
+    finally:
+        guard.close()
+
+
+@pytest.mark.redis
+def test_a_key_written_as_a_body_lease_is_not_held_up_by_it(
+    start_gateway: Callable[..., str], vllm: FakeVLLM, redis_url: str, namespace: str
+) -> None:
+    """An Idempotency-Key ``body:<sha256 of K>`` was the very lease name of K's body: a
+    request with it waited for K's request, then was a 409, and held K's body lease (K's
+    retries were a 422). Such a key now has a lease of its own (``key:<sha256>``)."""
+    gateway = start_gateway(
+        url=redis_url, namespace=namespace, upstream_timeout=0.5, idempotency_lease=0.5
+    )
+    guard = Guard(redis_url, limit=4096, namespace=namespace)
+    body_lease = "body:" + hashlib.sha256(b"in-flight").hexdigest()
+    try:
+        # a request with the key "in-flight" runs elsewhere: it holds its body lease
+        assert guard.store.acquire_lease("s1", body_lease, "its-body-digest", 60)
+        response = chat(gateway, "hello", headers={"Idempotency-Key": body_lease})
+        assert response.status_code == 200, response.text
+        assert len(vllm.requests) == 1
+        # the body lease is still the first request's alone
+        assert not guard.store.acquire_lease("s1", body_lease, "another-digest", 60)
+        assert guard.store.release_lease("s1", body_lease, "its-body-digest")
     finally:
         guard.close()
