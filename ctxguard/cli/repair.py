@@ -29,6 +29,7 @@ from ctxguard.cli.common import (
     note,
     opened_store,
     store_options,
+    suggest,
 )
 from ctxguard.errors import ConflictError, CorruptRecordError
 from ctxguard.stores.base import SessionStore
@@ -86,8 +87,8 @@ def repair_command(
             fail(
                 f"session {session!r}: the message list cannot be rebuilt from "
                 f"(record {exc.position} does not decode); nothing changed: save what decodes "
-                f"with `ctxguard show {session} --json` and delete the session with "
-                f"`ctxguard delete {session}`",
+                f"with `{suggest('show --json', session)}` and delete the session with "
+                f"`{suggest('delete', session)}`",
                 EXIT_BAD_INPUT,
             )
         applied = False

@@ -44,6 +44,7 @@ from ctxguard.cli.common import (
     scrub,
     stdout,
     store_options,
+    suggest,
     writable_output,
 )
 from ctxguard.cli.import_file import (
@@ -244,7 +245,7 @@ def _check_intact(store: SessionStore, parsed: ImportFile, item: Incoming) -> No
         first = problems[0]
         raise ImportFileError(
             f"{parsed.name}: line {item.line}: session {item.session_id!r} is stored damaged "
-            f"({first.key} {first.detail}); run `ctxguard repair {item.session_id}` first, "
+            f"({first.key} {first.detail}); run `{suggest('repair', item.session_id)}` first, "
             "or import into another namespace"
         )
 

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from ctxguard import Guard
+from ctxguard.messages import Message
+from ctxguard.stores import NewMessage
 from ctxguard.stores.base import SessionStore
 from tests import store_diff
 
@@ -143,3 +145,27 @@ def test_an_import_into_a_damaged_session_writes_nothing(
     result = cli("import", str(path))
     assert result.exit_code != 0, result.output
     store_diff.assert_refused_only(before, store_diff.take(store, cli.url))
+
+
+@pytest.mark.redis
+def test_an_import_refused_for_a_damaged_session_quotes_it_in_the_repair_it_suggests(
+    redis_url: str, redis_namespace: str, tmp_path: Path
+) -> None:
+    """``run `ctxguard repair <session>``` pasted a client-chosen id as is."""
+    from ctxguard.stores.keys import KeySpace
+    from tests.conftest import raw_client
+
+    cli, sid = Cli(redis_url, redis_namespace), "-h; touch pwned"
+    guard = Guard(redis_url, counter="approx", limit=4096, namespace=redis_namespace)
+    guard.store.append(sid, [NewMessage(Message(role="user", content="x"), 1)])
+    guard.close()
+    client = raw_client(redis_url)
+    try:
+        client.rpush(KeySpace(redis_namespace).session_keys(sid)[1], b"not json")
+    finally:
+        client.close()
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps(HEADER) + "\n" + json.dumps(session(sid)) + "\n")
+    result = cli("import", str(path))
+    assert result.exit_code != 0 and result.stderr.count("\n") == 1, result.stderr
+    assert "run `ctxguard repair -- '-h; touch pwned'` first" in result.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 import redis
 
 from ctxguard.guard import Guard
+from ctxguard.stores import open_store
 from ctxguard.stores.base import SessionStore, Summary
 from ctxguard.stores.keys import SUFFIXES, KeySpace
 
@@ -203,3 +205,26 @@ async def test_async_stores_inspect_and_repair_the_same_way(namespace: str) -> N
     assert [p.key for p in find_problems("s", raw)] == ["pins"]
     assert await store.repair("s", plan_repair("s", raw, 0, 0), {"kind": "repair"})  # type: ignore[attr-defined]
     assert find_problems("s", await store.inspect("s")) == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("session", ["-x; touch pwned", "a b $(id)", "it's [red]"])
+def test_the_commands_a_refused_repair_suggests_name_the_session_as_a_shell_reads_them(
+    session: str, namespace: str
+) -> None:
+    """The session id (any text a client chose) was pasted into the suggested commands
+    as is: a copied line ran ``; touch pwned`` or read ``-x`` as an option. Each
+    suggested line, split as a shell splits it, now reads back the session."""
+    run = Cli(f"memory://{namespace}", namespace)
+    store = open_store(run.url, namespace=namespace)
+    guard = Guard(store, counter="approx", limit=400, max_tokens=50)
+    guard.prepare(session, [{"role": "user", "content": "question"}])
+    store._sessions[session].records.append("{not a message")  # type: ignore[attr-defined]
+    result = run("repair", "--", session)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
+    commands = result.stderr.split("`")[1::2]
+    assert [c.split()[:2] for c in commands] == [["ctxguard", "show"], ["ctxguard", "delete"]]
+    shown = run(*shlex.split(commands[0])[1:])
+    assert shown.exit_code == 0, shown.stderr
+    assert json.loads(shown.stdout)["info"]["session_id"] == session
+    assert shlex.split(commands[1])[-1] == session
+    guard.close()
