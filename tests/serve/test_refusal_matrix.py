@@ -7,6 +7,8 @@ stays stored by design: tests/serve/test_upstream_edges.py.)"""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -49,6 +51,22 @@ CLASSES: dict[str, tuple[list[Any], dict[str, Any]]] = {
 
 CHAT_ONLY = {"reused-id", "reused-id-in-batch", "orphan-tool-result", "unanswered-call"}
 RESPONSES_ONLY = {"orphan-call-output"}  # (the Responses API's input items carry no ids)
+
+
+@contextmanager
+def _seeded(
+    start_gateway: Start, redis_url: str, namespace: str, path: str
+) -> Iterator[tuple[str, Any]]:
+    """A gateway on ``redis_url`` whose session ``s1`` holds one done turn (its request
+    sent with Idempotency-Key "seed"), and a store on the same namespace (closed after)."""
+    gateway = start_gateway(url=redis_url, namespace=namespace, max_tokens=256)
+    seed = _body(path, [{"role": "user", "content": "hello", "id": "c-1"}], {}, False)
+    assert _post(gateway, path, seed, "seed").status_code == 200
+    store = open_store(redis_url, namespace=namespace)
+    try:
+        yield gateway, store
+    finally:
+        store.close()
 
 
 def _settled(store: Any, url: str) -> store_diff.Snapshot:
@@ -116,11 +134,7 @@ def test_a_refused_request_stores_nothing(
     stream: bool,
     key: str | None,
 ) -> None:
-    gateway = start_gateway(url=redis_url, namespace=namespace, max_tokens=256)
-    seed = _body(path, [{"role": "user", "content": "hello", "id": "c-1"}], {}, False)
-    assert _post(gateway, path, seed, "seed").status_code == 200
-    store = open_store(redis_url, namespace=namespace)
-    try:
+    with _seeded(start_gateway, redis_url, namespace, path) as (gateway, store):
         before = _settled(store, redis_url)
         sent = len(vllm.requests)
         messages, extra = CLASSES[name]
@@ -138,8 +152,6 @@ def test_a_refused_request_stores_nothing(
             again = _post(gateway, path, body, key)
             assert 400 <= again.status_code < 500, again.text
             assert len(vllm.requests) == sent
-    finally:
-        store.close()
 
 
 @pytest.mark.parametrize("path", [CHAT, RESPONSES], ids=["chat", "responses"])
@@ -148,11 +160,7 @@ def test_a_key_reused_with_another_body_stores_nothing(
 ) -> None:
     """An Idempotency-Key a done request used, sent with another body: a 422, nothing
     sent, nothing stored (docs: serve/idempotency.py)."""
-    gateway = start_gateway(url=redis_url, namespace=namespace, max_tokens=256)
-    seed = _body(path, [{"role": "user", "content": "hello", "id": "c-1"}], {}, False)
-    assert _post(gateway, path, seed, "seed").status_code == 200
-    store = open_store(redis_url, namespace=namespace)
-    try:
+    with _seeded(start_gateway, redis_url, namespace, path) as (gateway, store):
         before = _settled(store, redis_url)
         sent = len(vllm.requests)
         other = _body(path, [{"role": "user", "content": "other"}], {}, False)
@@ -160,8 +168,6 @@ def test_a_key_reused_with_another_body_stores_nothing(
         assert answer.status_code == 422, answer.text
         assert len(vllm.requests) == sent
         store_diff.assert_refused_only(before, _settled(store, redis_url), refused=True)
-    finally:
-        store.close()
 
 
 @pytest.mark.parametrize("path", [CHAT, RESPONSES], ids=["chat", "responses"])
@@ -170,20 +176,16 @@ def test_an_upstream_refusal_stores_the_new_message_only(
 ) -> None:
     """The upstream answers 400: the new user message stays stored (by design: the
     request was sent), with its request record; no reply, no lease left behind."""
-    gateway = start_gateway(url=redis_url, namespace=namespace, max_tokens=256)
-    seed = _body(path, [{"role": "user", "content": "hello", "id": "c-1"}], {}, False)
-    assert _post(gateway, path, seed, "seed").status_code == 200
-    store = open_store(redis_url, namespace=namespace)
-    try:
+    with _seeded(start_gateway, redis_url, namespace, path) as (gateway, store):
         before = [s.message.role for s in store.read("s1")]
         vllm.fail_status = 400
-        answer = _post(
-            gateway, path, _body(path, [{"role": "user", "content": "next"}], {}, False), "k"
-        )
+        try:
+            answer = _post(
+                gateway, path, _body(path, [{"role": "user", "content": "next"}], {}, False), "k"
+            )
+        finally:
+            vllm.fail_status = None
         assert 400 <= answer.status_code < 500, answer.text
         after = _settled(store, redis_url)
         assert not any(":lease:" in k for k in after)
         assert [s.message.role for s in store.read("s1")] == [*before, "user"]
-    finally:
-        vllm.fail_status = None
-        store.close()
