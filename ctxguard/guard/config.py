@@ -23,9 +23,9 @@ class GuardConfig:
     ``"with_reply"`` writes it together with the reply in :meth:`complete`
     (with the server's usage in the same record), so even an uncached turn
     costs two round trips; a request whose ``complete`` never comes is recorded
-    at the session's next prepare that passes its checks (a refused one leaves it
-    held for its ``complete``), its next complete or ``close()``, and lost only if
-    the process dies first.
+    once the session's next prepare has stored its request (a refused one, or one
+    that ends in ``ConflictError``, leaves it held for its ``complete``), at its
+    next complete or ``close()``, and lost only if the process dies first.
 
     ``window_cache_size`` is how many sessions' last windows the guard keeps
     in memory (0 turns it off), and ``window_cache_bytes`` about how much memory

@@ -166,8 +166,6 @@ def _prepare(
     fast = core.speculate(session_id, new, budget, tools)
     fetch: WindowFetch
     if fast is not None:
-        # held records go first, once the request is planned: a refused one leaves them held
-        yield from flush(core, session_id)
         token = fast.fetch.token
         outcome: WindowHit | WindowFetch = yield StoreCall(
             "commit_if_unchanged",
@@ -176,6 +174,7 @@ def _prepare(
         if isinstance(outcome, WindowHit):
             if core.observer is not None:
                 events.note_cache("hit")
+            yield from _flush_after(core, session_id)
             return _committed(core, session_id, fast, outcome, budget, tools)
         fetch = outcome  # the session changed: plan again on what the store sent
         if core.observer is not None:
@@ -207,7 +206,6 @@ def _prepare(
                 # the request as planned must be one the counter accepts before a summary
                 # is committed for it: a refused request stores nothing, summary included
                 core.finalize(plan, budget, tools, required)
-                yield from flush(core, session_id)
                 folding = yield from _fold(core, session_id, plan, budget, new)
                 if isinstance(folding, Plan):
                     plan = folding  # the summary failed: the plan stands, with the reason
@@ -217,7 +215,6 @@ def _prepare(
                     version = fetch.info.summary_version
                     plan.decisions[:0] = [{"policy": "summary_committed", "version": version}]
         total, sent = core.finalize(plan, budget, tools, required)
-        yield from flush(core, session_id)  # (the request passed every check)
         record = core.audit_record(plan, sent, total, budget, fetch, tools)
         with_reply = core.config.audit_mode == "with_reply"
         write = core.write(recounts, None if with_reply else record)
@@ -225,6 +222,7 @@ def _prepare(
         if not fresh:
             # nothing to store: the request stands whatever was written since the fetch
             turn = yield from _record(core, session_id, fetch, write, bool(recounts) or folded)
+            yield from _flush_after(core, session_id)
             core.prefix.committed(session_id, record["rid"])
             if summary_started is not None:
                 yield StartBackground(session_id, summary_started)
@@ -243,6 +241,7 @@ def _prepare(
             core.cache.evict(session_id)  # the cached copy would lack the counts just written
         else:
             core.committed(session_id, fetch, committed)
+        yield from _flush_after(core, session_id)
         core.prefix.committed(session_id, record["rid"])
         if summary_started is not None:
             yield StartBackground(session_id, summary_started)
@@ -333,6 +332,18 @@ def flush(core: GuardCore, session_id: str | None = None) -> Flow[None]:
         except BaseException:
             core.put_back(records[index:])
             raise
+
+
+def _flush_after(core: GuardCore, session_id: str) -> Flow[None]:
+    """Write the session's held records once this prepare's request is stored.
+
+    Not before: a prepare refused after its checks (over budget on a re-plan, a
+    ``ConflictError`` after its commits) must leave them held for their ``complete``.
+    A failed write leaves them held (see :func:`flush`) for the next prepare,
+    ``complete`` or ``close``: the request is stored and goes out all the same.
+    """
+    with contextlib.suppress(CtxGuardError):
+        yield from flush(core, session_id)
 
 
 def _fold(

@@ -125,23 +125,28 @@ def test_complete_whose_reply_was_lost_then_retried_by_the_caller_audits_once(
     g.close()
 
 
-def test_held_records_survive_a_flush_that_failed(proxy: FaultProxy) -> None:
-    """with_reply: the next prepare writes the held record first; if that write fails,
-    the record stays held and a later prepare writes it, once."""
+@pytest.mark.parametrize("fault", ["refuse", "drop_reply"])
+def test_held_records_survive_a_flush_that_failed(proxy: FaultProxy, fault: str) -> None:
+    """with_reply: the next prepare writes the held record once its own request is
+    stored; if that write fails (or its reply is lost), the prepare still answers and
+    the record stays held: a later prepare writes it, once."""
     store = open_store(proxy.url, namespace="lost", retry=ONE_ATTEMPT)
     g = guard(store, audit_mode="with_reply")
     first = g.prepare(SID, [user("one")])  # no complete: the model call failed
-    proxy.arm(sha(store, "add_audit"), "refuse")
-    with pytest.raises(StoreConnectionError):
-        g.prepare(SID, [user("two")])
-    second = g.prepare(SID, [user("two")])
-    g.complete(SID, reply(), prepared=second, usage={"prompt_tokens": 5})
+    proxy.arm(sha(store, "add_audit"), fault)
+    second = g.prepare(SID, [user("two")])  # no complete either
+    assert proxy.fired == [fault]
+    assert [m.message.content for m in store.read(SID)] == ["one", "two"]
+    third = g.prepare(SID, [user("three")])
+    g.complete(SID, reply(), prepared=third, usage={"prompt_tokens": 5})
     audit = store.read_audit(SID)
     assert [(r["kind"], r["completed"]) for r in audit] == [
+        ("request", False),
         ("request", False),
         ("request", True),
     ]
     assert recorded_ids(store, SID, audit[0]) == [m.id for m in first.messages]
+    assert recorded_ids(store, SID, audit[1]) == [m.id for m in second.messages]
     assert_rids_unique(audit)
     g.close()
 
