@@ -14,9 +14,10 @@
   holds). System prompt parts and instructions are pinned, a tool call and its return
   stay together, thinking and provider-specific parts are counted and never split.
   Only the request changes: the run's history (``result.all_messages()``) stays whole.
-  The session gets the run's messages as they become final (before the next request,
-  and the rest when the run ends), each response with the usage the model reported
-  against ctxguard's count of what was sent (one ``usage`` audit record per call).
+  The session gets the run's messages as they become final (once the next request
+  fits, and the rest when the run ends), each response with the usage the model reported
+  against ctxguard's count of what was sent (one ``usage`` audit record per call). A
+  request the guard refuses stores nothing: the run fails with the session as it was.
 * :func:`history_processor` is the same fit as a plain history processor, for
   ``capabilities=[ProcessHistory(history_processor(guard))]`` (no session, no usage).
   Pydantic AI replaces the run's history with a processor's result, so prefer the
@@ -239,8 +240,6 @@ class CtxGuardCapability(AbstractCapability[Any]):
     async def prepare_model_request(
         self, ctx: RunContext[Any], request_context: ModelRequestContext
     ) -> ModelRequestContext:
-        if self.persist:  # what the run made before this request is final: store it now
-            await self._store(ctx, list(ctx.messages)[:-1])
         params = request_context.model_request_parameters
         settings = dict(request_context.model_settings or {})
         asked = settings.get("max_tokens")
@@ -254,6 +253,9 @@ class CtxGuardCapability(AbstractCapability[Any]):
             max_tokens=reserve,
             tools=tools or None,
         )
+        if self.persist:  # what the run made before this request is final: store it now,
+            # once the request fits (a refused one stores nothing)
+            await self._store(ctx, list(ctx.messages)[:-1])
         settings["max_tokens"] = fitted.prepared.reserved_output
         request_context.model_settings = settings  # type: ignore[assignment]
         request_context.messages = fitted.messages

@@ -35,6 +35,7 @@ from ctxguard.errors import BudgetError, ConfigError, CtxGuardError, InvalidMess
 from ctxguard.guard import AsyncGuard, Guard
 from ctxguard.guard.policies import tool_problems
 from ctxguard.messages import Message
+from tests import store_diff
 from tests.conftest import private_memory_url
 
 from .conftest import LIMIT, assert_starts_on_user
@@ -434,6 +435,38 @@ async def test_a_refused_request_stores_nothing(guard: Guard) -> None:
     with pytest.raises(BudgetError):
         await agent.run("far too long " * 400, message_history=capability.load())
     assert guard.store.read("refused") == before
+
+
+@pytest.mark.parametrize("which", ["guard", "aguard"])
+async def test_a_request_refused_mid_run_stores_nothing_of_the_run(
+    store_url: str, namespace: str, which: str
+) -> None:
+    """The run's earlier messages (its first request, the tool call the model answered)
+    were stored before the next request was fitted: a refused fit left them stored,
+    the tool call without its result. Now they are stored only once a request fits."""
+    kind = AsyncGuard if which == "aguard" else Guard
+    guard = kind(store_url, namespace=namespace, limit=LIMIT, counter="approx")
+
+    def reply(messages: list[pai.ModelMessage], info: AgentInfo) -> pai.ModelResponse:
+        if any(isinstance(p, pai.UserPromptPart) for p in messages[-1].parts):
+            # a call the next request must send whole, with its result: it cannot fit
+            call = pai.ToolCallPart("lookup", {"key": "far too long " * 400})
+            return pai.ModelResponse(parts=[call])
+        return pai.ModelResponse(parts=[pai.TextPart("done")])
+
+    capability = CtxGuardCapability(guard, session_id="mid", max_tokens=RESERVE)
+    agent = Agent(FunctionModel(reply), capabilities=[capability])
+
+    @agent.tool_plain
+    def lookup(key: str) -> str:
+        return "found"
+
+    await Agent(TestModel(), capabilities=[capability]).run("hello")  # the session exists
+    before = store_diff.take(guard.store, store_url)
+    with pytest.raises(BudgetError):
+        await agent.run("look it up", message_history=await capability.aload())
+    store_diff.assert_refused_only(before, store_diff.take(guard.store, store_url))
+    await close(guard)
 
 
 async def test_persist_false_only_fits(guard: Guard) -> None:
