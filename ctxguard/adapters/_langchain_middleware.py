@@ -116,7 +116,8 @@ def middleware_class() -> type[Any]:
         fits what the other middleware hand on. With a session (``session_id=``, or
         the run's ``thread_id``), the agent's messages are stored there (each once,
         by id) and each reply with the usage the model reported (``usage_metadata``)
-        against ctxguard's count: one ``usage`` audit record per model call. The
+        against ctxguard's count: one ``usage`` audit record per model call (a call's new
+        messages and its reply in one append: a reply the guard refuses stores neither). The
         output reserved is ``max_tokens``, else the model's own ``max_tokens`` (as
         ``ChatOpenAI(max_tokens=...)`` sends it), else the guard's default.
         """
@@ -148,12 +149,11 @@ def middleware_class() -> type[Any]:
             reply = _reply(response)
             if session is not None and guard is not None and reply is not None:
                 seen = self._seen.of(session)
-                everything = self._everything(request)
-                _served.persist(guard, session, self._unseen(request, seen), seen, everything)
-                if stored_id(str(reply.id)) not in seen:  # (_reply gave it an id)
-                    stored = to_ctxguard(reply)
-                    reported = _reported(reply)
-                    _served.complete(guard, session, stored, fitted.prepared, reported, seen)
+                unseen, everything = self._unseen(request, seen), self._everything(request)
+                stored, reported = to_ctxguard(reply), _reported(reply)
+                _served.persist_reply(
+                    guard, session, unseen, stored, fitted.prepared, reported, seen, everything
+                )
             return response
 
         async def awrap_model_call(
@@ -166,13 +166,10 @@ def middleware_class() -> type[Any]:
             if session is not None and reply is not None:
                 seen = self._seen.of(session)
                 unseen, everything = self._unseen(request, seen), self._everything(request)
-                await _served.apersist(self._ref, session, unseen, seen, everything)
-                if stored_id(str(reply.id)) not in seen:  # (_reply gave it an id)
-                    stored = to_ctxguard(reply)
-                    reported = _reported(reply)
-                    await _served.acomplete(
-                        self._ref, session, stored, fitted.prepared, reported, seen
-                    )
+                stored, reported = to_ctxguard(reply), _reported(reply)
+                await _served.apersist_reply(
+                    self._ref, session, unseen, stored, fitted.prepared, reported, seen, everything
+                )
             return response
 
         def _sync_guard(self) -> Guard:

@@ -220,3 +220,54 @@ async def acomplete(
         return
     sent = None if prepared is None else as_sent(prepared, session_id)
     seen.note(await guard.complete(session_id, reply, prepared=sent, usage=reported), [reply.id])
+
+
+def persist_reply(
+    guard: Guard,
+    session_id: str,
+    messages: Sequence[Message],
+    reply: Message,
+    prepared: PreparedRequest | None,
+    reported: Mapping[str, Any] | None,
+    seen: Seen,
+    everything: Everything | None = None,
+) -> None:
+    """Store the run's messages not ``seen`` and then the model's ``reply``, so that a
+    refusal of any of them (a count that fails, a message past the cap) stores none:
+    one append of both, and (usage reported) ``complete`` for the usage record, the
+    reply stored already; when every message is stored, ``complete`` alone."""
+    if reply.id in seen:
+        persist(guard, session_id, messages, seen, everything)
+    elif not _unseen(messages, seen):
+        complete(guard, session_id, reply, prepared, reported, seen)
+    else:
+        persist(guard, session_id, [*messages, reply], seen, _with(everything, messages, reply))
+        if reported is not None:
+            complete(guard, session_id, reply, prepared, reported, seen)
+
+
+async def apersist_reply(
+    ref: GuardRef,
+    session_id: str,
+    messages: Sequence[Message],
+    reply: Message,
+    prepared: PreparedRequest | None,
+    reported: Mapping[str, Any] | None,
+    seen: Seen,
+    everything: Everything | None = None,
+) -> None:
+    """:func:`persist_reply` on an async guard (or a sync one, in a thread)."""
+    if reply.id in seen:
+        await apersist(ref, session_id, messages, seen, everything)
+    elif not _unseen(messages, seen):
+        await acomplete(ref, session_id, reply, prepared, reported, seen)
+    else:
+        full = _with(everything, messages, reply)
+        await apersist(ref, session_id, [*messages, reply], seen, full)
+        if reported is not None:
+            await acomplete(ref, session_id, reply, prepared, reported, seen)
+
+
+def _with(everything: Everything | None, messages: Sequence[Message], reply: Message) -> Everything:
+    """What the run holds, the reply after it (for :func:`_relay`)."""
+    return lambda: [*(everything() if everything is not None else messages), reply]

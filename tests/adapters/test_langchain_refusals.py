@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("langchain.agents")
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-from langchain_core.outputs import ChatResult
+from langchain_core.outputs import ChatGeneration, ChatResult
 
 from ctxguard.adapters.langchain import CtxGuardMiddleware
 from ctxguard.errors import CtxGuardError
@@ -194,3 +194,55 @@ async def test_a_new_middleware_on_the_same_thread_stores_each_message_once(
     calls = [c["id"] for m in state if isinstance(m, AIMessage) for c in m.tool_calls]
     results = [m.tool_call_id for m in state if isinstance(m, ToolMessage)]
     assert sorted(calls) == sorted(results) and len(calls) == len(set(calls))
+
+
+class MarkedReplyModel(WeatherModel):
+    """The weather model, answering a user turn's message at once with ``text``."""
+
+    text: str = "BOOM"
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        if isinstance(messages[-1], HumanMessage) and "turn 1:" in str(messages[-1].content):
+            self.seen.append(list(messages))
+            usage = {"input_tokens": 10 * len(messages), "output_tokens": 7, "total_tokens": 0}
+            reply = AIMessage(self.text, usage_metadata=usage)
+            return ChatResult(generations=[ChatGeneration(message=reply)])
+        return super()._generate(messages, *args, **kwargs)
+
+
+class FailsOnMarked(MidBatchCounter):
+    """The approx counter, raising on a message that says BOOM."""
+
+    def count_message(self, message: Any) -> int:
+        if "BOOM" in (message.text or ""):
+            raise RuntimeError("counter broke on the reply")
+        return super().count_message(message)
+
+
+REPLY_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
+    "counter-fails-on-the-reply": ({"counter": FailsOnMarked(0)}, "BOOM"),
+    "reply-too-long": ({"counter": "approx", "max_message_tokens": 100}, "word " * 300),
+}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("case", list(REPLY_REFUSALS))
+async def test_a_reply_the_guard_refuses_stores_nothing_of_the_turn(
+    store_url: str, namespace: str, mode: str, case: str
+) -> None:
+    """The user's message was stored, then the reply's count failed: the turn stood in
+    the session without its reply, under an error saying nothing was stored. Now the
+    messages and the reply go in one append: the refusal stores neither."""
+    settings, text = REPLY_REFUSALS[case]
+    guard = Guard(store_url, namespace=namespace, limit=LIMIT, **settings)
+    try:
+        model = MarkedReplyModel(text=text)
+        agent = await seeded(guard, model, mode)
+        before = snap(guard, store_url)
+        with pytest.raises(CtxGuardError) as info:
+            await invoke(agent, mode, humans(1, 1))
+        assert_one_line(info.value)
+        assert model.seen[-1][-1].content == "turn 1: weather?"  # the model was called
+        store_diff.assert_refused_only(before, snap(guard, store_url))
+    finally:
+        guard.close()
