@@ -302,11 +302,9 @@ class CtxGuardCapability(AbstractCapability[Any]):
             if held is None:
                 batch.append(piece)
                 continue
-            upto = index  # (the reply goes with its usage, by complete)
-            await _served.apersist(self._ref, session, batch, seen, everything)
+            upto = index  # (the reply goes with the messages before it, then its usage)
+            await _served.apersist_reply(self._ref, session, batch, piece, *held, seen, everything)
             batch = []
-            if piece.id not in seen:
-                await _served.acomplete(self._ref, session, piece, *held, seen)
         upto = len(history)
         await _served.apersist(self._ref, session, batch, seen, everything)
 

@@ -469,6 +469,50 @@ async def test_a_request_refused_mid_run_stores_nothing_of_the_run(
     await close(guard)
 
 
+class FailsOnMarked:
+    """The approx counter, raising on a message that says BOOM."""
+
+    def __init__(self) -> None:
+        from ctxguard.tokens import load_counter
+
+        self.inner = load_counter("approx")
+        self.fingerprint, self.exact, self.additive = "marked", False, True
+
+    def count_message(self, message: Message) -> int:
+        if "BOOM" in (message.text or ""):
+            raise RuntimeError("counter broke on the reply")
+        return self.inner.count_message(message)
+
+    def request_overhead(self, *, tools: Any = None) -> int:
+        return self.inner.request_overhead(tools=tools)
+
+    def count_request(self, messages: Any, *, tools: Any = None) -> int:
+        return sum(self.count_message(m) for m in messages) + self.request_overhead(tools=tools)
+
+
+@pytest.mark.parametrize("which", ["guard", "aguard"])
+async def test_a_reply_the_guard_refuses_stores_nothing_of_its_request(
+    store_url: str, namespace: str, which: str
+) -> None:
+    """The request was stored, then the reply's count failed: the request stood without
+    its reply. Now they go in one append, and the refusal stores neither."""
+    kind = AsyncGuard if which == "aguard" else Guard
+    guard = kind(store_url, namespace=namespace, limit=LIMIT, counter=FailsOnMarked())
+    capability = CtxGuardCapability(guard, session_id="boom", max_tokens=RESERVE)
+    await Agent(TestModel(), capabilities=[capability]).run("hello")  # the session exists
+
+    def reply(messages: list[pai.ModelMessage], info: AgentInfo) -> pai.ModelResponse:
+        return pai.ModelResponse(parts=[pai.TextPart("BOOM")])
+
+    before = store_diff.take(guard.store, store_url)
+    with pytest.raises(CtxGuardError):
+        await Agent(FunctionModel(reply), capabilities=[capability]).run(
+            "again", message_history=await capability.aload()
+        )
+    store_diff.assert_refused_only(before, store_diff.take(guard.store, store_url))
+    await close(guard)
+
+
 async def test_persist_false_only_fits(guard: Guard) -> None:
     capability = CtxGuardCapability(guard, session_id="nothing", persist=False, max_tokens=RESERVE)
     await Agent(TestModel(), capabilities=[capability]).run("hi")
