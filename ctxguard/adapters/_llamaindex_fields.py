@@ -192,7 +192,7 @@ def describe(guard_or_url: Guard | AsyncGuard | str, options: dict[str, Any]) ->
         "namespace": getattr(store, "namespace", None),
         "tenant": getattr(store, "tenant", None),
         "limit": _tokens(guard_or_url.limit_source),
-        "counter": guard_or_url.core.counter_spec,
+        "counter": guard_or_url.counter_spec,
         "settings": _settings(guard_or_url.config),
     }
 

@@ -27,6 +27,7 @@ from ctxguard.adapters._loops import PerLoop
 from ctxguard.errors import (
     ConfigError,
     ConflictError,
+    GuardClosedError,
     InvalidInputError,
     InvalidMessageError,
     MissingDependencyError,
@@ -503,7 +504,8 @@ def fit(
             "no messages to fit: the list is empty, so there is no request to send; "
             "pass at least the user's message"
         )
-    guard._check_open()  # a closed guard fits nothing (the model is not called, then refused)
+    if guard.closed:  # a closed guard fits nothing (the model is not called, then refused)
+        raise GuardClosedError(type(guard).__name__)
     scratch = _scratch(guard)
     tagged = [m.model_copy(update={"id": f"fit-{i}"}) for i, m in enumerate(messages)]
     prepared = scratch.prepare(FIT_SESSION, tagged, max_tokens=max_tokens, tools=tools)

@@ -179,6 +179,18 @@ class GuardBase:
         counter = self.core.counter
         return counter.wrapped if isinstance(counter, CheckedCounter) else counter
 
+    @property
+    def counter_spec(self) -> str | None:
+        """The counter's spec as given (``"approx"``, ``"hf:/path"``...), any URL's
+        password hidden (as request records keep it); None for a counter object."""
+        return self.core.counter_spec
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` / ``aclose()`` was called: every later call but that one
+        raises :class:`~ctxguard.errors.GuardClosedError` and stores nothing."""
+        return self._closed
+
 
 def _config(config: object, settings: dict[str, Any]) -> GuardConfig:
     """``config=GuardConfig(...)`` or the same settings as keywords, not both."""
