@@ -335,13 +335,9 @@ def flush(core: GuardCore, session_id: str | None = None) -> Flow[None]:
 
 
 def _flush_after(core: GuardCore, session_id: str) -> Flow[None]:
-    """Write the session's held records once this prepare's request is stored.
-
-    Not before: a prepare refused after its checks (over budget on a re-plan, a
-    ``ConflictError`` after its commits) must leave them held for their ``complete``.
-    A failed write leaves them held (see :func:`flush`) for the next prepare,
-    ``complete`` or ``close``: the request is stored and goes out all the same.
-    """
+    """Write the session's held records once this prepare's request is stored (a prepare
+    refused late, or ending in ``ConflictError``, leaves them held for ``complete``); a
+    failed write leaves them held too (:func:`flush`): the stored request goes out."""
     with contextlib.suppress(CtxGuardError):
         yield from flush(core, session_id)
 
