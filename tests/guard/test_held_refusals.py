@@ -19,7 +19,6 @@ from ctxguard.errors import BudgetError, ConflictError
 from ctxguard.guard import flows
 from ctxguard.stores import open_async_store, open_store
 from tests import store_diff
-from tests.conftest import private_memory_url
 
 SID = "s"
 SEEDED = [
@@ -36,20 +35,6 @@ USAGE_OUT = 2
 
 def user(message_id: str) -> list[dict[str, Any]]:
     return [{"role": "user", "content": f"question {message_id}", "id": message_id}]
-
-
-@pytest.fixture(
-    params=[
-        "memory",
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("cluster", marks=pytest.mark.cluster),
-    ]
-)
-def backend(request: pytest.FixtureRequest, namespace: str) -> str:
-    if request.param == "memory":
-        return private_memory_url()
-    url: str = request.getfixturevalue(f"{request.param}_url")
-    return url
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from ctxguard.messages import Message
 from ctxguard.stores import open_async_store, open_store
 from ctxguard.tokens import load_counter
 from tests import store_diff
-from tests.conftest import private_memory_url
 
 SID = "s"
 SEEDED = [
@@ -183,20 +182,6 @@ def _pairs() -> Iterator[Any]:
     for name, case in CASES.items():
         for door in case.doors:
             yield pytest.param(name, door, id=f"{name}-{door}")
-
-
-@pytest.fixture(
-    params=[
-        "memory",
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("cluster", marks=pytest.mark.cluster),
-    ]
-)
-def backend(request: pytest.FixtureRequest, namespace: str) -> str:
-    if request.param == "memory":
-        return private_memory_url()
-    url: str = request.getfixturevalue(f"{request.param}_url")
-    return url
 
 
 def _settings(case: Case) -> dict[str, Any]:
