@@ -460,6 +460,13 @@ def _query(query: str) -> list[tuple[str, str]]:
                 + ", ".join((*OWN_PARAMS, *KNOWN_PARAMS))
                 + ")"
             )
+    seen: set[str] = set()
+    for name, _ in params:  # (a known name: safe to show; the values never are)
+        if name in seen:  # which one wins is a guess (redis-py took one, ctxguard another)
+            raise _Bad(
+                f"{name} is given more than once in the query of the store URL; give it once"
+            )
+        seen.add(name)
     return params
 
 
