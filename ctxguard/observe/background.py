@@ -15,7 +15,8 @@ code is also several times faster than run between two of the guard's steps.
   shutdown, scrapes); every ``PrometheusObserver`` among the observers flushes it
   before its registry is collected, so ``registry.get_sample_value`` and a scrape see
   every finished operation with no explicit flush. An ``atexit`` hook flushes too.
-* The queue is bounded (``max_pending``): a full queue drops the event and counts it
+* The queue is bounded (``max_pending``, 10,000; at most :data:`MAX_PENDING`, a
+  million): a full queue drops the event and counts it
   (``dropped``, and ``ctxguard_observer_events_dropped_total`` on each Prometheus
   observer) instead of ever blocking the request.
 * ``close()`` flushes, then stops the thread; it is idempotent, and an event after it
@@ -44,6 +45,9 @@ from ctxguard.guard.events import Observer, OperationEvent
 __all__ = ["BackgroundObserver", "background"]
 
 _STOP = object()
+# the most events a queue holds: each keeps its event (the prepared window, its messages)
+# and a context alive; a million already pins gigabytes behind a stuck observer
+MAX_PENDING = 1_000_000
 
 
 class BackgroundObserver:
@@ -60,8 +64,11 @@ class BackgroundObserver:
                     "observers must be callables taking one OperationEvent, "
                     f"got {v.type_name(observer)}"
                 )
-        if type(max_pending) is not int or max_pending < 1:
-            raise ConfigError(f"max_pending must be a positive int, got {max_pending!r}")
+        if type(max_pending) is not int or not 1 <= max_pending <= MAX_PENDING:
+            raise ConfigError(
+                f"max_pending must be an int from 1 to {MAX_PENDING:,} (events held before "
+                f"one is dropped), got {v.show(max_pending)}"
+            )
         if (
             isinstance(interval, bool)
             or not isinstance(interval, int | float)

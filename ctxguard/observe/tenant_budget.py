@@ -56,12 +56,16 @@ SCRIPT = resources.files("ctxguard.observe").joinpath("lua/tenant_budget.lua").r
 # PEXPIRE, and failed as a StoreError naming the script's line.
 MAX_CHARGE = 2**53
 MAX_WINDOW_SECONDS = 10**9
+# the script reads the whole hash (HGETALL) on every charge and check, blocking Redis
+# meanwhile: a budget of 10**12 buckets made one field per millisecond of the window
+MAX_BUCKETS = 3600
 LOG_EVERY = 60.0  # seconds between two warnings about failed charges
 log = logging.getLogger("ctxguard.observe")
 
 
 class TenantBudget:
-    """``tokens`` per ``window_seconds`` for one tenant (``buckets`` slices of the window)."""
+    """``tokens`` per ``window_seconds`` for one tenant (``buckets`` slices of the window,
+    at most :data:`MAX_BUCKETS`)."""
 
     def __init__(
         self,
@@ -76,7 +80,12 @@ class TenantBudget:
     ) -> None:
         for name, value in (("tokens", tokens), ("buckets", buckets), ("min_tokens", min_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+                raise ConfigError(f"{name} must be a positive int, got {show(value)}")
+        if buckets > MAX_BUCKETS:  # (each charge and check reads every bucket, in Redis)
+            raise ConfigError(
+                f"buckets must be at most {MAX_BUCKETS:,} (each charge and check reads every "
+                f"bucket of the window inside Redis), got {show(buckets)}"
+            )
         if min_tokens > tokens:  # (every request was refused: "retry in 0.0s")
             raise ConfigError(
                 f"min_tokens ({min_tokens}) must be at most tokens ({tokens}): with more, "

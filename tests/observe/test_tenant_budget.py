@@ -14,7 +14,7 @@ from ctxguard.errors import (
 )
 from ctxguard.guard import Guard
 from ctxguard.observe import fan_out
-from ctxguard.observe.tenant_budget import TenantBudget
+from ctxguard.observe.tenant_budget import MAX_BUCKETS, TenantBudget
 from ctxguard.stores.keys import KeySpace
 from tests.conftest import private_memory_url, raw_client
 
@@ -99,7 +99,7 @@ def test_many_buckets_leaving_the_window_at_once_are_dropped(
     once: they were dropped with one HDEL of unpack(stale), a Lua error past ~8,000
     values, so every charge and every limit failed (StoreError) until the key expired."""
     budget = TenantBudget(
-        url, tokens=100, window_seconds=60, namespace=namespace, tenant="m", buckets=60_000
+        url, tokens=100, window_seconds=60, namespace=namespace, tenant="m", buckets=MAX_BUCKETS
     )
     client = raw_client(url)
     try:
