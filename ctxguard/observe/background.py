@@ -20,7 +20,8 @@ code is also several times faster than run between two of the guard's steps.
   (``dropped``, and ``ctxguard_observer_events_dropped_total`` on each Prometheus
   observer) instead of ever blocking the request.
 * ``close()`` flushes, then stops the thread; it is idempotent, and an event after it
-  is delivered inline, on the caller's thread (nothing is lost).
+  is delivered inline, on the caller's thread (nothing is lost); one enqueued while it
+  runs is delivered once, by the thread's last drain or else inline by its caller.
 * A thread does not survive ``os.fork``: the child starts its own on its first event,
   with an empty queue (the parent's pending events are the parent's to deliver); a fork
   waits for the step being delivered, so no observer's lock is inherited held.
@@ -113,7 +114,21 @@ class BackgroundObserver:
         # no wake-up: the thread takes what is there every ``interval`` (a wake per event
         # costs the caller a thread switch, and the observers' code run in a batch is
         # several times faster than run between two turns of the guard's own)
-        self._pending.append((event, contextvars.copy_context()))
+        item = _Item(event, contextvars.copy_context())
+        pending = self._pending
+        pending.append(item)
+        if self._closed:  # a close() ran since the check: its drain may be over
+            self._late(pending, item)
+
+    def _late(self, pending: collections.deque[Any], item: _Item) -> None:
+        """An event enqueued while ``close()`` ran: delivered here unless the thread's
+        drain took it (exactly once: the item is one object, taken out by one of the two;
+        ``deque.remove`` and ``popleft`` are each atomic)."""
+        try:
+            pending.remove(item)  # (by identity: an _Item equals only itself)
+        except ValueError:
+            return  # the drain took it, and delivers it
+        self._deliver_in(item.event, item.context)
 
     def _drop(self) -> None:
         with self._lock:
@@ -136,8 +151,16 @@ class BackgroundObserver:
         if threading.current_thread() is thread:
             return False  # an observer waiting for itself would wait for ever
         done = threading.Event()
-        self._pending.append(done)  # behind every event enqueued so far: one reader, in order
+        pending = self._pending
+        pending.append(done)  # behind every event enqueued so far: one reader, in order
         self._wake.set()
+        if self._closed:  # a close() ran since the check: its drain may be over, and
+            try:  # then nothing would answer the mark (it waited out ``timeout``)
+                pending.remove(done)
+            except ValueError:
+                return done.wait(timeout)  # the thread took it: answered
+            thread.join(timeout)  # the drain delivers what was enqueued, then ends
+            return not thread.is_alive()
         return done.wait(timeout)
 
     def close(self, timeout: float | None = 5.0) -> None:
@@ -200,6 +223,16 @@ class BackgroundObserver:
         self._thread = None  # started again on the child's first event
 
 
+class _Item:
+    """One pending event and the caller's context; equal only to itself (two equal events
+    are two deliveries: ``_late`` takes out its own)."""
+
+    __slots__ = ("context", "event")
+
+    def __init__(self, event: OperationEvent, context: contextvars.Context) -> None:
+        self.event, self.context = event, context
+
+
 SLICE = 0.0002  # s of delivery between two pauses (a few events; one span-heavy one)
 PAUSE = 0.0002  # s: a request thread waiting for the GIL takes it (a real sleep lets it go)
 
@@ -227,7 +260,7 @@ def _run(
             if item is _STOP or owner is None:
                 _drain(owner, pending)
                 return
-            owner._deliver_in(*item)
+            owner._deliver_in(item.event, item.context)
             del owner, item
             if clock() >= slice_end:
                 time.sleep(PAUSE)
@@ -241,7 +274,7 @@ def _drain(owner: BackgroundObserver | None, pending: collections.deque[Any]) ->
         if isinstance(item, threading.Event):
             item.set()
         elif item is not _STOP and owner is not None:
-            owner._deliver_in(*item)
+            owner._deliver_in(item.event, item.context)
 
 
 def _stop(pending: collections.deque[Any], wake: threading.Event) -> None:
