@@ -29,6 +29,7 @@ except ImportError:  # the extra is not installed: say which one
     raise MissingDependencyError("Prometheus metrics (observe.metrics)", "metrics") from None
 
 from ctxguard.guard.events import OperationEvent
+from ctxguard.observe.usage_counts import UsageCounts
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -43,6 +44,7 @@ TOKEN_BUCKETS = tuple(float(2**n) for n in range(8, 21))  # 256 .. 1M tokens
 RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 DRIFT_BUCKETS = (-256.0, -64.0, -16.0, -4.0, -1.0, 0.0, 1.0, 4.0, 16.0, 64.0, 256.0)
 STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5)
+CACHED = "prompt_tokens_details.cached_tokens"  # (the server's prefix-cache hits)
 SUMMARY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -164,6 +166,7 @@ class PrometheusObserver:
             registry=r,
         )
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}  # labelled children
+        self._counts = UsageCounts("PrometheusObserver")
         self.cache_hits = Counter(
             f"{p}_window_cache_hits",
             "Prepares planned on the cached window and taken by the store in one round trip",
@@ -247,12 +250,15 @@ class PrometheusObserver:
     def _usage(self, usage: Mapping[str, Any] | None, estimate: int | None) -> None:
         if usage is None:
             return
-        prompt = usage.get("prompt_tokens")
-        if isinstance(prompt, int) and estimate is not None:
+        counts = self._counts  # (a count no server reports is left out, with a WARNING)
+        prompt = counts.count(usage, "prompt_tokens")
+        if prompt is not None and estimate is not None:
             self.drift.observe(prompt - estimate)
-        details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
-        if isinstance(cached, int) and cached > 0:
+        cached = counts.count(usage, CACHED)
+        if cached is not None and prompt is not None and cached > prompt:
+            counts.leave_out(CACHED, cached, f"more than the prompt_tokens ({prompt})")
+            return
+        if cached:
             self.prefix_cached.inc(cached)
 
 

@@ -45,6 +45,7 @@ from ctxguard.errors import ConfigError, StoreError, TenantBudgetError
 from ctxguard.guard.events import OperationEvent
 from ctxguard.guard.setup import make_limit
 from ctxguard.kv.limit import ContextLimit, LimitSource
+from ctxguard.observe.usage_counts import UsageCounts
 from ctxguard.stores.keys import KeySpace
 from ctxguard.stores.redis_clients import sync_client
 from ctxguard.stores.redis_errors import wrap_error
@@ -119,6 +120,7 @@ class TenantBudget:
         self._unlogged = 0  # failures since the last warning
         self._next_log = 0.0  # (monotonic) when another warning may be written
         self._clock = time.monotonic
+        self._counts = UsageCounts("TenantBudget")
 
     def __repr__(self) -> str:
         return (
@@ -188,11 +190,15 @@ class TenantBudget:
             return
         # prompt + completion (checked non-negative ints), or the server's total when
         # larger: total_tokens is not checked, and a -1, 0 or true sent as it charged
-        # nothing (or 1) for a request that spent thousands
-        parts = (event.usage.get("prompt_tokens"), event.usage.get("completion_tokens"))
-        total = sum(p for p in parts if type(p) is int and p > 0)
-        reported = event.usage.get("total_tokens")
-        if type(reported) is int and reported > total:
+        # nothing (or 1) for a request that spent thousands; one past 2**63-1 (10**30)
+        # is no count either: left out with a WARNING (it was a failed charge of 10**30,
+        # counted in uncharged_tokens)
+        counts, usage = self._counts, event.usage
+        total = (counts.count(usage, "prompt_tokens") or 0) + (
+            counts.count(usage, "completion_tokens") or 0
+        )
+        reported = counts.count(usage, "total_tokens")
+        if reported is not None and reported > total:
             total = reported
         if total > 0:
             try:

@@ -24,6 +24,7 @@ from typing import Any
 
 from ctxguard.errors import ConfigError, MissingDependencyError
 from ctxguard.guard.events import OperationEvent, StoreCallEvent, SummaryEvent
+from ctxguard.observe.usage_counts import UsageCounts
 
 try:
     from opentelemetry import trace
@@ -70,6 +71,7 @@ class TracingObserver:
         kinds = ("prepare", "complete", "summarize", "append", "replace")
         self._names = {kind: f"ctxguard {kind}" for kind in kinds}
         self._store_names: dict[str, str] = {}
+        self._counts = UsageCounts("TracingObserver")
 
     def __call__(self, event: OperationEvent) -> None:
         # the attributes go in at the start (one pass through the SDK's attribute
@@ -148,8 +150,8 @@ class TracingObserver:
                 ("prompt_tokens", "gen_ai.usage.input_tokens"),
                 ("completion_tokens", "gen_ai.usage.output_tokens"),
             ):
-                value = usage.get(key)
-                if isinstance(value, int):
+                value = self._counts.count(usage, key)  # (no bool, nor past 2**63-1)
+                if value is not None:
                     attrs[attr] = value
         if event.estimate is not None:
             attrs["ctxguard.estimate_tokens"] = event.estimate
