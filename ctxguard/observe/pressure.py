@@ -6,7 +6,11 @@ shared by every guard of the process) and, from the KV-cache usage (vLLM
 ``vllm:kv_cache_usage_perc``, older ``vllm:gpu_cache_usage_perc``, SGLang
 ``sglang:token_usage``; fractions 0-1, a reading past 1 left out and said once) and
 the waiting queue (``vllm:num_requests_waiting``,
-``sglang:num_queue_reqs``), picks a level:
+``sglang:num_queue_reqs``) of one model, picks a level. The model is the page's one
+(every sample's ``model_name`` label the same, or none), or the one named with
+``model=``: a page of several models with none named, or without the named one, is
+no reading (fail open, as below; said in the decision's ``error`` and once in a
+WARNING) rather than one model's budget following another's queue. The levels:
 
 * ``ok``: the wrapped limit, unchanged;
 * ``lowered``: the limit times ``lowered_fraction`` (a shorter prompt, less KV);
@@ -29,171 +33,43 @@ the wrapped limit still holds). Every call has a deadline (``timeout``).
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
-import httpx
-
-from ctxguard import _http
-from ctxguard._validate import MAX_SECONDS, check_arg_types, check_http_url
+from ctxguard._validate import MAX_SECONDS, check_arg_types, check_http_url, show
 from ctxguard.errors import ConfigError, ServerBusyError
 from ctxguard.guard.setup import make_limit
 from ctxguard.kv.limit import ContextLimit, LimitSource
-from ctxguard.kv.server import redact
 from ctxguard.observe.pressure_metrics import (
     KV_USAGE,
     WAITING,
+    Page,
     Pressure,
     parse_metrics,
     read_metrics,
+    read_page,
 )
+from ctxguard.observe.pressure_monitor import PressureMonitor, monitor_for
 
 Level = Literal["ok", "lowered", "refused"]
 LEVELS: tuple[Level, ...] = ("ok", "lowered", "refused")
 _SECONDS = ("hold_seconds", "interval", "timeout", "stale_after")
-log = logging.getLogger("ctxguard.observe")
 __all__ = [
     "KV_USAGE",
     "WAITING",
+    "Page",
     "Pressure",
     "PressureLimit",
     "PressureMonitor",
     "describe",
     "parse_metrics",
     "read_metrics",
+    "read_page",
 ]
-
-
-class PressureMonitor:
-    """Reads one server's ``/metrics`` at most once per ``interval`` (shared per URL)."""
-
-    def __init__(self, metrics_url: str, interval: float, timeout: float) -> None:
-        self.url, self.interval, self.timeout = metrics_url, interval, timeout
-        self.shown = redact(metrics_url)
-        self.last: Pressure | None = None
-        self.error: str | None = None
-        self._checked = -math.inf
-        self._lock = threading.Lock()  # held across a sync reading (see sample)
-        self._answered = False  # a reading has answered (or failed): nobody waits now
-        self._claim_lock = threading.Lock()  # held only to claim the next reading
-        self._client: httpx.Client | None = None
-        self._warned = False  # a KV reading past 1 was logged
-        self._silent_warned = False  # a reply without any gauge was logged
-
-    def _claim(self) -> bool:
-        """True for the one caller that reads now (until ``interval`` has passed again);
-        the others take the last reading. Claimed before the call, so the coroutines of
-        an async burst do not each read while the first reading is in flight."""
-        with self._claim_lock:
-            if time.monotonic() - self._checked < self.interval:
-                return False
-            self._checked = time.monotonic()
-            return True
-
-    def sample(self) -> Pressure | None:
-        """The last reading, read again first by the one caller whose turn it is. The
-        others take the last one rather than wait for a reading in flight (a slow server
-        held every request of the process up to ``timeout`` each ``interval``), except
-        before any reading has answered: a first burst is not waved through unread."""
-        if self._answered:
-            if self._claim():
-                with self._lock:
-                    self._read()
-            return self.last
-        with self._lock:
-            if self._claim():
-                self._read()
-            return self.last
-
-    def _read(self) -> None:
-        try:
-            if self._client is None:  # one client (and TLS context) for every reading
-                self._client = _http.client(timeout=self.timeout)
-            reply = _http.request(
-                self._client,
-                "GET",
-                self.url,
-                seconds=self.timeout,
-                shown=self.shown,
-                error=ConfigError,
-                idempotent=True,  # a GET of /metrics
-            )
-            self._take(reply)
-        except (httpx.HTTPError, ConfigError) as exc:
-            self._failed(exc)
-
-    async def asample(self) -> Pressure | None:
-        if self._claim():
-            try:
-                async with httpx.AsyncClient(timeout=self.timeout) as client:
-                    reply = await _http.arequest(
-                        client,
-                        "GET",
-                        self.url,
-                        seconds=self.timeout,
-                        shown=self.shown,
-                        error=ConfigError,
-                    )
-                self._take(reply)
-            except (httpx.HTTPError, ConfigError) as exc:
-                self._failed(exc)
-        return self.last
-
-    def _take(self, reply: _http.Reply) -> None:
-        self._checked, self._answered = time.monotonic(), True
-        if reply.status_code != 200:
-            self.error = f"HTTP {reply.status_code}"
-            return
-        usage, waiting, past_one = read_metrics(reply.text)
-        self.last, self.error = Pressure(usage, waiting, self._checked), None
-        if usage is None and waiting is None and past_one is None:
-            # another page, or a server not exporting them: nothing known (fail open),
-            # and said so (it was an error-free "ok" on every request)
-            self.error = "no KV usage or queue gauge in the reply"
-            if not self._silent_warned:
-                self._silent_warned = True
-                log.warning(
-                    "the reply from %s has no KV usage gauge (%s) nor queue gauge (%s): is "
-                    "it the model server's /metrics? The budget cannot follow its pressure "
-                    "(said once per server)",
-                    self.shown,
-                    ", ".join(KV_USAGE),
-                    ", ".join(WAITING),
-                )
-        if past_one is not None:
-            self.error = f"KV usage {past_one:g} is past 1 (a 0-1 fraction): left out"
-            if not self._warned:
-                self._warned = True
-                log.warning(
-                    "the model server at %s reports a KV cache usage of %g, past 1: the KV "
-                    "gauges (%s) are fractions 0-1, so the reading is left out and only the "
-                    "queue counts (said once per server)",
-                    self.shown,
-                    past_one,
-                    ", ".join(KV_USAGE),
-                )
-
-    def _failed(self, exc: Exception) -> None:
-        self._checked, self._answered = time.monotonic(), True
-        self.error = type(exc).__name__
-
-
-_MONITORS: dict[tuple[str, float, float], PressureMonitor] = {}
-_MONITORS_LOCK = threading.Lock()
-
-
-def monitor_for(metrics_url: str, interval: float, timeout: float) -> PressureMonitor:
-    """The process's one monitor of ``metrics_url`` (with these settings)."""
-    key = (metrics_url, float(interval), float(timeout))
-    with _MONITORS_LOCK:
-        monitor = _MONITORS.get(key)
-        if monitor is None:
-            monitor = _MONITORS[key] = PressureMonitor(metrics_url, interval, timeout)
-        return monitor
+MAX_MODEL_NAME = 512  # characters of a model= name (a served model name, not a document)
 
 
 class PressureLimit:
@@ -218,8 +94,19 @@ class PressureLimit:
         interval: float = 1.0,
         timeout: float = 1.0,
         stale_after: float = 10.0,
+        model: str | None = None,
     ) -> None:
         check_arg_types("PressureLimit", metrics_url=(metrics_url, "str"))
+        if model is not None and (
+            type(model) is not str
+            or not 0 < len(model) <= MAX_MODEL_NAME
+            or not model.isprintable()
+        ):
+            raise ConfigError(
+                "model must be None or the served model's name as the server's /metrics "
+                f"labels it (model_name, printable, at most {MAX_MODEL_NAME} characters), "
+                f"got {show(model)}"
+            )
         numbers = {
             "lower_at": lower_at,
             "refuse_at": refuse_at,
@@ -262,7 +149,8 @@ class PressureLimit:
             raise ConfigError("lowered_fraction must be in (0, 1] and timeout positive")
         check_http_url(metrics_url, "PressureLimit metrics_url", base=False)
         self.inner = make_limit(limit)
-        self.monitor = monitor_for(metrics_url, interval, timeout)
+        self.monitor = monitor_for(metrics_url, interval, timeout, model)
+        self.model = model
         self.lower_at, self.refuse_at = lower_at, refuse_at
         self.waiting_lower, self.waiting_refuse = waiting_lower, waiting_refuse
         self.kv_margin, self.waiting_margin = kv_margin, waiting_margin
