@@ -128,7 +128,9 @@ class BackgroundObserver:
             pending.remove(item)  # (by identity: an _Item equals only itself)
         except ValueError:
             return  # the drain took it, and delivers it
-        self._deliver_in(item.event, item.context)
+        # inline, as after close(): not under the thread's step lock (a close that timed
+        # out on a stuck observer must not hold up the request path behind it)
+        self._deliver(item.event)
 
     def _drop(self) -> None:
         with self._lock:

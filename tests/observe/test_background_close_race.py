@@ -101,3 +101,41 @@ def test_events_after_close_are_still_delivered_inline() -> None:
     _close_fully(deliverer)
     deliverer(event(3))
     assert seen == [event(0), event(3)] and deliverer.pending == 0
+
+
+def test_a_late_event_is_not_held_up_by_an_observer_a_timed_out_close_left_running() -> None:
+    """close(timeout) can return with the thread still in a stuck observer; an event
+    that meets it is delivered inline at once, not behind that observer."""
+    gate, entered, delivered = threading.Event(), threading.Event(), threading.Event()
+    seen: list[OperationEvent] = []
+
+    def stuck_on_the_first(e: OperationEvent) -> None:
+        if e.session_id == "s0":
+            entered.set()
+            gate.wait(60)
+        seen.append(e)
+
+    deliverer = background(stuck_on_the_first)
+    queue = HookedQueue()
+    deliverer._pending = queue
+    try:
+        deliverer(event(0))
+        deliverer._wake.set()  # the thread takes it now, not in 10 ms
+        assert entered.wait(30)  # the thread is inside the first event
+        queue.hook = lambda: deliverer.close(timeout=0.001)  # returns: the thread is stuck
+
+        def late() -> None:
+            deliverer(event(1))
+            delivered.set()
+
+        caller = threading.Thread(target=late)
+        caller.start()
+        assert delivered.wait(30)  # (generous: before, it waited for the stuck observer)
+        assert seen == [event(1)]
+    finally:
+        gate.set()
+    thread = deliverer._thread
+    assert thread is not None
+    thread.join(30)
+    caller.join(30)
+    assert seen == [event(1), event(0)] and deliverer.pending == 0
