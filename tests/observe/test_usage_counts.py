@@ -54,7 +54,6 @@ def spans() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
     memory = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(memory))
     yield provider, memory
-    provider.shutdown()
 
 
 @pytest.mark.parametrize("cached", UNREPORTABLE, ids=repr)

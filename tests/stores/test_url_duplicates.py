@@ -19,12 +19,12 @@ from tests.conftest import private_memory_url
 
 SECRET = "hunter2-s3cret"
 DUPLICATED = [
-    "redis://localhost:6379/0?namespace=a&namespace=b",
-    "redis://localhost:6379/0?tenant=a&tenant=a",  # the same value twice too
-    f"redis://localhost:6379/0?password={SECRET}&password=other",
-    f"redis://:{SECRET}@localhost:6379/0?db=1&socket_timeout=2&db=2",
-    f"rediss://:{SECRET}@localhost:6380/0?ssl_cert_reqs=none&ssl_cert_reqs=required",
-    f"redis+cluster://:{SECRET}@h1:7000,h2:7001?client_name=a&client_name=b",
+    "redis://127.0.0.1:1/0?namespace=a&namespace=b",
+    "redis://127.0.0.1:1/0?tenant=a&tenant=a",  # the same value twice too
+    f"redis://127.0.0.1:1/0?password={SECRET}&password=other",
+    f"redis://:{SECRET}@127.0.0.1:1/0?db=1&socket_timeout=2&db=2",
+    f"rediss://:{SECRET}@127.0.0.1:2/0?ssl_cert_reqs=none&ssl_cert_reqs=required",
+    f"redis+cluster://:{SECRET}@127.0.0.1:1,127.0.0.1:2?client_name=a&client_name=b",
     "memory://dup-never-opened?namespace=a&namespace=b",
 ]
 
@@ -76,7 +76,7 @@ def test_the_cli_refuses_a_duplicated_option_in_one_line(url: str) -> None:
 
 
 def test_distinct_options_and_a_lone_option_still_parse() -> None:
-    parsed = parse_store_url("redis://localhost:6379/0?namespace=a&tenant=a&db=2")
+    parsed = parse_store_url("redis://127.0.0.1:1/0?namespace=a&tenant=a&db=2")
     assert (parsed.namespace, parsed.tenant, parsed.db) == ("a", "a", 2)
     url = private_memory_url()
     store = open_store(f"{url}?namespace=solo")
@@ -86,3 +86,26 @@ def test_distinct_options_and_a_lone_option_still_parse() -> None:
 def test_the_refusal_is_a_ctxguard_error() -> None:
     with pytest.raises(CtxGuardError):
         parse_store_url("memory://dup-never-parsed?tenant=a&tenant=b")
+
+
+def _never_started(*args: object) -> None:
+    raise AssertionError("the gateway was about to listen with a duplicated URL option")
+
+
+@pytest.mark.parametrize("url", DUPLICATED[:3])
+def test_ctxguard_serve_refuses_a_duplicated_option_before_starting(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ctxguard.cli.serve
+    import ctxguard.serve
+
+    monkeypatch.setattr(ctxguard.serve, "run", _never_started)  # (a regression: no server)
+    monkeypatch.setattr(ctxguard.cli.serve, "check_listen", _never_started)
+    for args, env in (
+        (["serve", "--upstream", "http://127.0.0.1:1", "--url", url], {}),
+        (["serve", "--upstream", "http://127.0.0.1:1"], {"CTXGUARD_URL": url}),
+    ):
+        result = CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
+        assert result.exit_code == 2, result.output
+        assert result.stderr.count("\n") == 1, result.stderr
+        _check(result.stderr, url)
