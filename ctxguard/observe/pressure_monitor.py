@@ -17,8 +17,9 @@ import time
 import httpx
 
 from ctxguard import _http
+from ctxguard._secrets import forget, redact_text
 from ctxguard.errors import ConfigError
-from ctxguard.kv.server import redact
+from ctxguard.kv.server import known_secrets, redact
 from ctxguard.observe.pressure_metrics import KV_USAGE, WAITING, Page, Pressure, read_page
 
 log = logging.getLogger("ctxguard.observe")
@@ -35,6 +36,9 @@ class PressureMonitor:
         self.url, self.interval, self.timeout = metrics_url, interval, timeout
         self.model = model
         self.shown = redact(metrics_url)
+        # the URL's password, which the page must not echo into our errors and logs
+        # through a model_name (a query secret is refused by PressureLimit)
+        self._secrets = known_secrets(metrics_url, None)
         self.last: Pressure | None = None
         self.error: str | None = None
         self._checked = -math.inf
@@ -149,7 +153,7 @@ class PressureMonitor:
         """True (``error`` set, said once per server) when the page's gauges are not
         the pressure of this monitor's model: several models and none named, or the
         named one not among them."""
-        shown_models = _names(page.models)
+        shown_models = _names(page.models, self._secrets)
         if self.model is None and len(page.models) > 1:
             self.error = (
                 f"the reply holds {len(page.models)} models' gauges ({shown_models}): "
@@ -191,7 +195,9 @@ def monitor_for(
         return monitor
 
 
-def _names(models: tuple[str, ...], most: int = 4) -> str:
-    """A few of the page's model names, each cut short (they are the server's text)."""
-    shown = ", ".join(repr(m if len(m) <= 60 else m[:57] + "...") for m in models[:most])
+def _names(models: tuple[str, ...], secrets: list[str], most: int = 4) -> str:
+    """A few of the page's model names: the server's text, less our secrets, cut short."""
+    shown = ", ".join(
+        repr(redact_text(" ".join(forget(m, secrets).split()), 60)) for m in models[:most]
+    )
     return shown + (f" and {len(models) - most} more" if len(models) > most else "")

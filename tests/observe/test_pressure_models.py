@@ -145,3 +145,24 @@ def test_a_bad_model_is_a_one_line_config_error(model: object) -> None:
         PressureLimit(4000, "http://127.0.0.1:1/metrics", model=model)  # type: ignore[arg-type]
     message = str(caught.value)
     assert "\n" not in message and "model" in message and len(message) < 300
+
+
+ECHO_SECRET = "s3cret-metrics-pw"
+ECHOED = vllm_text(0.5, 1, model=f"echo {ECHO_SECRET}") + vllm_text(0.5, 1, model="b")
+
+
+@pytest.mark.parametrize("server", [[(200, ECHOED)]], indirect=True)
+def test_model_names_the_page_shows_back_never_carry_the_urls_secrets(
+    server: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A page is the server's text: a model_name holding the URL's password is not
+    repeated in the decision's error nor in the WARNING."""
+    caplog.set_level(logging.WARNING, logger="ctxguard.observe")
+    host = server.url.removeprefix("http://")
+    url = f"http://user:{ECHO_SECRET}@{host}?t={uuid.uuid4().hex}"
+    got = PressureLimit(4000, url, interval=0).resolve()
+    decision = describe(got)
+    assert decision is not None and "2 models" in decision["error"]
+    assert "echo ***" in decision["error"] and ECHO_SECRET not in decision["error"]
+    said = warnings(caplog)
+    assert len(said) == 1 and ECHO_SECRET not in said[0]
