@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ctxguard._validate import show
+from ctxguard._validate import MAX_INT, show
 from ctxguard.errors import ConfigError
 from ctxguard.kv.architecture import DTYPE_BYTES, KVArchitecture, LayerKind
 from ctxguard.kv.refusals import check_tensor_parallel
@@ -72,8 +72,12 @@ class ServingSetup:
             ("mamba_blocks_per_request", self.mamba_blocks_per_request),
             ("block_size", 1 if self.block_size is None else self.block_size),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{label} must be an integer of at least 1, got {value!r}")
+            # (past 2**63-1, what the CLI takes: block_size=10**400 was an OverflowError
+            # out of the float division of the KV sizes)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INT:
+                raise ConfigError(
+                    f"{label} must be an integer from 1 to 2**63-1, got {show(value)}"
+                )
         if not isinstance(self.disable_hybrid_kv_cache_manager, bool):
             raise ConfigError(
                 "disable_hybrid_kv_cache_manager must be True or False, got "

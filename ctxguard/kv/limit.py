@@ -147,6 +147,9 @@ class ModelLimit:
         self._budget = _budget(
             gpu_memory_gib, available_kv_gib, gpu_memory_utilization, weights_gib, reserve_gib
         )
+        for name, count in (("max_model_len", max_model_len), ("concurrency", concurrency)):
+            if count is not None and count > MAX_INT:  # (it was printed whole: 400 digits)
+                raise ConfigError(f"{name} must be at most 2**63-1, got {show(count)}")
         if concurrency is not None and (concurrency < 1 or self._budget is None):
             raise ConfigError(
                 "concurrency needs a positive value and gpu_memory_gib or available_kv_gib"
@@ -242,8 +245,8 @@ class ServerLimit:
         )
         check_http_url(base_url, "ServerLimit base_url")
         check_http_options("ServerLimit", timeout, headers)
-        if concurrency is not None and concurrency < 1:
-            raise ConfigError(f"concurrency must be at least 1, got {concurrency}")
+        if concurrency is not None and not 1 <= concurrency <= MAX_INT:
+            raise ConfigError(f"concurrency must be from 1 to 2**63-1, got {show(concurrency)}")
         if cache_seconds < 0:
             raise ConfigError("cache_seconds must be non-negative")
         self._url, self._model, self._timeout = base_url, model, timeout

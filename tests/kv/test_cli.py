@@ -83,7 +83,7 @@ def test_tp_and_gpus_and_mla() -> None:
         (("llama-3.1-8b", "--gpu-memory", "-80"), "non-negative"),
         (("llama-3.1-8b", "--available-kv", "-1"), "non-negative"),
         (("qwen3-8", "--gpu-memory", "80"), "did you mean"),
-        (("llama-3.1-8b", "--tp", "0"), "--tp must be an integer of at least 1"),
+        (("llama-3.1-8b", "--tp", "0"), "--tp must be an integer from 1"),
         (("llama-3.1-8b", "--block-size", "0"), "--block-size must be"),
         (("llama-3.1-8b", "--max-num-batched-tokens", "0"), "--max-num-batched-tokens must be"),
         (("llama-3.1-8b", "--max-model-len", "0"), "--max-model-len must be a positive integer"),
