@@ -24,20 +24,35 @@ Catch the family you can act on::
     │   └── TenantBudgetError        the tenant spent its token budget for the window
     ├── SummarizerError              a summarizer failed (recorded, never content)
     ├── GuardClosedError             the guard was closed; nothing was stored
+    ├── NotCopyableError             a guard, store or adapter copied or pickled
     └── MissingDependencyError       an optional extra is not installed
 
-Each error's message says what was wrong and what to do about it.
+Each error's message says what was wrong and what to do about it. Every error
+copies and pickles whole (type, message and attributes), so it crosses a process pool.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 ConnectionPhase = Literal["connect", "tls", "write", "read", "lost"]
 
 
+def _rebuilt(cls: type[CtxGuardError], args: tuple[Any, ...]) -> CtxGuardError:
+    """An error as pickled: its message as it was, not passed through ``__init__`` again
+    (whose parameters are the parts it is made of, not the message); the attributes are
+    restored after it, as for any exception."""
+    return cls.__new__(cls, *args)
+
+
 class CtxGuardError(Exception):
     """Root of every error raised by ctxguard."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's own re-calls cls(*args): a TypeError for an error whose __init__
+        # takes its parts (needed=..., session_id, ...), and a garbled message for one
+        # that builds its text from one argument (GuardClosedError).
+        return (_rebuilt, (type(self), self.args), self.__dict__ or None)
 
 
 class InvalidInputError(CtxGuardError, ValueError):
@@ -246,6 +261,18 @@ class GuardClosedError(CtxGuardError):
         )
 
 
+class NotCopyableError(CtxGuardError, TypeError):
+    """A :class:`Guard`, :class:`AsyncGuard`, store or adapter holding one was copied
+    (``copy.copy``, ``copy.deepcopy``) or pickled: it holds connections, locks and
+    per-process caches that a copy would share or lose. Make one per process from the
+    same settings, and share it between threads (or tasks) within the process. A
+    ``TypeError`` too, as Python's own refusal to pickle a lock is."""
+
+    def __init__(self, name: str, holds: str, advice: str, *, how: str = "copied") -> None:
+        article = "an" if name[:1] in "AEIOU" else "a"
+        super().__init__(f"{article} {name} holds {holds} and cannot be {how} or pickled; {advice}")
+
+
 class MissingDependencyError(CtxGuardError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
 
@@ -267,6 +294,7 @@ __all__ = [
     "MessageIdReusedError",
     "MessageTooLongError",
     "MissingDependencyError",
+    "NotCopyableError",
     "SessionFullError",
     "StoreConnectionError",
     "StoreError",

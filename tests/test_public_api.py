@@ -35,6 +35,7 @@ EXPECTED = {
     "MessageIdReusedError",
     "MessageTooLongError",
     "MissingDependencyError",
+    "NotCopyableError",
     "OutputReserveError",
     "ModelLimit",
     "OpenAISummarizer",

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ctxguard._nocopy import NotPicklable
 from ctxguard._validate import type_name
 from ctxguard.adapters import _served, _shared
 from ctxguard.adapters._langchain_messages import (
@@ -107,7 +108,7 @@ def middleware_class() -> type[Any]:
     except ImportError as exc:
         raise MissingDependencyError("CtxGuardMiddleware (langchain>=1.0)", "langchain") from exc
 
-    class CtxGuardMiddleware(AgentMiddleware):  # type: ignore[misc, unused-ignore]
+    class CtxGuardMiddleware(NotPicklable, AgentMiddleware):  # type: ignore[misc, unused-ignore]
         """``create_agent`` middleware: every model call gets a window within budget.
 
         Works in ``wrap_model_call``, so the agent's state (its whole history, kept

@@ -57,6 +57,12 @@ class StoreFields(BaseModel):
     )
     _ref: GuardRef | None = PrivateAttr(default=None)
 
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Any:
+        """A deep copy is the object rebuilt from its fields, as a pickle rebuilds it:
+        the same store (the live guard found again by its ``handle``), its own locks.
+        (pydantic's own deep copy reached the guard's lock: a bare ``TypeError``.)"""
+        return type(self).model_validate(self.model_dump())
+
 
 _LIVE: weakref.WeakValueDictionary[str, GuardRef] = weakref.WeakValueDictionary()
 

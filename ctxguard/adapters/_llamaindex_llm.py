@@ -14,6 +14,7 @@ keeps the session).
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +22,12 @@ from ctxguard import _validate
 from ctxguard.adapters import _shared
 from ctxguard.adapters._llamaindex_convert import to_ctxguard, to_llamaindex
 from ctxguard.adapters._llamaindex_memory import CtxGuardMemory
-from ctxguard.errors import ConfigError, InvalidInputError, MissingDependencyError
+from ctxguard.errors import (
+    ConfigError,
+    InvalidInputError,
+    MissingDependencyError,
+    NotCopyableError,
+)
 from ctxguard.guard.aio import AsyncGuard
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.sync import Guard
@@ -127,6 +133,26 @@ class CtxGuardLLM(FunctionCallingLLM):
     @classmethod
     def class_name(cls) -> str:
         return "CtxGuardLLM"
+
+    def _check_picklable(self) -> None:
+        if isinstance(self._source, Guard | AsyncGuard):  # (LlamaIndex drops it, silently)
+            raise NotCopyableError(
+                "CtxGuardLLM on a Guard",
+                "that guard's connections",
+                "build it on a CtxGuardMemory (rebuilt from its fields when unpickled), "
+                "or make one per process",
+                how="deep-copied",
+            )
+
+    def __getstate__(self) -> dict[Any, Any]:
+        self._check_picklable()
+        return super().__getstate__()
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> CtxGuardLLM:
+        """As pickled: the wrapped LLM copied, the memory rebuilt from its fields."""
+        self._check_picklable()
+        copied: CtxGuardLLM = pickle.loads(pickle.dumps(self))
+        return copied
 
     @property
     def llm(self) -> LLM:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from ctxguard._nocopy import NotPicklable
 from ctxguard._validate import type_name
 from ctxguard.adapters import _served, _shared
 from ctxguard.adapters._closing import ClosesOwnGuard
@@ -57,7 +58,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 # -- the chat message history --------------------------------------------------------
 
 
-class CtxGuardChatMessageHistory(BaseChatMessageHistory, ClosesOwnGuard):
+class CtxGuardChatMessageHistory(NotPicklable, BaseChatMessageHistory, ClosesOwnGuard):
     """LangChain chat history backed by a ctxguard session (memory://, Redis, Cluster).
 
     ``guard_or_url`` is a :class:`~ctxguard.guard.Guard`, an

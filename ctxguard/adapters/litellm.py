@@ -41,6 +41,7 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ctxguard._nocopy import NotPicklable
 from ctxguard._secrets import redact_text
 from ctxguard.adapters._shared import require
 from ctxguard.errors import ConfigError, CtxGuardError, InvalidIdError
@@ -127,7 +128,7 @@ class _Turn:
 _TurnKey = tuple[str, str | None, str]  # (call id, tenant, session id)
 
 
-class CtxGuardGuardrail(CustomGuardrail):  # type: ignore[misc]
+class CtxGuardGuardrail(NotPicklable, CustomGuardrail):  # type: ignore[misc]
     """Fits chat requests in ``pre_call`` and stores replies in ``post_call``."""
 
     def __init__(self, session_from_user: bool = False, **kwargs: Any) -> None:

@@ -41,6 +41,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Self
 
+from ctxguard._nocopy import NotPicklable
 from ctxguard._validate import check_tools, one_line, show
 from ctxguard.adapters import _compaction, _shared
 from ctxguard.adapters._loops import PerLoop
@@ -76,7 +77,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 # -- the session ---------------------------------------------------------------------
 
 
-class CtxGuardSession:
+class CtxGuardSession(NotPicklable):
     """An Agents SDK ``Session`` stored by ctxguard (memory://, Redis, Cluster).
 
     ``guard_or_url`` is a :class:`~ctxguard.guard.Guard`, an

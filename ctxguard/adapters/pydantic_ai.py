@@ -37,6 +37,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from ctxguard._nocopy import NotPicklable
 from ctxguard._validate import type_name
 from ctxguard.adapters import _served, _shared
 from ctxguard.adapters._pydantic_ai_parts import (
@@ -181,7 +182,7 @@ def history_processor(
 
 
 @dataclasses.dataclass
-class CtxGuardCapability(AbstractCapability[Any]):
+class CtxGuardCapability(NotPicklable, AbstractCapability[Any]):
     """Fits every model request to the guard's budget and keeps the run in a session.
 
     ``session_id`` names the ctxguard session (default: the run's ``conversation_id``);

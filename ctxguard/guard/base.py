@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ctxguard import _validate as v
+from ctxguard._nocopy import NotCopyable
 from ctxguard._secrets import describe
 from ctxguard.errors import (
     ConfigError,
@@ -45,8 +46,17 @@ def report_background_failure(session_id: str, exc: BaseException | None) -> Non
         )
 
 
-class GuardBase:
-    """Builds the core from the constructor arguments; the subclasses only do I/O."""
+class GuardBase(NotCopyable):
+    """Builds the core from the constructor arguments; the subclasses only do I/O.
+
+    Not copyable nor picklable (``NotCopyableError``): a guard holds its store's
+    connections, a lock and per-process caches (windows, counts)."""
+
+    _holds = "its store's connections, locks and per-process caches"
+    _advice = (
+        "make one per process from the same settings (one guard serves all of a "
+        "process's threads or tasks)"
+    )
 
     def __init__(
         self,

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from ctxguard._nocopy import NotCopyable
 from ctxguard._validate import (
     check_count,
     check_prefix,
@@ -57,7 +58,7 @@ from ctxguard.stores.base import (
 )
 from ctxguard.stores.integrity import RawSession, RepairPlan
 from ctxguard.stores.leases import MemoryLeases
-from ctxguard.stores.memory_async import AsyncMemoryStore
+from ctxguard.stores.memory_async import MEMORY_ADVICE, MEMORY_HOLDS, AsyncMemoryStore
 from ctxguard.stores.memory_session import (
     Session,
     apply_repair,
@@ -72,8 +73,12 @@ from ctxguard.stores.memory_session import (
 )
 
 
-class MemoryStore:
-    """In-process session store (``memory://``). Thread-safe."""
+class MemoryStore(NotCopyable):
+    """In-process session store (``memory://``). Thread-safe. Not copyable nor
+    picklable (a copy would be another store): open its URL again in this process."""
+
+    _holds = MEMORY_HOLDS
+    _advice = MEMORY_ADVICE
 
     def __init__(self, namespace: str = "ctxg", tenant: str = "default") -> None:
         # checked as a Redis store checks them (what it reports as its namespace and tenant)

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from ctxguard._nocopy import NotCopyable
 from ctxguard.errors import CorruptRecordError
 from ctxguard.stores.base import (
     AppendResult,
@@ -29,8 +30,19 @@ if TYPE_CHECKING:
     from ctxguard.stores.memory import MemoryStore
 
 
-class AsyncMemoryStore:
+# what a memory store says when copied or pickled (a copy would be another store)
+MEMORY_HOLDS = "this process's in-memory sessions"
+MEMORY_ADVICE = (
+    "open the same memory:// URL again in this process (no other process can see its "
+    "sessions: use a redis:// store to share them)"
+)
+
+
+class AsyncMemoryStore(NotCopyable):
     """``async`` face of :class:`MemoryStore`; the same state and logic."""
+
+    _holds = MEMORY_HOLDS
+    _advice = MEMORY_ADVICE
 
     def __init__(
         self, namespace: str = "ctxg", tenant: str = "default", *, sync: MemoryStore | None = None

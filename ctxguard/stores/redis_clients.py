@@ -25,6 +25,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from ctxguard._nocopy import NotCopyable
 from ctxguard._validate import type_name
 from ctxguard.errors import ConfigError, StoreError
 from ctxguard.stores.base import WindowFetch, WindowHit
@@ -85,7 +86,10 @@ def _client_kwargs(url: StoreURL, asynchronous: bool) -> dict[str, Any]:
     return kwargs
 
 
-class RedisStoreBase:
+class RedisStoreBase(NotCopyable):
+    _holds = "a connection pool"
+    _advice = "open a store from the same URL in each process (open_store / open_async_store)"
+
     def __init__(self, url: StoreURL, retry: RetryPolicy | None) -> None:
         self.url = url
         self.protocol = RedisProtocol(KeySpace(url.namespace, url.tenant))
