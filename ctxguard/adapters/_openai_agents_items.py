@@ -64,18 +64,42 @@ def _plain(item: Any, what: str = "item") -> Item:
 _UNPAIRED_CALLS = frozenset({"tool_search_call"})
 
 
-def _is_call(item: Item) -> bool:
+# A call and its ``*_call_output`` pair by ``call_id`` (function, custom tool, computer,
+# shell, apply_patch and local shell calls), except that a local shell call's output
+# names the call by ``id`` in the Responses API's own shape (the Agents SDK writes
+# ``call_id``): read as ``call_id``, it was no output at all, so the guard left its call
+# out of every window as unanswered and sent the output alone. (An MCP approval request
+# and its response, ``id`` / ``approval_request_id``, are not paired as a tool call: a
+# request waiting for its approval must stay in the window, where an unanswered tool
+# call is left out; both are counted as their JSON and stay in their turn, which a
+# window keeps whole.)
+_OUTPUT_KEYS = {"local_shell_call_output": ("call_id", "id")}
+
+
+def _call_key(item: Item) -> str | None:
+    """The id its output names this call by, or None for an item that is no call."""
     kind = str(item.get("type", ""))
-    return (
-        kind.endswith("_call")
-        and kind not in _UNPAIRED_CALLS
-        and isinstance(item.get("call_id"), str)
-    )
+    key = item.get("call_id")
+    if kind.endswith("_call") and kind not in _UNPAIRED_CALLS and isinstance(key, str):
+        return key
+    return None
+
+
+def _answer_key(item: Item) -> str | None:
+    """The id of the call this item answers, or None for an item that is no output."""
+    kind = str(item.get("type", ""))
+    if not kind.endswith("_call_output"):
+        return None
+    names = _OUTPUT_KEYS.get(kind, ("call_id",))
+    return next((item[n] for n in names if isinstance(item.get(n), str)), None)
+
+
+def _is_call(item: Item) -> bool:
+    return _call_key(item) is not None
 
 
 def _is_output(item: Item) -> bool:
-    kind = str(item.get("type", ""))
-    return kind.endswith("_call_output") and isinstance(item.get("call_id"), str)
+    return _answer_key(item) is not None
 
 
 def _groups(items: list[Item]) -> list[list[Item]]:
@@ -92,8 +116,8 @@ def _message_of(group: list[Item]) -> Message:
     head = group[0]
     if _is_call(head):
         base = Message(role="assistant", content=None, tool_calls=[_tool_call(i) for i in group])
-    elif _is_output(head):
-        base = Message(role="tool", content=_text(head.get("output")), tool_call_id=head["call_id"])
+    elif (answered := _answer_key(head)) is not None:
+        base = Message(role="tool", content=_text(head.get("output")), tool_call_id=answered)
     elif (
         isinstance(head.get("role"), str)
         and head["role"] in _MESSAGE_ROLES
@@ -122,7 +146,9 @@ def _tool_call(item: Item) -> ToolCall:
         arguments = {k: v for k, v in item.items() if k not in _BOOKKEEPING}
     if not isinstance(arguments, str) or not _is_json(arguments):
         arguments = json.dumps(arguments, ensure_ascii=False)
-    return ToolCall(id=item["call_id"], function=FunctionCall(name=name, arguments=arguments))
+    key = _call_key(item)
+    assert key is not None  # (only call items come here)
+    return ToolCall(id=key, function=FunctionCall(name=name, arguments=arguments))
 
 
 def _is_json(text: str) -> bool:
