@@ -5,7 +5,9 @@ added together (parallel tool calls) share one assistant message, so the guard s
 chat shape providers check: an assistant message with all its tool calls, then the
 results. What an item carries is what the guard counts: a message's text, a call's
 arguments (its input, action or patch operation), a tool result's output (a shell
-call's stdout and stderr), reasoning by its summary, any other item by its JSON. Each
+call's stdout and stderr), reasoning by its summary, any other item by its JSON (an
+image, a file or audio is refused with its place, ``UncountableContentError``, in the
+session and in the model input filter alike; a generated image too). Each
 original item is kept verbatim in ``Message.metadata['agents']`` when the chat shape
 cannot rebuild it, so the items read back are exactly the items stored.
 """
@@ -28,10 +30,16 @@ _MESSAGE_ROLES = {"user", "system", "developer", "assistant"}
 
 def items_to_messages(items: Sequence[Any]) -> list[Message]:
     """Items as ctxguard messages: consecutive call items become one assistant message."""
-    plain = [_plain(item, f"items[{index}]") for index, item in enumerate(items)]
+    return [_message_of(group) for group in _groups(checked_items(items, "items"))]
+
+
+def checked_items(items: Sequence[Any], name: str) -> list[Item]:
+    """Items as dicts of JSON values, with what the guard cannot count refused at its
+    place (``<name>[i]``): an image, file or audio (UncountableContentError)."""
+    plain = [_plain(item, f"{name}[{index}]") for index, item in enumerate(items)]
     for index, item in enumerate(plain):
-        _check_media(item, f"items[{index}]")
-    return [_message_of(group) for group in _groups(plain)]
+        _check_media(item, f"{name}[{index}]")
+    return plain
 
 
 def message_to_items(message: Message) -> list[Item]:
@@ -190,6 +198,13 @@ _MEDIA = {
 }
 
 
+# items that stand for an image: an image generation call is the generated image (its
+# ``result``, base64) that the model is shown, at the server's image rates, where the
+# item's JSON counted the base64 text (~290k tokens for a 1024x1024 PNG) and refused
+# every request after it; a server without the tool (vLLM) cannot read it at all
+_IMAGE_ITEMS = frozenset({"image_generation_call"})
+
+
 def _passes_on(part: Any, role: str) -> bool:
     """An image a chat message holds as its ``image_url`` part: a user's, by URL."""
     return (
@@ -202,8 +217,12 @@ def _passes_on(part: Any, role: str) -> bool:
 
 def _check_media(item: Item, where: str) -> None:
     """Refuse an image, file or audio part the guard would count as nothing (a tool's
-    output, a file, an image by file id): UncountableContentError, with its place. A
-    user's image by URL passes on as an ``image_url`` part, for the counter to decide."""
+    output, a file, an image by file id) or as the text of its bytes (a generated
+    image): UncountableContentError, with its place. A user's image by URL passes on
+    as an ``image_url`` part, for the counter to decide."""
+    kind = item.get("type")
+    if isinstance(kind, str) and kind in _IMAGE_ITEMS:
+        raise _media.uncountable(f"{where} ({kind})", "image")
     role = item.get("role")
     content = item.get("content") if isinstance(role, str) else None
     if isinstance(content, list):

@@ -49,7 +49,7 @@ from ctxguard.adapters._openai_agents_items import (
     Item,
     _groups,
     _message_of,
-    _plain,
+    checked_items,
     items_to_messages,
     message_to_items,
 )
@@ -196,7 +196,7 @@ class CtxGuardSession(NotPicklable):
         async def fit_call(data: Any) -> Any:
             model_data = data.model_data
             instructions = model_data.instructions
-            groups = _groups([_plain(i) for i in model_data.input])
+            groups = _groups(checked_items(model_data.input, "input"))
             messages = [_message_of(g) for g in groups]
             if instructions:
                 messages.insert(0, Message(role="system", content=instructions))

@@ -133,6 +133,13 @@ AGENT_CASES: list[tuple[list[dict[str, Any]], str]] = [
         ],
         "items[1].output (computer_screenshot)",
     ),
+    (  # the generated image as base64: its JSON counted ~290k tokens per 1024x1024 PNG
+        [
+            {"role": "user", "content": "draw"},
+            {"type": "image_generation_call", "id": "ig_1", "status": "completed", "result": B64},
+        ],
+        "items[1] (image_generation_call)",
+    ),
 ]
 
 
@@ -149,6 +156,25 @@ async def test_agents_media_is_refused_and_nothing_stored(guard: Guard, case: in
         await session.add_items(items)
     check_refusal(exc, where)
     assert await session.get_items() == first
+
+
+@pytest.mark.parametrize("case", range(len(AGENT_CASES)))
+async def test_agents_media_in_a_model_call_is_refused(guard: Guard, case: int) -> None:
+    """The model input filter refuses what the session refuses (it counted a tool
+    output's image or file as nothing, and a generated image as its base64 text)."""
+    pytest.importorskip("agents")
+    from types import SimpleNamespace
+
+    from agents.run_config import ModelInputData
+
+    from ctxguard.adapters.openai_agents import CtxGuardSession
+
+    fit = CtxGuardSession("s", guard).model_input_filter()
+    items, where = AGENT_CASES[case]
+    call = SimpleNamespace(model_data=ModelInputData(input=items, instructions="be brief"))
+    with pytest.raises(UncountableContentError) as exc:
+        await fit(call)
+    check_refusal(exc, where.replace("items[", "input[", 1))
 
 
 def test_agents_user_image_by_url_passes_on() -> None:

@@ -154,7 +154,12 @@ def test_the_tools_a_tool_search_loaded_are_counted() -> None:
 
 OVERSIZED = [
     {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": LONG}]},
-    {"type": "image_generation_call", "id": "ig_1", "status": "completed", "result": "QUFB" * 3000},
+    {  # (an image generation call is refused as an image: tests/adapters/test_media_parts.py)
+        "type": "mcp_list_tools",
+        "id": "ml_1",
+        "server_label": "s",
+        "tools": [{"name": "t", "description": LONG, "input_schema": {}}],
+    },
     {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"query": LONG}},
 ]
 
