@@ -83,8 +83,9 @@ class SeenIds:
     the store skips an id it holds, so a long-lived process does not grow with every
     session it served. Stale when the session was deleted, cleared or rewritten
     elsewhere: each set keeps the state token our last write left, and our next write
-    (which the turn makes anyway) reports the token it found; when they differ the
-    session is read once and what the run holds is laid back in order (``persist``).
+    (which the turn makes anyway: the new messages, else the reply) reports the token it
+    found; when they differ the session is read once and what the run holds is laid back
+    in order (``persist``, ``complete``).
     """
 
     def __init__(self, sessions: int = 256) -> None:
@@ -129,17 +130,36 @@ def persist(
         return
     result = guard.append(session_id, new)
     if _moved(seen, result):
-        stored, token = guard.store.read_with_token(session_id)
-        full = list(everything() if everything is not None else messages)
-        start, tail = _relay(stored, full)
-        after: str | None = token
-        if tail is not None:
-            after = guard.replace_tail(
-                session_id, start, tail, expected_state=token
-            ).appended.token_after
-        _reset(seen, full, after)
+        _lay_back(guard, session_id, list(messages if everything is None else everything()), seen)
         return
     seen.note(result, (m.id for m in new))
+
+
+def _lay_back(guard: Guard, session_id: str, full: list[Message], seen: Seen) -> None:
+    """The session moved elsewhere: read it once and lay the run's messages back."""
+    stored, token = guard.store.read_with_token(session_id)
+    start, tail = _relay(stored, full)
+    after: str | None = token
+    if tail is not None:
+        after = guard.replace_tail(
+            session_id, start, tail, expected_state=token
+        ).appended.token_after
+    _reset(seen, full, after)
+
+
+async def _alay_back(guard: AsyncGuard, session_id: str, full: list[Message], seen: Seen) -> None:
+    stored, token = await guard.store.read_with_token(session_id)
+    start, tail = _relay(stored, full)
+    after: str | None = token
+    if tail is not None:
+        replaced = await guard.replace_tail(session_id, start, tail, expected_state=token)
+        after = replaced.appended.token_after
+    _reset(seen, full, after)
+
+
+def _with_reply(everything: Everything, reply: Message) -> list[Message]:
+    full = list(everything())
+    return full if any(m.id == reply.id for m in full) else [*full, reply]
 
 
 async def apersist(
@@ -158,14 +178,9 @@ async def apersist(
         return
     result = await guard.append(session_id, new)
     if _moved(seen, result):
-        stored, token = await guard.store.read_with_token(session_id)
-        full = list(everything() if everything is not None else messages)
-        start, tail = _relay(stored, full)
-        after: str | None = token
-        if tail is not None:
-            replaced = await guard.replace_tail(session_id, start, tail, expected_state=token)
-            after = replaced.appended.token_after
-        _reset(seen, full, after)
+        await _alay_back(
+            guard, session_id, list(messages if everything is None else everything()), seen
+        )
         return
     seen.note(result, (m.id for m in new))
 
@@ -200,9 +215,19 @@ def complete(
     prepared: PreparedRequest | None,
     reported: Mapping[str, Any] | None,
     seen: Seen,
+    everything: Everything | None = None,
 ) -> None:
+    """Store the reply with its usage. When the write finds the session moved since our
+    last write (deleted, cleared, rewritten elsewhere) and ``everything`` says what the
+    run holds before the reply, that is laid back with the reply now, as ``persist``
+    does: a call that brought no new message (all stored before) left the session
+    holding the reply alone until some later call appended one."""
     sent = None if prepared is None else as_sent(prepared, session_id)
-    seen.note(guard.complete(session_id, reply, prepared=sent, usage=reported), [reply.id])
+    result = guard.complete(session_id, reply, prepared=sent, usage=reported)
+    if everything is not None and _moved(seen, result):
+        _lay_back(guard, session_id, _with_reply(everything, reply), seen)
+        return
+    seen.note(result, [reply.id])
 
 
 async def acomplete(
@@ -212,14 +237,19 @@ async def acomplete(
     prepared: PreparedRequest | None,
     reported: Mapping[str, Any] | None,
     seen: Seen,
+    everything: Everything | None = None,
 ) -> None:
     guard = ref.aio()
     if guard is None:
-        args = (ref.sync(), session_id, reply, prepared, reported, seen)
+        args = (ref.sync(), session_id, reply, prepared, reported, seen, everything)
         await asyncio.to_thread(complete, *args)
         return
     sent = None if prepared is None else as_sent(prepared, session_id)
-    seen.note(await guard.complete(session_id, reply, prepared=sent, usage=reported), [reply.id])
+    result = await guard.complete(session_id, reply, prepared=sent, usage=reported)
+    if everything is not None and _moved(seen, result):
+        await _alay_back(guard, session_id, _with_reply(everything, reply), seen)
+        return
+    seen.note(result, [reply.id])
 
 
 def persist_reply(
@@ -239,7 +269,7 @@ def persist_reply(
     if reply.id in seen:
         persist(guard, session_id, messages, seen, everything)
     elif not _unseen(messages, seen):
-        complete(guard, session_id, reply, prepared, reported, seen)
+        complete(guard, session_id, reply, prepared, reported, seen, everything)
     else:
         persist(guard, session_id, [*messages, reply], seen, _with(everything, messages, reply))
         if reported is not None:
@@ -260,7 +290,7 @@ async def apersist_reply(
     if reply.id in seen:
         await apersist(ref, session_id, messages, seen, everything)
     elif not _unseen(messages, seen):
-        await acomplete(ref, session_id, reply, prepared, reported, seen)
+        await acomplete(ref, session_id, reply, prepared, reported, seen, everything)
     else:
         full = _with(everything, messages, reply)
         await apersist(ref, session_id, [*messages, reply], seen, full)

@@ -6,7 +6,9 @@ does not count them again. That memory outlived the session: after
 new messages, and ``load()`` gave back a history missing everything before. Now the
 set keeps the state token our last write left; the next append (made anyway) reports
 the token it found, and when they differ the run's messages are laid back in order.
-On a turn where nothing changed elsewhere no read is added.
+On a turn where nothing changed elsewhere no read is added. A call that brings no
+new message (an invoke on the thread's state alone) writes only its reply: that write
+lays the run back too (it left the session holding the reply alone).
 """
 
 from __future__ import annotations
@@ -150,3 +152,37 @@ def test_a_rewrite_elsewhere_is_laid_back_in_order(store_url: str, namespace: st
     assert watched.writes == ["append"]
     assert [s.message.id for s in watched.inner.read("s")] == ["o", "m0", "m1", "m2", "m3"]
     guard.close()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_langchain_a_call_with_nothing_new_after_a_delete_lays_the_run_back(
+    guard: Guard, mode: str
+) -> None:
+    """A call whose messages were all stored before (an invoke adding no message, on
+    the thread's checkpointed state) wrote only its reply: the deleted session held the
+    reply alone, missing everything the run holds before it, until some later call
+    brought a new message. The reply's write sees the session moved and lays it back."""
+    pytest.importorskip("langchain.agents")
+    from langchain_core.messages import HumanMessage
+
+    from ctxguard.adapters.langchain import CtxGuardMiddleware, to_ctxguard
+
+    from .test_langchain_agent import WeatherModel, weather_agent
+
+    agent = weather_agent(WeatherModel(), CtxGuardMiddleware(guard, max_tokens=64))
+    config = {"configurable": {"thread_id": "t"}}
+
+    async def invoke(state: dict[str, Any]) -> list[Any]:
+        if mode == "sync":
+            await asyncio.to_thread(agent.invoke, state, config)
+        else:
+            await agent.ainvoke(state, config)
+        messages: list[Any] = (await agent.aget_state(config)).values["messages"]
+        return messages
+
+    first = await invoke({"messages": [HumanMessage("turn 1: what is the weather like?")]})
+    guard.store.delete("t")
+    history = await invoke({"messages": []})
+    assert len(history) > len(first)
+    stored = [s.message.id for s in guard.store.read("t")]
+    assert stored == [to_ctxguard(m).id for m in history]
