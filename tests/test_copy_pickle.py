@@ -217,3 +217,33 @@ def test_a_pickled_guard_error_keeps_its_numbers() -> None:
     )
     assert (error.needed, error.limit, error.reserved, error.asked) == (9, 8, 8, 8)
     assert pickle.loads(pickle.dumps(StoreConnectionError("x", phase="tls"))).never_reached
+
+
+CONVERSATION = [
+    Message(role="system", content="You are terse."),
+    Message(role="user", content="how many tokens is this?"),
+    Message(role="assistant", content="a few"),
+    Message(role="user", content="and now?"),
+]
+
+
+@pytest.mark.parametrize("how", COPIES)
+@pytest.mark.parametrize("kind", ["mistral:v3", "mistral:v3-tekken", "mistral:v7", "hf"])
+def test_a_tokenizer_counter_copies_and_counts_the_same(
+    kind: str, how: str, request: pytest.FixtureRequest
+) -> None:
+    """A counter is a value: a copy (a worker process's, say) counts as the original.
+    (The mistral: counters raised a bare RecursionError on deepcopy and a PicklingError
+    on pickle: mistral_common's tokenizer is neither; it is now made again by version.)"""
+    if kind == "hf":
+        directory = request.getfixturevalue("hf_dirs")["qwen-2.5"]
+        counter = load_counter(f"hf:{directory}")
+    else:
+        pytest.importorskip("mistral_common")
+        counter = load_counter(kind)
+    copied = COPIES[how](counter)
+    assert type(copied) is type(counter) and copied.fingerprint == counter.fingerprint
+    assert copied.count_request(CONVERSATION) == counter.count_request(CONVERSATION)
+    assert [copied.count_message(m) for m in CONVERSATION] == [
+        counter.count_message(m) for m in CONVERSATION
+    ]

@@ -46,21 +46,32 @@ def load_mistral_counter(version: str) -> TemplateCounter:
         )
     try:
         import mistral_common
-        from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
     except ImportError:
         raise MissingDependencyError("counting for Mistral models", "mistral") from None
-    renderer = MistralRenderer(VERSIONS[version](MistralTokenizer))
+    renderer = _renderer(version)
     identity = fingerprint("mistral", version, mistral_common.__version__)
     return build(renderer, identity)
 
 
-class MistralRenderer:
-    """Counts a request the way mistral_common encodes it."""
+def _renderer(version: str) -> MistralRenderer:
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 
-    def __init__(self, tokenizer: Any) -> None:
+    return MistralRenderer(VERSIONS[version](MistralTokenizer), version)
+
+
+class MistralRenderer:
+    """Counts a request the way mistral_common encodes it. Copied and pickled as its
+    version (the bundled tokenizer is made again): mistral_common's own objects are
+    neither (a bare RecursionError on ``copy.deepcopy``, a PicklingError on pickle)."""
+
+    def __init__(self, tokenizer: Any, version: str) -> None:
+        self.version = version
         self.tokenizer = tokenizer
         self._raw = tokenizer.instruct_tokenizer.tokenizer
         self._structure = _structure_only(tokenizer)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_renderer, (self.version,))
 
     def render(self, conversation: Sequence[Dict], tools: Tools | None = None) -> int:
         return len(self.encode(conversation, tools))
