@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ctxguard import _validate as v
+from ctxguard._nocopy import NotCopyable
 from ctxguard.errors import ConfigError
 from ctxguard.guard.events import Observer, OperationEvent
 
@@ -51,8 +52,11 @@ _STOP = object()
 MAX_PENDING = 1_000_000
 
 
-class BackgroundObserver:
+class BackgroundObserver(NotCopyable):
     """Delivers each event to ``observers`` on its own thread (see the module docstring)."""
+
+    _holds = "its delivery thread and queue"
+    _advice = "make one per process (background() again with the same observers)"
 
     def __init__(
         self, *observers: Observer, max_pending: int = 10_000, interval: float = 0.01

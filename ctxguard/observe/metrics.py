@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ctxguard._nocopy import NotPicklable
 from ctxguard._validate import one_line, show
 from ctxguard.errors import (
     BudgetError,
@@ -48,13 +49,16 @@ CACHED = "prompt_tokens_details.cached_tokens"  # (the server's prefix-cache hit
 SUMMARY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-class PrometheusObserver:
+class PrometheusObserver(NotPicklable):
     """Turns each guard operation into metric updates on ``registry``.
 
     >>> from prometheus_client import CollectorRegistry
     >>> observer = PrometheusObserver(CollectorRegistry())
     >>> # Guard(..., observer=observer)
     """
+
+    _holds = "its Prometheus registry"
+    _advice = "make one per process (prometheus_client's multiprocess mode adds them up)"
 
     def __init__(self, registry: CollectorRegistry | None = None, prefix: str = "ctxguard") -> None:
         if registry is not None and not isinstance(registry, CollectorRegistry):

@@ -39,6 +39,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from ctxguard._nocopy import NotCopyable
 from ctxguard._validate import MAX_SECONDS, check_arg_types, check_http_url, show
 from ctxguard.errors import ConfigError, ServerBusyError
 from ctxguard.guard.setup import make_limit
@@ -72,11 +73,14 @@ __all__ = [
 MAX_MODEL_NAME = 512  # characters of a model= name (a served model name, not a document)
 
 
-class PressureLimit:
+class PressureLimit(NotCopyable):
     """A limit source that lowers or refuses while the server is under KV pressure.
 
     >>> # Guard(url, limit=PressureLimit(32768, "http://vllm:8000/metrics"))
     """
+
+    _holds = "a reader of the server's /metrics (a connection and locks)"
+    _advice = "make one per process from the same settings"
 
     def __init__(
         self,

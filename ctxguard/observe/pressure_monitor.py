@@ -17,6 +17,7 @@ import time
 import httpx
 
 from ctxguard import _http
+from ctxguard._nocopy import NotCopyable
 from ctxguard._secrets import forget, redact_text
 from ctxguard.errors import ConfigError
 from ctxguard.kv.server import known_secrets, redact
@@ -26,9 +27,12 @@ log = logging.getLogger("ctxguard.observe")
 __all__ = ["PressureMonitor", "monitor_for"]
 
 
-class PressureMonitor:
+class PressureMonitor(NotCopyable):
     """Reads one server's ``/metrics`` at most once per ``interval`` (shared per URL and
     model): the pressure of ``model``, or of the page's one model when None."""
+
+    _holds = "a connection to the server's /metrics and its locks"
+    _advice = "use monitor_for(url, ...) in each process"
 
     def __init__(
         self, metrics_url: str, interval: float, timeout: float, model: str | None = None

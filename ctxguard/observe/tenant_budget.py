@@ -39,6 +39,7 @@ from typing import Any
 
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
+from ctxguard._nocopy import NotCopyable
 from ctxguard._secrets import describe
 from ctxguard._validate import show
 from ctxguard.errors import ConfigError, StoreError, TenantBudgetError
@@ -64,9 +65,12 @@ LOG_EVERY = 60.0  # seconds between two warnings about failed charges
 log = logging.getLogger("ctxguard.observe")
 
 
-class TenantBudget:
+class TenantBudget(NotCopyable):
     """``tokens`` per ``window_seconds`` for one tenant (``buckets`` slices of the window,
     at most :data:`MAX_BUCKETS`)."""
+
+    _holds = "a connection to its store"
+    _advice = "make one per process from the same settings"
 
     def __init__(
         self,

@@ -22,6 +22,7 @@ import json
 import os
 from typing import Any
 
+from ctxguard._nocopy import NotPicklable
 from ctxguard.errors import ConfigError, MissingDependencyError
 from ctxguard.guard.events import OperationEvent, StoreCallEvent, SummaryEvent
 from ctxguard.observe.usage_counts import UsageCounts
@@ -40,7 +41,7 @@ def capture_from_env() -> bool:
     return os.environ.get(CAPTURE_ENV, "").strip().lower() in ("true", "1", "yes")
 
 
-class TracingObserver:
+class TracingObserver(NotPicklable):
     """Makes the spans of each guard operation on ``tracer_provider`` (the global one if None).
 
     ``store_spans=False`` leaves out the per-store-call child spans (the operation span
@@ -48,6 +49,9 @@ class TracingObserver:
     An operation span the sampler drops makes no child spans (children follow their
     parent, as with the SDK's default parent-based sampler).
     """
+
+    _holds = "its OpenTelemetry tracer"
+    _advice = "make one per process from the same tracer provider"
 
     def __init__(
         self,
