@@ -52,13 +52,14 @@ from ctxguard.serve import identity
 from ctxguard.serve.config import ServeConfig
 from ctxguard.serve.metrics import make_metrics
 from ctxguard.serve.openai_errors import ApiError, what_failed
-from ctxguard.stores import SessionStore
+from ctxguard.stores import MemoryStore, SessionStore
 from ctxguard.stores.urls import redact_url
 
 P = ParamSpec("P")
 log = logging.getLogger("ctxguard.serve")
 T = TypeVar("T")
 PREPARE_ATTEMPTS = 4
+STATELESS_TENANT = "stateless"  # the private store of requests without a session
 
 
 class Gateway:
@@ -193,11 +194,15 @@ class Gateway:
         return guard if guard is not None else await self.run(self.stateless_guard)
 
     def stateless_guard(self) -> Guard:
+        """The guard of requests without a session: on an in-process store of its own,
+        which no URL opens (``memory://`` would be the process's shared store: with
+        ``url=memory://`` its ``stateless-*`` sessions listed under the default tenant,
+        readable by every other client of the process while their request ran)."""
         counter = self.counter()
         with self._lock:
             if self._stateless is None:
                 self._stateless = Guard(
-                    "memory://",
+                    MemoryStore(tenant=STATELESS_TENANT),
                     counter=counter,
                     limit=self.limit_source,
                     max_tokens=self.config.max_tokens,
