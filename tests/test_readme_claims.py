@@ -183,7 +183,45 @@ DEFAULTS: list[tuple[str, Callable[[], object]]] = [
     (r"or at ([\d.]+) with \d+ waiting", lambda: _pressure("refuse_at")),
     (r"or at [\d.]+ with (\d+) waiting", lambda: _pressure("waiting_lower")),
     (r"at most one line a (minute)", lambda: _budget_log_every()),
+    # the statuses of the gateway's Faults line (a reply not stored: 503 when the store
+    # failed, a retry may pass; 502 when the reply is refused, it would be again)
+    (r"Upstream down or failing: (\d+)", lambda: _upstream_status("down")),
+    (r"Upstream down or failing: \d+, timing out: (\d+)", lambda: _upstream_status("slow")),
+    (r"Redis down: (\d+), nothing forwarded", lambda: _store_down_status()),
+    (r"after the model answered is a (\d+) when the store failed", lambda: _not_stored("store")),
+    (r"and a (\d+) when the gateway refuses the reply itself", lambda: _not_stored("refused")),
+    (
+        r"answers a model reply like that with a (\d+)\s+`reply_not_stored`",
+        lambda: _not_stored("refused"),
+    ),
 ]
+
+
+def _not_stored(why: str) -> object:
+    """The status of a reply the model gave that was not stored: the store failed, or
+    the reply was refused (two tool calls with one id)."""
+    pytest.importorskip("httpx")
+    from ctxguard.errors import InvalidMessageError, StoreConnectionError
+    from ctxguard.serve.gateway import reply_not_stored
+
+    cause = StoreConnectionError("down") if why == "store" else InvalidMessageError("one id")
+    return reply_not_stored(cause, keyed=False).status
+
+
+def _upstream_status(how: str) -> object:
+    httpx = pytest.importorskip("httpx")
+    from ctxguard.serve.gateway import upstream_failure
+
+    cause = httpx.ConnectError("refused") if how == "down" else httpx.ReadTimeout("slow")
+    return upstream_failure(cause, "http://vllm:8000")[0]
+
+
+def _store_down_status() -> object:
+    pytest.importorskip("httpx")
+    from ctxguard.errors import StoreConnectionError
+    from ctxguard.serve.openai_errors import from_ctxguard
+
+    return from_ctxguard(StoreConnectionError("down")).status
 
 
 def _max_depth() -> object:

@@ -339,8 +339,9 @@ def stored_anchor(guard: Guard, session_id: str, window: int) -> str:
 
 
 def reply_not_stored(exc: CtxGuardError, keyed: bool) -> ApiError:
-    """The answer when the model replied but the reply could not be stored: a 503/502
-    saying whether a retry is safe (:func:`retry_advice`)."""
+    """The answer when the model replied but the reply could not be stored, saying
+    whether a retry is safe (:func:`retry_advice`): a 503 when the store failed (a retry
+    may pass), a 502 when the reply itself is refused (the same reply would be again)."""
     return ApiError(
         503 if isinstance(exc, StoreError) else 502,
         f"the model answered but the reply could not be stored ({exc}); {retry_advice(exc, keyed)}",
