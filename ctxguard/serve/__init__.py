@@ -27,27 +27,33 @@ def create_app(config: ServeConfig) -> Starlette:
 
 
 def run(config: ServeConfig, **uvicorn_options: Any) -> None:
-    """Serve ``config`` with uvicorn (``config.workers`` processes) until interrupted."""
+    """Serve ``config`` with uvicorn (``config.workers`` processes) until interrupted.
+
+    One worker serves the app made here; worker processes read the config from a
+    private file (:mod:`ctxguard.serve.handoff`), never from the environment."""
     _require()
-    import os
+    import contextlib
 
     import uvicorn
 
-    from ctxguard.serve.config import CONFIG_ENV
+    from ctxguard.serve.handoff import handed_over
     from ctxguard.serve.metrics import multiprocess_dir
 
-    os.environ[CONFIG_ENV] = config.to_json()
+    options: dict[str, Any] = {
+        "host": config.host,
+        "port": config.port,
+        "workers": config.workers,
+        "log_level": config.log_level,
+        **uvicorn_options,
+    }
+    in_process = config.workers == 1 and not options.get("reload")
     # several workers write their metrics to one directory that /metrics adds up
-    with multiprocess_dir(config.workers, config.metrics):
-        uvicorn.run(
-            "ctxguard.serve.app:app_from_env",
-            factory=True,
-            host=config.host,
-            port=config.port,
-            workers=config.workers,
-            log_level=config.log_level,
-            **uvicorn_options,
-        )
+    with multiprocess_dir(config.workers, config.metrics), contextlib.ExitStack() as stack:
+        if in_process:
+            uvicorn.run(create_app(config), **options)
+        else:
+            stack.enter_context(handed_over(config))
+            uvicorn.run("ctxguard.serve.app:app_from_env", factory=True, **options)
 
 
 def _require() -> None:

@@ -1,7 +1,8 @@
 """The ASGI application: routes, error answers, lifespan.
 
 ``create_app(config)`` for code and tests; ``app_from_env()`` is the factory uvicorn
-calls in each worker process (the CLI puts the config in ``CTXGUARD_SERVE_CONFIG_JSON``).
+calls in each worker process (the config read from the file :mod:`ctxguard.serve.handoff`
+wrote, whose path is in ``CTXGUARD_SERVE_CONFIG_FILE``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,10 +22,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ctxguard.errors import ConfigError, CtxGuardError, StoreConnectionError
-from ctxguard.serve import identity
+from ctxguard.errors import CtxGuardError, StoreConnectionError
+from ctxguard.serve import handoff, identity
 from ctxguard.serve.chat import chat_completions
-from ctxguard.serve.config import CONFIG_ENV, ServeConfig
+from ctxguard.serve.config import ServeConfig
 from ctxguard.serve.forward import bad_reply, decode_reply, read_capped, timed_out, upstream_error
 from ctxguard.serve.gateway import Gateway
 from ctxguard.serve.inbound import read_json
@@ -211,8 +211,5 @@ def create_app(config: ServeConfig) -> Starlette:
 
 
 def app_from_env() -> Starlette:
-    """uvicorn's factory in each worker: the config the CLI serialised."""
-    raw = os.environ.get(CONFIG_ENV)
-    if not raw:
-        raise ConfigError(f"{CONFIG_ENV} is not set; start the gateway with `ctxguard serve`")
-    return create_app(ServeConfig.from_json(raw))
+    """uvicorn's factory in each worker: the config ``ctxguard serve`` handed over."""
+    return create_app(handoff.taken_over())

@@ -21,8 +21,6 @@ from ctxguard.stores.urls import parse_store_url, redact_url
 
 ENV_PREFIX = "CTXGUARD_SERVE_"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
-# the whole config for worker processes (uvicorn --workers re-imports the app)
-CONFIG_ENV = "CTXGUARD_SERVE_CONFIG_JSON"
 
 
 @dataclass(frozen=True, repr=False)

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from ctxguard.cli import cli
 from ctxguard.errors import ConfigError
-from ctxguard.serve.config import CONFIG_ENV, ServeConfig, load_config
+from ctxguard.serve.config import ServeConfig, load_config
+from ctxguard.serve.handoff import CONFIG_FILE_ENV
 
 
 def test_flags_win_over_environment_over_file(tmp_path: Path) -> None:
@@ -131,7 +132,7 @@ def test_cli_help_lists_the_environment() -> None:
 def test_worker_factory_needs_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     from ctxguard.serve.app import app_from_env
 
-    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    monkeypatch.delenv(CONFIG_FILE_ENV, raising=False)
     with pytest.raises(ConfigError, match="ctxguard serve"):
         app_from_env()
 

@@ -1,0 +1,56 @@
+"""The config handed to uvicorn's worker processes, outside the environment.
+
+``--workers N`` makes uvicorn start each worker (and restart one that died) from an
+import string, so the workers need the config from somewhere: it was the JSON in an
+environment variable, secrets included, readable in ``/proc/<pid>/environ`` of every
+worker and inherited by any process a worker starts. Now it is a file created 0600 in a
+directory of its own made 0700, which the variable names (a path, no secret); each worker
+reads it and drops the variable, and the directory is removed when the server stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+from ctxguard.errors import ConfigError
+from ctxguard.serve.config import ServeConfig
+
+CONFIG_FILE_ENV = "CTXGUARD_SERVE_CONFIG_FILE"
+
+
+@contextlib.contextmanager
+def handed_over(config: ServeConfig) -> Iterator[str]:
+    """The file of ``config`` for the workers started inside the block (its path in
+    :data:`CONFIG_FILE_ENV`), removed with its directory at the end."""
+    folder = tempfile.mkdtemp(prefix="ctxguard-serve-")  # 0700
+    path = os.path.join(folder, "config.json")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(config.to_json())
+        os.environ[CONFIG_FILE_ENV] = path
+        yield path
+    finally:
+        os.environ.pop(CONFIG_FILE_ENV, None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def taken_over() -> ServeConfig:
+    """In a worker: the config :func:`handed_over` wrote (the variable dropped, so no
+    process this worker starts inherits the path)."""
+    path = os.environ.pop(CONFIG_FILE_ENV, None)
+    if not path:
+        raise ConfigError(f"{CONFIG_FILE_ENV} is not set; start the gateway with `ctxguard serve`")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read the gateway's config at {CONFIG_FILE_ENV} ({exc.strerror}); "
+            "start the gateway with `ctxguard serve`"
+        ) from None
+    return ServeConfig.from_json(text)

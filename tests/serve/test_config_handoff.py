@@ -1,0 +1,129 @@
+"""The gateway's secrets (the upstream API key, the upstream URL's and the store's
+passwords) in no environment of its processes: ``ctxguard serve`` put its whole config in
+``CTXGUARD_SERVE_CONFIG_JSON`` for uvicorn's workers, readable in every worker's
+``/proc/<pid>/environ`` and inherited by any process a worker (or the one-process
+server) started. The workers now read it from a 0600 file in a 0700 directory of its
+own, removed when the server stops; one worker gets the app made in process."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+from faults.servers import RedisServer
+from security.test_secret_property import leaks
+
+from ctxguard.serve.config import ServeConfig
+
+from .processes import CliGateway
+from .test_secrets_in_logs import KEY, STORE_PW, UPSTREAM_PW, auth_redis  # noqa: F401
+from .upstream import FakeVLLM
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(180)]
+SECRETS = (UPSTREAM_PW, STORE_PW, KEY)
+FILE_ENV = "CTXGUARD_SERVE_CONFIG_FILE"
+
+
+def _settings(vllm: FakeVLLM, redis: RedisServer) -> dict[str, Any]:
+    host = vllm.url.removeprefix("http://")
+    return {
+        "upstream": f"http://admin:{quote(UPSTREAM_PW, safe='')}@{host}",
+        "url": f"redis://:{quote(STORE_PW, safe='')}@127.0.0.1:{redis.port}/0",
+        "upstream_api_key": KEY,
+        "namespace": "gw-handoff",
+        "max_tokens": 64,
+    }
+
+
+def _descendants(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [p for c in children for p in (int(c), *_descendants(int(c)))]
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().decode("utf-8", "replace")
+    return dict(item.partition("=")[::2] for item in raw.split("\0") if item)
+
+
+def _leaked(environ: dict[str, str]) -> list[str]:
+    text = "\n".join(f"{k}={v}" for k, v in environ.items())
+    return [found for secret in SECRETS for found in leaks(text, secret)]
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_no_worker_process_holds_a_secret_in_its_environment(
+    vllm: FakeVLLM,
+    auth_redis: RedisServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    toml = tmp_path / "gateway.toml"  # (a flag or variable would put them in the CLI's own)
+    settings = _settings(vllm, auth_redis)
+    lines = [f"{k} = {json.dumps(v)}" for k, v in settings.items()]  # (JSON strings are TOML's)
+    toml.write_text("\n".join(lines) + "\n")
+    toml.chmod(0o600)
+    gateway = CliGateway("--config", str(toml), "--workers", "2")
+    try:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        for _ in range(4):  # the workers have the config: the store and the upstream answer
+            response = httpx.post(
+                gateway.url + "/v1/chat/completions",
+                json=body,
+                headers={"X-Session-Id": "s1"},
+                timeout=30,
+            )
+            assert response.status_code == 200, response.text
+        workers = _descendants(gateway.proc.pid)
+        assert len(workers) >= 2, workers
+        environs = {pid: _environ(pid) for pid in [gateway.proc.pid, *workers]}
+        assert {pid: _leaked(env) for pid, env in environs.items()} == {pid: [] for pid in environs}
+        paths = {env[FILE_ENV] for env in environs.values() if FILE_ENV in env}
+        assert len(paths) == 1, paths  # what the workers had instead: a path
+        path = Path(paths.pop())
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    finally:
+        gateway.stop()
+    assert not path.parent.exists()  # removed when the server stopped
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_what_a_workers_child_would_inherit_holds_no_secret(
+    vllm: FakeVLLM,
+    auth_redis: RedisServer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    workers: int,
+) -> None:
+    """The environment when uvicorn starts (workers are spawned with it; one worker runs
+    in this process), and a worker's once its factory read the config."""
+    import uvicorn
+
+    from ctxguard.serve import run
+    from ctxguard.serve.app import app_from_env
+
+    config = ServeConfig(**_settings(vllm, auth_redis), workers=workers)
+    seen: list[dict[str, str]] = []
+    made: list[Any] = []
+
+    def fake_run(app: Any, **options: Any) -> None:
+        seen.append(dict(os.environ))
+        if isinstance(app, str):  # as a worker: the factory reads the config
+            made.append(app_from_env())
+            seen.append(dict(os.environ))
+        else:
+            made.append(app)
+
+    monkeypatch.setattr(uvicorn, "run", fake_run)
+    run(config)
+    assert len(made) == 1 and made[0] is not None
+    assert len(seen) == (2 if workers > 1 else 1)
+    assert [_leaked(env) for env in seen] == [[]] * len(seen)
+    if workers > 1:
+        assert FILE_ENV in seen[0] and FILE_ENV not in seen[1]  # the worker dropped it
+        assert not Path(seen[0][FILE_ENV]).parent.exists()
+    assert FILE_ENV not in os.environ
