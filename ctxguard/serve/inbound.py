@@ -201,7 +201,9 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
             continue
         if type(value) is not int or value < 1:
             raise bad_request(f"'{name}' must be a positive integer", param=name)
-        if max_tokens is None:
+        # both given: the larger is reserved, so the request fits whichever one the
+        # server reads (vLLM and SGLang read max_completion_tokens, others max_tokens)
+        if max_tokens is None or value > max_tokens:
             max_tokens, field = value, name
     n = body.get("n")
     if n is None:

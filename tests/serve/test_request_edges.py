@@ -262,6 +262,31 @@ def test_an_output_limit_that_leaves_no_room_names_the_body_field(
     assert snapshot("s1")[:2] == ([], None)
 
 
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"max_tokens": 3000, "max_completion_tokens": 10},
+        {"max_tokens": 10, "max_completion_tokens": 3000},
+    ],
+)
+def test_both_output_limits_given_fit_for_the_larger(
+    gateway: str, vllm: FakeVLLM, limits: dict[str, int]
+) -> None:
+    """(the request was fitted for max_completion_tokens alone, and forwarded with both:
+    a server reading max_tokens, as the fake does, got more than its context; vLLM reads
+    max_completion_tokens, the other way round)"""
+    long = {"role": "user", "content": "word " * 1400}
+    assert post(gateway, said(long)).status_code == 200  # ~2,800 tokens stored with the reply
+    response = post(gateway, said(USER, **limits))
+    assert response.status_code == 200, response.text
+    sent = vllm.requests[-1]
+    assert (sent["max_tokens"], sent["max_completion_tokens"]) == (
+        limits["max_tokens"],
+        limits["max_completion_tokens"],
+    )  # forwarded as given
+    assert vllm.prompt_tokens[-1] + 3000 <= vllm.max_model_len  # room for either one
+
+
 def test_the_responses_output_limit_is_named_as_responses_names_it(gateway: str) -> None:
     body = {"model": "m", "input": "hello", "max_output_tokens": 5000}
     response = httpx.post(gateway + "/v1/responses", json=body, timeout=30)
