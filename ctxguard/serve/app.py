@@ -125,7 +125,7 @@ async def _call(gw: Gateway, method: str, path: str, body: Any = None) -> bytes:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return JSONResponse(exc.body(), exc.status)
+    return JSONResponse(exc.body(), exc.status, headers=exc.headers)
 
 
 async def _ctxguard_error(request: Request, exc: Exception) -> Response:

@@ -10,7 +10,9 @@ uncompressed (the relay passes the bytes on as they come).
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
+import re
 import time
 from typing import Any
 
@@ -143,7 +145,7 @@ async def upstream_error(gw: Gateway, response: httpx.Response) -> ApiError:
     status = response.status_code
     if 400 <= status < 500 and status != 408:
         detail = detail or f"the model server answered HTTP {status} with no message"
-        return ApiError(status, detail, code="upstream_rejected")
+        return ApiError(status, detail, code="upstream_rejected", headers=retry_after(response))
     detail = detail or "(no message)"
     if 300 <= status < 400:  # (httpx follows none: its Location may name another host)
         return upstream_api_error(
@@ -152,9 +154,40 @@ async def upstream_error(gw: Gateway, response: httpx.Response) -> ApiError:
             "the gateway does not follow; set the upstream URL to the model server itself",
             "upstream_error",
         )
-    return upstream_api_error(
+    error = upstream_api_error(
         502, f"the model server answered HTTP {status}: {detail}", "upstream_error"
     )
+    error.headers = retry_after(response)  # (an overloaded server's 503 says when to retry)
+    return error
+
+
+_DELTA_SECONDS = re.compile(r"[0-9]{1,9}")
+_DATE_CHARS = re.compile(r"[A-Za-z0-9 ,:+-]{1,40}")  # "Wed, 21 Oct 2015 07:28:00 GMT"
+_MILLISECONDS = re.compile(r"[0-9]{1,12}(\.[0-9]{1,6})?")
+
+
+def retry_after(response: httpx.Response) -> dict[str, str]:
+    """The upstream's ``Retry-After`` (seconds or an HTTP date) and ``retry-after-ms``
+    (what OpenAI's SDKs wait for before retrying a 429 or 5xx), when well formed: passed
+    on with its error, so clients back off as the model server asked. Anything else in
+    them is dropped (a header is no place for the upstream's text)."""
+    headers: dict[str, str] = {}
+    seconds = response.headers.get("retry-after", "").strip()
+    if _DELTA_SECONDS.fullmatch(seconds) or _http_date(seconds):
+        headers["Retry-After"] = seconds
+    millis = response.headers.get("retry-after-ms", "").strip()
+    if _MILLISECONDS.fullmatch(millis):
+        headers["retry-after-ms"] = millis
+    return headers
+
+
+def _http_date(text: str) -> bool:
+    if not _DATE_CHARS.fullmatch(text):
+        return False
+    try:
+        return email.utils.parsedate_to_datetime(text) is not None
+    except (TypeError, ValueError, IndexError):
+        return False
 
 
 def _upstream_message(gw: Gateway, raw: bytes) -> str:

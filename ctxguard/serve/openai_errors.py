@@ -39,6 +39,7 @@ class ApiError(Exception):
         type: str = "invalid_request_error",  # noqa: A002 - the OpenAI field name
         param: str | None = None,
         code: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -46,6 +47,7 @@ class ApiError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = dict(headers or {})  # sent with the answer (the upstream's Retry-After)
 
     def body(self) -> dict[str, Any]:
         return {

@@ -61,6 +61,10 @@ class Hostile:
             return Response(f"<h1>bad gateway</h1><p>{auth}</p>", 502, media_type="text/html")
         if mode.startswith("shape:"):
             return Response(mode[6:], 200, media_type="application/json")
+        if mode.startswith("busy:"):  # busy:<status>|<Retry-After>|<retry-after-ms>
+            status, seconds, millis = mode[5:].split("|")
+            headers = {"Retry-After": seconds, "retry-after-ms": millis}
+            return JSONResponse({"error": {"message": "busy"}}, int(status), headers=headers)
         if mode == "redirect":
             return Response(b"", 307, headers={"Location": "http://u:redirect-pw@elsewhere/"})
         if mode in ("empty502", "empty404"):
@@ -358,6 +362,43 @@ def test_an_unexpected_error_is_a_500_without_its_message_or_a_traceback(
     assert "unexpected RuntimeError" in logged  # the type is logged...
     secret_free(logged)  # ...never the message
     assert "Traceback" not in logged and not any(r.exc_info for r in caplog.records)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("status", "seconds", "millis", "answered", "passed"),
+    [
+        (429, "7", "7000", 429, {"retry-after": "7", "retry-after-ms": "7000"}),
+        (503, "3", "2500.5", 502, {"retry-after": "3", "retry-after-ms": "2500.5"}),
+        (
+            429,
+            "Wed, 21 Oct 2037 07:28:00 GMT",
+            "x",
+            429,
+            {"retry-after": "Wed, 21 Oct 2037 07:28:00 GMT"},
+        ),
+        (429, KEY, f"1 {KEY}", 429, {}),  # not a time: dropped
+    ],
+)
+def test_the_upstreams_retry_after_reaches_the_client(
+    start: Callable[..., str],
+    hostile: Hostile,
+    stream: bool,
+    status: int,
+    seconds: str,
+    millis: str,
+    answered: int,
+    passed: dict[str, str],
+) -> None:
+    """(a 429's or an overloaded 503's Retry-After was dropped: OpenAI's SDKs, which wait
+    what retry-after-ms / Retry-After say before retrying, retried on their own schedule)"""
+    gw = start()
+    hostile.mode = f"busy:{status}|{seconds}|{millis}"
+    response = chat(gw, stream=stream)
+    api_error(response, answered, "upstream_rejected" if answered == 429 else "upstream_error")
+    got = {k: v for k, v in response.headers.items() if k.lower().startswith("retry-after")}
+    assert got == passed
+    secret_free(str(response.headers))
 
 
 @pytest.mark.parametrize("stream", [False, True])
