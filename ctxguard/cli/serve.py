@@ -60,9 +60,11 @@ def serve_command(config_file: str | None, **flags: Any) -> None:
     """Run an OpenAI-compatible gateway that owns sessions and fits every request."""
     from ctxguard.serve import run
     from ctxguard.serve.config import load_config
+    from ctxguard.serve.handoff import forget_settings
 
     config = load_config(flags, config_file=config_file)
     check_listen(config.host, config.port)
+    forget_settings()  # read: no worker inherits them (the upstream key, the store URL)
     run(config)
 
 

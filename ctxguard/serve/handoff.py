@@ -6,6 +6,8 @@ environment variable, secrets included, readable in ``/proc/<pid>/environ`` of e
 worker and inherited by any process a worker starts. Now it is a file created 0600 in a
 directory of its own made 0700, which the variable names (a path, no secret); each worker
 reads it and drops the variable, and the directory is removed when the server stops.
+The settings' own variables (``CTXGUARD_SERVE_UPSTREAM_API_KEY``, ``CTXGUARD_URL``, ...)
+are dropped too once read (:func:`forget_settings`), so no worker inherits them.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 
 from ctxguard.errors import ConfigError
-from ctxguard.serve.config import ServeConfig
+from ctxguard.serve.config import ENV_PREFIX, NAMES, ServeConfig
 
 CONFIG_FILE_ENV = "CTXGUARD_SERVE_CONFIG_FILE"
 
@@ -54,3 +56,12 @@ def taken_over() -> ServeConfig:
             "start the gateway with `ctxguard serve`"
         ) from None
     return ServeConfig.from_json(text)
+
+
+def forget_settings(environ: MutableMapping[str, str] | None = None) -> None:
+    """Drop the variables a config was read from (``CTXGUARD_SERVE_<NAME>``,
+    ``CTXGUARD_URL``) from this process's environment: the config holds them now, and the
+    workers (and whatever they start) inherit the environment, secrets and all."""
+    env = os.environ if environ is None else environ
+    for name in (*(ENV_PREFIX + n.upper() for n in NAMES), "CTXGUARD_URL"):
+        env.pop(name, None)

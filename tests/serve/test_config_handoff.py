@@ -57,17 +57,25 @@ def _leaked(environ: dict[str, str]) -> list[str]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+@pytest.mark.parametrize("given", ["file", "environment"])
 def test_no_worker_process_holds_a_secret_in_its_environment(
     vllm: FakeVLLM,
     auth_redis: RedisServer,  # noqa: F811
     tmp_path: Path,
+    given: str,
 ) -> None:
-    toml = tmp_path / "gateway.toml"  # (a flag or variable would put them in the CLI's own)
+    """Given in a settings file, or in the gateway's variables (there they are in the
+    CLI's own environment, its business; not in its workers')."""
     settings = _settings(vllm, auth_redis)
-    lines = [f"{k} = {json.dumps(v)}" for k, v in settings.items()]  # (JSON strings are TOML's)
-    toml.write_text("\n".join(lines) + "\n")
-    toml.chmod(0o600)
-    gateway = CliGateway("--config", str(toml), "--workers", "2")
+    if given == "file":
+        toml = tmp_path / "gateway.toml"
+        lines = [f"{k} = {json.dumps(v)}" for k, v in settings.items()]  # (JSON is TOML here)
+        toml.write_text("\n".join(lines) + "\n")
+        toml.chmod(0o600)
+        gateway = CliGateway("--config", str(toml), "--workers", "2")
+    else:
+        env = {f"CTXGUARD_SERVE_{k.upper()}": str(v) for k, v in settings.items() if k != "url"}
+        gateway = CliGateway("--workers", "2", env={**env, "CTXGUARD_URL": settings["url"]})
     try:
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         for _ in range(4):  # the workers have the config: the store and the upstream answer
@@ -80,7 +88,8 @@ def test_no_worker_process_holds_a_secret_in_its_environment(
             assert response.status_code == 200, response.text
         workers = _descendants(gateway.proc.pid)
         assert len(workers) >= 2, workers
-        environs = {pid: _environ(pid) for pid in [gateway.proc.pid, *workers]}
+        shown = workers if given == "environment" else [gateway.proc.pid, *workers]
+        environs = {pid: _environ(pid) for pid in shown}
         assert {pid: _leaked(env) for pid, env in environs.items()} == {pid: [] for pid in environs}
         paths = {env[FILE_ENV] for env in environs.values() if FILE_ENV in env}
         assert len(paths) == 1, paths  # what the workers had instead: a path
