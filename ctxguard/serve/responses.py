@@ -9,9 +9,10 @@ completions and fitted by the same Guard (truncation is always ``auto``).
 Supported: text input (string, or ``message`` items with text parts), ``instructions``
 (stored once as a pinned system message; the same text is not stored again),
 function tools, ``function_call`` and ``function_call_output`` items, ``store``,
-``max_output_tokens``. Not yet: streaming, branching from an older response (the
-session continues from its newest message), ``truncation: "disabled"``, built-in
-tools, images and files, ``/v1/responses/compact``.
+``max_output_tokens``, ``text.format`` (as chat's ``response_format``). Not yet:
+streaming, branching from an older response (the session continues from its newest
+message), ``truncation: "disabled"``, built-in tools, images and files,
+``/v1/responses/compact``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ctxguard.serve.gateway import Gateway, usable_usage
 from ctxguard.serve.idempotency import body_digest
 from ctxguard.serve.inbound import ChatRequest, read_json
 from ctxguard.serve.openai_errors import ApiError, bad_request, from_ctxguard
-from ctxguard.serve.responses_input import chat_tools, input_messages
+from ctxguard.serve.responses_input import chat_response_format, chat_tools, input_messages
 from ctxguard.serve.sse import reply_of
 from ctxguard.stores.base import StoredMessage
 
@@ -130,6 +131,7 @@ async def create_response(request: Request) -> Response:
         raise bad_request(
             "'max_output_tokens' must be a positive integer", param="max_output_tokens"
         )
+    chat_response_format(body.get("text"))  # a bad text.format: 400 before anything is stored
     session, conversation = _session_of(body, store)
     places: list[str] = []
     messages = input_messages(body, places)
@@ -228,6 +230,9 @@ async def _forward(
     for name in ("temperature", "top_p", "parallel_tool_calls", "tool_choice", "user"):
         if name in body:
             out[name] = body[name]
+    response_format = chat_response_format(body.get("text"))
+    if response_format is not None:
+        out["response_format"] = response_format
     data, _ = await post_json(gw, f"{gw.upstream}{CHAT_PATH}", out)
     try:
         reply = reply_of(data)

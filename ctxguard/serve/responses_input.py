@@ -152,3 +152,38 @@ def chat_tools(tools: object) -> list[dict[str, Any]] | None:
         function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
         out.append({"type": "function", "function": function})
     return out or None
+
+
+FORMATS = ("text", "json_object", "json_schema")
+
+
+def chat_response_format(text: object) -> dict[str, Any] | None:
+    """The chat completions ``response_format`` for a Responses ``text`` field (its
+    ``format``: ``text``, ``json_object``, or ``json_schema`` with ``name`` and ``schema``
+    at its top level where chat nests them in ``json_schema``); None for plain text.
+    (It was not forwarded: a client asking for JSON got free text and a 200.)"""
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise bad_request(f"'text' must be an object, got {json_kind(text)}", param="text")
+    fmt = text.get("format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind not in FORMATS:
+        raise bad_request(
+            f"'text.format' must be an object whose type is one of {', '.join(FORMATS)}",
+            param="text.format",
+        )
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    name, schema = fmt.get("name"), fmt.get("schema")
+    if not isinstance(name, str) or not name or not isinstance(schema, dict):
+        raise bad_request(
+            "a 'json_schema' text.format needs a 'name' (a string) and a 'schema' (an object)",
+            param="text.format",
+        )
+    spec = {k: fmt[k] for k in ("name", "description", "schema", "strict") if k in fmt}
+    return {"type": "json_schema", "json_schema": spec}

@@ -213,3 +213,50 @@ def test_a_conversation_request_refused_stores_nothing_and_sends_nothing(
     assert said in error["message"] and "\n" not in error["message"]
     assert vllm.requests == []
     assert snapshot("conv-r") == ([], None, [])
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
+
+
+@pytest.mark.parametrize(
+    ("text_format", "sent"),
+    [
+        (
+            {"type": "json_schema", "name": "place", "schema": SCHEMA, "strict": True},
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "place", "schema": SCHEMA, "strict": True},
+            },
+        ),
+        ({"type": "json_object"}, {"type": "json_object"}),
+        ({"type": "text"}, None),
+    ],
+)
+def test_text_format_is_sent_as_the_response_format(
+    client: openai.OpenAI, vllm: FakeVLLM, text_format: Any, sent: Any
+) -> None:
+    """(it was dropped: a client asking for JSON got the model's free text, and a 200)"""
+    client.responses.create(model=MODEL, input="where?", text={"format": text_format})
+    assert vllm.requests[-1].get("response_format") == sent
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "json",
+        {"format": {"type": "xml"}},
+        {"format": "json_object"},
+        {"format": {"type": "json_schema", "schema": SCHEMA}},  # no name
+        {"format": {"type": "json_schema", "name": "place", "schema": "{}"}},
+    ],
+)
+def test_a_bad_text_format_is_a_400_and_nothing_is_stored_or_sent(
+    gateway: str, vllm: FakeVLLM, stored: Stored, text: Any
+) -> None:
+    body = {"model": MODEL, "input": "where?", "text": text, "conversation": "fmt"}
+    response = httpx.post(gateway + "/v1/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] in ("text", "text.format")
+    assert "\n" not in error["message"]
+    assert vllm.requests == [] and stored("fmt") == []
