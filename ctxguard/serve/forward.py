@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import logging
 import re
 import time
 from typing import Any
@@ -20,7 +21,7 @@ import httpx
 
 from ctxguard._http import MAX_BODY
 from ctxguard.serve.gateway import Gateway, upstream_api_error
-from ctxguard.serve.openai_errors import ApiError
+from ctxguard.serve.openai_errors import ApiError, what_failed
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 # the relay forwards the upstream's bytes as they come: they must be the events themselves
@@ -30,6 +31,7 @@ MAX_REPLY_BYTES = MAX_BODY  # a non-streaming reply past this is refused (502), 
 # token, each in a chunk's envelope (with logprobs, kilobytes), so several replies' worth
 MAX_STREAM_BYTES = 4 * MAX_BODY
 UPSTREAM_TEXT_CHARS = 300  # the upstream's error text passed on, scrubbed first
+log = logging.getLogger("ctxguard.serve")
 
 
 def encode_json(body: dict[str, Any]) -> bytes:
@@ -98,8 +100,18 @@ async def read_capped(gw: Gateway, response: httpx.Response) -> bytes:
                     "upstream_bad_reply",
                 )
             chunks.append(chunk)
-    except httpx.HTTPError as exc:
+    except httpx.TimeoutException as exc:
         raise gw.failed(exc) from None
+    except httpx.HTTPError as exc:  # (it was "cannot reach the model server": it answered)
+        log.warning(
+            "the model server %s broke off its reply: %s", gw.shown_upstream, type(exc).__name__
+        )
+        raise upstream_api_error(
+            502,
+            f"the model server {gw.shown_upstream} broke off its reply ({what_failed(exc)}); "
+            "send the request again",
+            "upstream_lost",
+        ) from None
     finally:
         await response.aclose()
     return b"".join(chunks)

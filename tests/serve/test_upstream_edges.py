@@ -65,6 +65,13 @@ class Hostile:
             status, seconds, millis = mode[5:].split("|")
             headers = {"Retry-After": seconds, "retry-after-ms": millis}
             return JSONResponse({"error": {"message": "busy"}}, int(status), headers=headers)
+        if mode == "cut":  # the reply's first bytes, then the connection closes
+
+            async def cut() -> AsyncIterator[bytes]:
+                yield b'{"choices": [{"index": 0, "message": {"role": "assis'
+                raise ConnectionResetError("cut")  # (uvicorn closes the connection)
+
+            return StreamingResponse(cut(), media_type="application/json")
         if mode == "redirect":
             return Response(b"", 307, headers={"Location": "http://u:redirect-pw@elsewhere/"})
         if mode in ("empty502", "empty404"):
@@ -399,6 +406,34 @@ def test_the_upstreams_retry_after_reaches_the_client(
     got = {k: v for k, v in response.headers.items() if k.lower().startswith("retry-after")}
     assert got == passed
     secret_free(str(response.headers))
+
+
+def test_a_reply_broken_off_is_a_502_that_says_so(
+    start: Callable[..., str], hostile: Hostile, redis_url: str, namespace: str, stored: Any
+) -> None:
+    """(it was "cannot reach the model server": the server answered, and broke off)"""
+    gw = start(url=redis_url, namespace=namespace)
+    hostile.mode = "cut"
+    response = httpx.post(
+        gw + "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"X-Session-Id": "cut"},
+        timeout=30,
+    )
+    error = api_error(response, 502, "upstream_lost")
+    assert "broke off its reply" in error["message"] and "cannot reach" not in error["message"]
+    assert error["message"].endswith("send the request again")
+    secret_free(response.text)
+    assert [m["role"] for m in stored("cut")] == ["user"]  # no reply; a retry stores it once
+    hostile.mode = "ok"
+    response = httpx.post(
+        gw + "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"X-Session-Id": "cut"},
+        timeout=30,
+    )
+    assert response.status_code == 200
+    assert [m["role"] for m in stored("cut")] == ["user", "assistant"]
 
 
 @pytest.mark.parametrize("stream", [False, True])
