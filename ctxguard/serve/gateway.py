@@ -342,9 +342,12 @@ def reply_not_stored(exc: CtxGuardError, keyed: bool) -> ApiError:
     """The answer when the model replied but the reply could not be stored, saying
     whether a retry is safe (:func:`retry_advice`): a 503 when the store failed (a retry
     may pass), a 502 when the reply itself is refused (the same reply would be again)."""
+    advice = retry_advice(exc, keyed)
+    if not isinstance(exc, StoreError | TokenizerError):  # refused, not failed
+        advice += ", but a reply like this one is refused again"
     return ApiError(
         503 if isinstance(exc, StoreError) else 502,
-        f"the model answered but the reply could not be stored ({exc}); {retry_advice(exc, keyed)}",
+        f"the model answered but the reply could not be stored ({exc}); {advice}",
         type="server_error",
         code="reply_not_stored",
     )

@@ -18,6 +18,7 @@ from ctxguard.errors import (
     CtxGuardError,
     InvalidMessageError,
     StoreConnectionError,
+    TokenizerError,
 )
 from ctxguard.serve.gateway import reply_not_stored
 
@@ -354,6 +355,26 @@ def test_a_reply_that_cannot_be_stored_says_so(
         assert message.endswith("retrying the request is safe")
     finally:
         server.stop(kill=True)
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "again"),
+    [
+        (StoreConnectionError("refused", phase="connect"), 503, False),
+        (CorruptRecordError("s1", "msgs", "bad"), 503, False),
+        (TokenizerError("the model server's /tokenize failed"), 502, False),
+        (InvalidMessageError("two calls, one id"), 502, True),
+    ],
+)
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_refused_reply_says_a_retry_meets_the_same_refusal(
+    error: CtxGuardError, status: int, again: bool, keyed: bool
+) -> None:
+    """A 503 (the store failed) may pass on retry; a 502 for a reply the gateway refuses
+    says that the same reply is refused again (the OpenAI SDKs retry both)."""
+    answer = reply_not_stored(error, keyed)
+    assert answer.status == status
+    assert answer.message.endswith("a reply like this one is refused again") is again
 
 
 @pytest.mark.parametrize(
