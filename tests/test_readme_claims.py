@@ -202,7 +202,7 @@ def _not_stored(why: str) -> object:
     the reply was refused (two tool calls with one id)."""
     pytest.importorskip("httpx")
     from ctxguard.errors import InvalidMessageError, StoreConnectionError
-    from ctxguard.serve.gateway import reply_not_stored
+    from ctxguard.serve.outcomes import reply_not_stored
 
     cause = StoreConnectionError("down") if why == "store" else InvalidMessageError("one id")
     return reply_not_stored(cause, keyed=False).status
@@ -210,7 +210,7 @@ def _not_stored(why: str) -> object:
 
 def _upstream_status(how: str) -> object:
     httpx = pytest.importorskip("httpx")
-    from ctxguard.serve.gateway import upstream_failure
+    from ctxguard.serve.outcomes import upstream_failure
 
     cause = httpx.ConnectError("refused") if how == "down" else httpx.ReadTimeout("slow")
     return upstream_failure(cause, "http://vllm:8000")[0]

@@ -51,9 +51,10 @@ from ctxguard.ids import validate_name
 from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.config import ServeConfig
-from ctxguard.serve.gateway import Gateway, reply_not_stored
+from ctxguard.serve.gateway import Gateway
 from ctxguard.serve.inbound import ChatRequest, check_storable, parse_chat
 from ctxguard.serve.openai_errors import ApiError, from_ctxguard
+from ctxguard.serve.outcomes import reply_not_stored
 from ctxguard.serve.sse import ReplyAssembler, reply_of
 
 require("litellm", "the LiteLLM guardrail", "litellm")

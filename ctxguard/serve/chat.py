@@ -26,16 +26,11 @@ from ctxguard.errors import (
 from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.forward import bad_reply, encode_json, post_json, send_upstream
-from ctxguard.serve.gateway import (
-    Gateway,
-    reply_not_stored,
-    stored_anchor,
-    upstream_api_error,
-    usable_usage,
-)
+from ctxguard.serve.gateway import Gateway, stored_anchor
 from ctxguard.serve.idempotency import DIGEST_FIELD, KEY_FIELD, KeyLease, body_digest, wait_for_key
 from ctxguard.serve.inbound import ChatRequest, check_storable, parse_chat, read_json
 from ctxguard.serve.openai_errors import from_ctxguard
+from ctxguard.serve.outcomes import reply_not_stored, upstream_api_error, usable_usage
 from ctxguard.serve.relay import StreamRelay, relay_response
 from ctxguard.serve.replay import replay_response
 from ctxguard.serve.sse import reply_of
@@ -128,7 +123,7 @@ class Turn:
         metadata: dict[str, Any] | None = None,
     ) -> None:
         """:meth:`complete` for a non-streaming answer: a failure is a 503 that says the
-        model did answer, and whether a retry is safe (``gateway.retry_advice``)."""
+        model did answer, and whether a retry is safe (``outcomes.retry_advice``)."""
         keyed = self.lease is not None
         try:
             await self.complete(reply, usage, metadata)

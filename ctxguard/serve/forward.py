@@ -20,8 +20,9 @@ from typing import Any
 import httpx
 
 from ctxguard._http import MAX_BODY
-from ctxguard.serve.gateway import Gateway, upstream_api_error
+from ctxguard.serve.gateway import Gateway
 from ctxguard.serve.openai_errors import ApiError, what_failed
+from ctxguard.serve.outcomes import upstream_api_error
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 # the relay forwards the upstream's bytes as they come: they must be the events themselves

@@ -36,14 +36,9 @@ from ctxguard import (
 )
 from ctxguard._http import KEEPALIVE_EXPIRY, without_userinfo
 from ctxguard._secrets import redact_text
-from ctxguard._validate import check_usage
 from ctxguard.errors import (
     ConfigError,
     ConflictError,
-    CtxGuardError,
-    InvalidInputError,
-    StoreConnectionError,
-    StoreError,
     TemplateRefusedError,
     TokenizerError,
 )
@@ -51,7 +46,8 @@ from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.config import ServeConfig
 from ctxguard.serve.metrics import make_metrics
-from ctxguard.serve.openai_errors import ApiError, what_failed
+from ctxguard.serve.openai_errors import ApiError
+from ctxguard.serve.outcomes import upstream_api_error, upstream_failure, usable_usage
 from ctxguard.stores import MemoryStore, SessionStore
 from ctxguard.stores.urls import redact_url
 
@@ -338,40 +334,6 @@ def stored_anchor(guard: Guard, session_id: str, window: int) -> str:
     raise AssertionError("unreachable")
 
 
-def reply_not_stored(exc: CtxGuardError, keyed: bool) -> ApiError:
-    """The answer when the model replied but the reply could not be stored, saying
-    whether a retry is safe (:func:`retry_advice`): a 503 when the store failed (a retry
-    may pass), a 502 when the reply itself is refused (the same reply would be again)."""
-    advice = retry_advice(exc, keyed)
-    if not isinstance(exc, StoreError | TokenizerError):  # refused, not failed
-        advice += ", but a reply like this one is refused again"
-    return ApiError(
-        503 if isinstance(exc, StoreError) else 502,
-        f"the model answered but the reply could not be stored ({exc}); {advice}",
-        type="server_error",
-        code="reply_not_stored",
-    )
-
-
-def retry_advice(exc: CtxGuardError, keyed: bool) -> str:
-    """Whether retrying the request is safe after ``exc`` stored no reply, or may have.
-
-    A retry re-sends the same messages, recognised by ids derived from the session's
-    newest reply: if the reply was stored after all, that anchor moved and the retry
-    stores the turn again. Only a store connection lost once the write was sent leaves
-    that open (a script writes all or nothing and checks before it writes); an
-    Idempotency-Key covers it (the retry replays the stored reply or makes the call).
-    """
-    if keyed:
-        return "retrying with the same Idempotency-Key is safe"
-    if isinstance(exc, StoreConnectionError) and not exc.never_reached:
-        return (
-            "the reply may have been stored: read the session before retrying, or retry "
-            "with an Idempotency-Key (without one a retry stores the turn twice if it was)"
-        )
-    return "retrying the request is safe"
-
-
 class UpstreamLimit:
     """The upstream's ``/v1/models`` limit; an upstream that cannot say is a 502 (the
     gateway's fault would be a 500), raised before anything is stored."""
@@ -398,37 +360,3 @@ def _limit_unknown(exc: ConfigError) -> ApiError:
         f"cannot read the model's context limit from the upstream: {exc}",
         "upstream_unavailable",
     )
-
-
-def upstream_api_error(status: int, message: str, code: str) -> ApiError:
-    """The answer for what the upstream did (OpenAI error type ``upstream_error``)."""
-    return ApiError(status, message, type="upstream_error", code=code)
-
-
-def upstream_failure(exc: Exception, where: str) -> tuple[int, str, str]:
-    """Status, message and code for an httpx failure talking to the upstream (what
-    happened in HTTP's words; httpx's class name goes to the log, not to the client)."""
-    if isinstance(exc, httpx.TimeoutException):
-        return 504, f"the model server {where} did not answer in time", "upstream_timeout"
-    if isinstance(exc, TokenizerError):
-        return 502, str(exc), "upstream_tokenizer"
-    log.warning("the model server %s failed: %s", where, type(exc).__name__)
-    return (
-        502,
-        f"cannot reach the model server {where} ({what_failed(exc)})",
-        "upstream_unavailable",
-    )
-
-
-def usable_usage(usage: object) -> dict[str, Any] | None:
-    """The upstream's ``usage`` when :meth:`Guard.complete` takes it, else None (logged):
-    the model did answer, so a usage no server reports (negative, past 2**63-1, NaN, not
-    a number) is dropped rather than lose the reply (it was a 502 ``reply_not_stored``)."""
-    if not isinstance(usage, dict):
-        return None
-    try:
-        check_usage(usage)
-    except InvalidInputError as exc:
-        log.warning("the model server's usage is not stored with its reply: %s", exc)
-        return None
-    return usage

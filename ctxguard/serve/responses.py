@@ -32,10 +32,11 @@ from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.chat import CHAT_PATH, Turn, open_turn, prepare
 from ctxguard.serve.forward import bad_reply, post_json
-from ctxguard.serve.gateway import Gateway, usable_usage
+from ctxguard.serve.gateway import Gateway
 from ctxguard.serve.idempotency import body_digest
 from ctxguard.serve.inbound import ChatRequest, read_json
 from ctxguard.serve.openai_errors import ApiError, bad_request, from_ctxguard
+from ctxguard.serve.outcomes import usable_usage
 from ctxguard.serve.responses_input import chat_response_format, chat_tools, input_messages
 from ctxguard.serve.sse import reply_of
 from ctxguard.stores.base import StoredMessage

@@ -20,7 +20,7 @@ from ctxguard.errors import (
     StoreConnectionError,
     TokenizerError,
 )
-from ctxguard.serve.gateway import reply_not_stored
+from ctxguard.serve.outcomes import reply_not_stored
 
 from .test_chat import chat
 from .upstream import FakeVLLM

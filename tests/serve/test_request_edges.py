@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from ctxguard.errors import StoreConnectionError
-from ctxguard.serve.gateway import reply_not_stored
+from ctxguard.serve.outcomes import reply_not_stored
 
 from .conftest import Start
 from .test_chat import chat
