@@ -28,17 +28,31 @@ CONFIG_FILE_ENV = "CTXGUARD_SERVE_CONFIG_FILE"
 def handed_over(config: ServeConfig) -> Iterator[str]:
     """The file of ``config`` for the workers started inside the block (its path in
     :data:`CONFIG_FILE_ENV`), removed with its directory at the end."""
-    folder = tempfile.mkdtemp(prefix="ctxguard-serve-")  # 0700
+    try:
+        folder = tempfile.mkdtemp(prefix="ctxguard-serve-")  # 0700
+    except OSError as exc:
+        raise _unwritable(exc) from None
     path = os.path.join(folder, "config.json")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(config.to_json())
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(config.to_json())
+        except OSError as exc:
+            raise _unwritable(exc) from None
         os.environ[CONFIG_FILE_ENV] = path
         yield path
     finally:
         os.environ.pop(CONFIG_FILE_ENV, None)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _unwritable(exc: OSError) -> ConfigError:
+    return ConfigError(
+        f"cannot write the workers' settings to a private temporary directory "
+        f"({exc.strerror or type(exc).__name__}); set TMPDIR to a writable directory, "
+        "or run one worker"
+    )
 
 
 def taken_over() -> ServeConfig:

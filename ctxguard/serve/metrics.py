@@ -32,6 +32,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from ctxguard.errors import ConfigError
 from ctxguard.guard.events import Observer
 
 if TYPE_CHECKING:
@@ -127,15 +128,21 @@ def multiprocess_dir(workers: int, enabled: bool) -> Iterator[str | None]:
         return
     given = os.environ.get(DIR_ENV)
     made: str | None = None
-    if given:
-        os.makedirs(given, exist_ok=True)
-        for old in glob.glob(os.path.join(given, "*.db")):
-            with contextlib.suppress(OSError):
-                os.remove(old)
-        path = given
-    else:
-        path = made = tempfile.mkdtemp(prefix="ctxguard-metrics-")
-        os.environ[DIR_ENV] = path
+    try:
+        if given:
+            os.makedirs(given, exist_ok=True)
+            for old in glob.glob(os.path.join(given, "*.db")):
+                with contextlib.suppress(OSError):
+                    os.remove(old)
+            path = given
+        else:
+            path = made = tempfile.mkdtemp(prefix="ctxguard-metrics-")
+            os.environ[DIR_ENV] = path
+    except OSError as exc:  # (a traceback: the CLI answers the library's errors in a line)
+        raise ConfigError(
+            f"cannot make the workers' metrics directory ({exc.strerror or type(exc).__name__}); "
+            f"set {DIR_ENV} or TMPDIR to a writable directory, or pass --no-metrics"
+        ) from None
     try:
         yield path
     finally:

@@ -136,3 +136,30 @@ def test_what_a_workers_child_would_inherit_holds_no_secret(
         assert FILE_ENV in seen[0] and FILE_ENV not in seen[1]  # the worker dropped it
         assert not Path(seen[0][FILE_ENV]).parent.exists()
     assert FILE_ENV not in os.environ
+
+
+@pytest.mark.parametrize("metrics", [True, False])
+def test_no_temporary_directory_for_the_workers_is_a_config_error(
+    vllm: FakeVLLM,
+    auth_redis: RedisServer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    metrics: bool,
+) -> None:
+    """(an OSError with a traceback: the CLI answers only the library's errors in a line)"""
+    import tempfile
+
+    import uvicorn
+
+    from ctxguard.errors import ConfigError
+    from ctxguard.serve import run
+
+    started: list[Any] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    config = ServeConfig(**_settings(vllm, auth_redis), workers=2, metrics=metrics)
+    with pytest.raises(ConfigError, match="TMPDIR to a writable directory") as caught:
+        run(config)
+    assert started == [] and "\n" not in str(caught.value)
+    assert not _leaked({"error": str(caught.value)})
