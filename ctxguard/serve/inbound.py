@@ -215,6 +215,8 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)
     ):
         raise bad_request("'tools' must be an array of tool objects", param="tools")
+    for index, tool in enumerate(tools or ()):
+        check_function_tool(tool.get("function"), tool.get("type", "function"), f"tools[{index}]")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", param="stream_options")
@@ -225,6 +227,22 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
             param="stream_options.include_usage",
         )
     return ChatRequest(list(messages), stream, max_tokens, tools or None, n, field)
+
+
+def check_function_tool(function: object, kind: object, where: str) -> None:
+    """A 400 for a function tool without a name, before anything is stored or sent (the
+    server refuses it, once the turn's messages were stored; the gateway leaves any
+    other kind of tool to the server)."""
+    if kind != "function":
+        return
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not name:
+        raise bad_request(
+            f"{where}: a function tool needs a 'function' object with a 'name' (a non-empty "
+            "string)",
+            param=where,
+            code="invalid_tools",
+        )
 
 
 def check_storable(chat: ChatRequest) -> None:

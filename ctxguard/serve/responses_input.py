@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from ctxguard.serve import identity
+from ctxguard.serve.inbound import check_function_tool
 from ctxguard.serve.openai_errors import bad_request, json_kind
 
 
@@ -146,10 +147,11 @@ def chat_tools(tools: object) -> list[dict[str, Any]] | None:
     if not isinstance(tools, list):
         raise bad_request("'tools' must be an array", param="tools")
     out = []
-    for tool in tools:
+    for index, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             raise bad_request("only function tools are supported yet", param="tools")
         function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+        check_function_tool(function, "function", f"tools[{index}]")
         out.append({"type": "function", "function": function})
     return out or None
 

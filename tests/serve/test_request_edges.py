@@ -134,6 +134,35 @@ def test_tools_nested_too_deep_are_named_as_the_tools_and_nothing_is_stored_or_s
     assert snapshot("tl") == ([], None, [])
 
 
+@pytest.mark.parametrize("path", [CHAT, "/v1/responses"])
+@pytest.mark.parametrize(
+    "function", [{"parameters": {"type": "object"}}, {"name": ""}, {"name": 5}, None]
+)
+def test_a_function_tool_without_a_name_is_a_400_and_nothing_is_stored_or_sent(
+    gateway: str, vllm: FakeVLLM, snapshot: Callable[[str], Any], path: str, function: Any
+) -> None:
+    """(it was forwarded, after the turn's messages were stored; the server refuses it)"""
+    good = {"name": "f", "parameters": {"type": "object"}}
+    if path == CHAT:
+        bad = (
+            {"type": "function"} if function is None else {"type": "function", "function": function}
+        )
+        body = said(USER, tools=[{"type": "function", "function": good}, bad])
+    else:
+        bad = {"type": "function", **(function or {})}
+        body = {
+            "model": "m",
+            "input": "hi",
+            "conversation": "tn",
+            "tools": [{"type": "function", **good}, bad],
+        }
+    response = httpx.post(gateway + path, json=body, headers={"X-Session-Id": "tn"}, timeout=30)
+    error = refused(response, 400, "invalid_tools")
+    assert error["param"] == "tools[1]" and error["message"].startswith("tools[1]: ")
+    assert vllm.requests == []
+    assert snapshot("tn") == ([], None, [])
+
+
 def test_n_of_one_with_a_session_is_a_turn(gateway: str, stored: Any) -> None:
     assert chat(gateway, "hi", n=1).status_code == 200
     assert [m["role"] for m in stored("s1")] == ["user", "assistant"]
