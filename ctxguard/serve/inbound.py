@@ -171,6 +171,12 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
             message = Message.from_openai(data)
         except InvalidMessageError as exc:
             raise _bad_message(index, str(exc)) from None
+        if isinstance(data, dict) and data.get("content") == []:
+            raise _bad_message(
+                index,
+                "content is an empty array of parts (OpenAI refuses it; stored, it would "
+                'be in every later request); send at least one part, or a string such as ""',
+            )
         if says_nothing(message):
             raise _bad_message(
                 index,

@@ -163,6 +163,18 @@ def test_a_function_tool_without_a_name_is_a_400_and_nothing_is_stored_or_sent(
     assert snapshot("tn") == ([], None, [])
 
 
+@pytest.mark.parametrize("role", ["user", "system", "developer", "assistant"])
+def test_content_as_an_empty_array_is_a_400_and_nothing_is_stored_or_sent(
+    gateway: str, vllm: FakeVLLM, snapshot: Callable[[str], Any], role: str
+) -> None:
+    """(it was stored, a turn of nothing in every later request; OpenAI refuses it)"""
+    body = said({"role": "system", "content": "s"}, {"role": role, "content": []}, USER)
+    error = refused(post(gateway, body), 400, "invalid_message")
+    assert error["param"] == "messages[1]" and "empty array" in error["message"]
+    assert vllm.requests == []
+    assert snapshot("s1") == ([], None, [])
+
+
 def test_n_of_one_with_a_session_is_a_turn(gateway: str, stored: Any) -> None:
     assert chat(gateway, "hi", n=1).status_code == 200
     assert [m["role"] for m in stored("s1")] == ["user", "assistant"]
