@@ -16,6 +16,12 @@
 # `destructive` (SCRIPT FLUSH, CONFIG SET, CLIENT KILL, ...) only touch a
 # private server (see tests/conftest.py).
 # Progress goes to stderr; stdout holds only the export lines.
+#
+# The servers outlive `start` (they are daemons) until `stop`, which finds them by the
+# pid files in STATE_DIR, whoever calls it: a caller that can die first hands STATE_DIR
+# to a watchdog (tests/reaper.py; scripts/test and the tests' private clusters do). A
+# `start` that is interrupted (SIGINT, SIGTERM, SIGHUP) stops what it had started, and a
+# `stop` while a `start` still runs into the same STATE_DIR ends that start first.
 set -euo pipefail
 
 CLUSTER_NODES=6
@@ -145,6 +151,9 @@ cmd_start() {
   case $what in all | standalone | cluster) ;; *) die "start: unknown service set '$what'" ;; esac
   mkdir -p "$state"
   : >"$state/ports"
+  echo $$ >"$state/start.pid"
+  # shellcheck disable=SC2064  # $state is fixed now
+  trap "log 'interrupted: stopping what was started'; cmd_stop '$state'; exit 130" INT TERM HUP
 
   if [[ $what != cluster ]]; then
     private=1
@@ -177,22 +186,65 @@ cmd_start() {
     printf 'export CTXGUARD_TEST_CLUSTER_URL=%q\n' "$cluster"
     printf 'export CTXGUARD_TEST_CLUSTER_PRIVATE=%s\n' "$private"
   fi
+  trap - INT TERM HUP
+  rm -f "$state/start.pid"
+}
+
+# running_start STATE: the pid of a `services.sh start STATE` still running, if any.
+running_start() {
+  local pid
+  pid=$(cat "$1/start.pid" 2>/dev/null || true)
+  [[ -n $pid && $pid != "$$" ]] || return 1
+  [[ $(ps -ww -o args= -p "$pid" 2>/dev/null) == *services.sh\ start\ "$1"* ]] || return 1
+  echo "$pid"
+}
+
+# our_server PID DIR: PID is a redis-server running in DIR (never a pid since reused).
+our_server() {
+  local stat comm cwd
+  read -r stat comm < <(ps -o stat=,comm= -p "$1" 2>/dev/null) || return 1
+  [[ $stat != Z* && $comm == redis-server* ]] || return 1 # a zombie is gone
+  cwd=$(readlink "/proc/$1/cwd" 2>/dev/null) || return 0 # no /proc, or exiting: by name
+  [[ $cwd == "$(cd "$2" && pwd -P)" ]]
 }
 
 cmd_stop() {
-  local state=$1 port pidfile pid
+  local state=$1 pidfile pid port dir real proc comm
   [[ -d $state ]] || return 0
-  if [[ -f $state/ports ]]; then
-    while read -r port; do
-      [[ -n $port ]] || continue
-      timeout 3 redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
-    done <"$state/ports"
+  real=$(cd "$state" && pwd -P)
+  if pid=$(running_start "$state"); then
+    log "stopping the start still running into $state (pid $pid)"
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 300); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
   fi
-  # Anything that ignored SHUTDOWN: stop it by the pid it wrote.
+  # Each server by the pid file it wrote: SHUTDOWN on its port if the server there is
+  # that pid, then a signal for one that ignored it.
   while IFS= read -r pidfile; do
     pid=$(cat "$pidfile" 2>/dev/null || true)
-    if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then kill "$pid" 2>/dev/null || true; fi
+    [[ -n $pid ]] || continue
+    port=${pidfile##*/redis-}
+    port=${port%.pid}
+    dir=${pidfile%/*}
+    if [[ $(server_pid "$port") == "$pid" ]]; then
+      timeout 3 redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    fi
+    for _ in $(seq 1 30); do
+      our_server "$pid" "$dir" || break
+      sleep 0.1
+    done
+    if our_server "$pid" "$dir"; then kill "$pid" 2>/dev/null || true; fi
   done < <(find "$state" -name 'redis-*.pid' 2>/dev/null)
+  # A server with no pid file yet (a start cut short as it forked one): by its working
+  # directory, which is in STATE_DIR (Linux /proc).
+  for proc in /proc/[0-9]*; do
+    { read -r comm <"$proc/comm"; } 2>/dev/null || continue
+    [[ $comm == redis-server ]] || continue
+    [[ $(readlink "$proc/cwd" 2>/dev/null) == "$real"/* ]] || continue
+    kill "${proc#/proc/}" 2>/dev/null || true
+  done
   rm -rf "$state"
 }
 

@@ -13,12 +13,17 @@ and only ever touch a server this test run started: ``scratch_redis_url``, or
 ``redis_url``/``cluster_url`` when ``CTXGUARD_TEST_REDIS_PRIVATE=1`` /
 ``CTXGUARD_TEST_CLUSTER_PRIVATE=1`` say services.sh started them. A
 destructive test asking for a server the user named is skipped.
+
+Servers a test starts die with the run: SIGTERM and SIGHUP end the run as Ctrl-C does,
+so fixtures stop what they started, and each server process is also known to a watchdog
+that stops it when the test process is gone, SIGKILL included (``tests/reaper.py``).
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import signal
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -83,6 +88,35 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{DESTRUCTIVE}: changes a server's global state (SCRIPT FLUSH, CONFIG SET, DEBUG, "
         "CLIENT KILL/PAUSE, SHUTDOWN, kills): runs only on a server this test run started",
     )
+    interrupt_on_termination()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for signum, handler in _PREVIOUS_HANDLERS.items():
+        signal.signal(signum, handler)
+    _PREVIOUS_HANDLERS.clear()
+
+
+# -- a terminated run still stops its servers -----------------------------------------
+
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+_PREVIOUS_HANDLERS: dict[int, Any] = {}
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    # A second one ends the run at once (the reaper still stops its servers).
+    signal.signal(signum, signal.SIG_DFL)
+    raise KeyboardInterrupt(f"{signal.Signals(signum).name}: the test run was terminated")
+
+
+def interrupt_on_termination() -> None:
+    """SIGTERM / SIGHUP (``timeout``, a closed terminal) interrupt the run as Ctrl-C does,
+    so pytest tears the fixtures down and they stop the servers they started; by default
+    either signal ended the process at once, and the servers ran on. A handler someone
+    else installed is kept."""
+    for signum in TERMINATING:
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            _PREVIOUS_HANDLERS[signum] = signal.signal(signum, _interrupt)
 
 
 def shared_servers_refused(

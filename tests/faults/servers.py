@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import redis
+from reaper import REAPER
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ROOT / "scripts" / "services.sh"
@@ -75,7 +76,12 @@ class RedisServer:
         ]  # fmt: skip
 
     def start(self) -> RedisServer:
-        self.proc = subprocess.Popen(self.command_line(), stdout=subprocess.DEVNULL)
+        # A session of its own: stopped by this object or by the reaper when the test
+        # process dies (tests/reaper.py), not by a signal meant for the test run.
+        self.proc = subprocess.Popen(
+            self.command_line(), stdout=subprocess.DEVNULL, start_new_session=True
+        )
+        REAPER.own(self.proc, group=False)
         try:
             self._wait_up()
         except BaseException:
@@ -120,14 +126,16 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
 
     def stop(self, kill: bool = False) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        REAPER.release(self.proc)
 
     def restart(self, kill: bool = False, down_for: float = 0.0) -> None:
         self.stop(kill=kill)
@@ -146,14 +154,27 @@ class PrivateCluster:
     def start(self) -> PrivateCluster:
         env = dict(os.environ)
         env.pop("CTXGUARD_TEST_CLUSTER_URL", None)  # never reuse the shared cluster
-        out = subprocess.run(
+        # If this process dies, even while services.sh is still starting the nodes
+        # (daemons, out of our process group), the reaper stops them.
+        REAPER.own_services(self.state)
+        starter = subprocess.Popen(
             ["bash", str(SERVICES), "start", str(self.state), "cluster"],
             env=env,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=120,
-            check=True,
-        ).stdout
+            start_new_session=True,
+        )
+        REAPER.own(starter, group=True)
+        try:
+            out, err = starter.communicate(timeout=120)
+        finally:
+            if starter.poll() is None:
+                os.killpg(starter.pid, signal.SIGTERM)  # its trap stops what it started
+                starter.wait(30)
+            REAPER.release(starter)
+        if starter.returncode != 0:
+            raise subprocess.CalledProcessError(starter.returncode, starter.args, out, err)
         for line in out.splitlines():
             if line.startswith("export CTXGUARD_TEST_CLUSTER_URL="):
                 self.url = shlex.split(line.split("=", 1)[1])[0]
@@ -163,6 +184,7 @@ class PrivateCluster:
 
     def stop(self) -> None:
         subprocess.run(["bash", str(SERVICES), "stop", str(self.state)], timeout=60, check=False)
+        REAPER.release_services(self.state)
 
     @property
     def ports(self) -> list[int]:

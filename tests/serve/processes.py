@@ -1,11 +1,15 @@
 """`ctxguard serve` as a child process (uvicorn with worker processes), for tests.
 
-Like ``faults/servers.py``: the process is this test run's own, always stopped.
+Like ``faults/servers.py``: the process is this test run's own, always stopped. Each
+runs in a process group of its own (uvicorn's workers included), stopped whole; if the
+test process dies first, its reaper stops the group (``tests/reaper.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,6 +17,7 @@ from pathlib import Path
 
 import httpx
 from faults.servers import free_port
+from reaper import REAPER
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +35,9 @@ class CliGateway:
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            start_new_session=True,
         )
+        REAPER.own(self.proc, group=True)
         deadline = time.monotonic() + 60
         while True:
             if self.proc.poll() is not None:
@@ -49,18 +56,19 @@ class CliGateway:
         """Die at once (SIGKILL): no shutdown, no cleanup, as a crashed host would."""
         self.proc.kill()
         self.proc.wait(10)
+        _end_group(self.proc)
 
     def stop(self) -> None:
-        if self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
         if self.proc.stderr is not None:
             self.proc.stderr.close()
+        _end_group(self.proc)
 
 
 class LiteLLMProxy:
@@ -89,7 +97,9 @@ class LiteLLMProxy:
                 cwd=config.parent,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
+        REAPER.own(self.proc, group=True)
         deadline = time.monotonic() + 120
         while True:
             try:
@@ -110,3 +120,12 @@ class LiteLLMProxy:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+        _end_group(self.proc)
+
+
+def _end_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL what is left of the process group ``proc`` led (a worker its leader did
+    not take down), and tell the reaper it is done."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    REAPER.release(proc)
