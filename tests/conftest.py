@@ -17,13 +17,17 @@ destructive test asking for a server the user named is skipped.
 Servers a test starts die with the run: SIGTERM and SIGHUP end the run as Ctrl-C does,
 so fixtures stop what they started, and each server process is also known to a watchdog
 that stops it when the test process is gone, SIGKILL included (``tests/reaper.py``).
+No test connects to this host's port 6379 unless a ``CTXGUARD_TEST_*_URL`` names it
+(``refuse_port_6379``).
 """
 
 from __future__ import annotations
 
 import inspect
+import ipaddress
 import os
 import signal
+import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -89,6 +93,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "CLIENT KILL/PAUSE, SHUTDOWN, kills): runs only on a server this test run started",
     )
     interrupt_on_termination()
+    refuse_port_6379(os.environ)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -117,6 +122,78 @@ def interrupt_on_termination() -> None:
     for signum in TERMINATING:
         if signal.getsignal(signum) is signal.SIG_DFL:
             _PREVIOUS_HANDLERS[signum] = signal.signal(signum, _interrupt)
+
+
+# -- port 6379 is not ours --------------------------------------------------------------
+
+FOREIGN_PORT = 6379
+# Each (host, port) a test of this process tried to reach on port 6379 (refused).
+FOREIGN_CONNECTS: list[tuple[str, int]] = []
+
+
+def _is_local(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_unspecified  # 0.0.0.0 reaches this host too
+
+
+def refuse_port_6379(env: Mapping[str, str]) -> None:
+    """Refuse a connection from this process to this host's port 6379 (a server the
+    tests did not start: a default ``redis.Redis()``, a ``redis://localhost`` with no
+    port), unless a ``CTXGUARD_TEST_*_URL`` names port 6379 (a server the user chose).
+    Such an attempt is a ConnectionRefusedError and fails its test."""
+    named = any(
+        port == FOREIGN_PORT
+        for name, url in env.items()
+        if name.startswith("CTXGUARD_TEST_") and name.endswith("_URL")
+        for port in _url_ports(url)
+    )
+    if named or getattr(socket.socket.connect, "refuses_6379", False):
+        return
+    socket.socket.connect = guard_connect(socket.socket.connect)  # type: ignore[method-assign]
+
+
+def guard_connect(connect: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    """``connect`` (a socket method), refusing this host's port 6379."""
+
+    def guarded(sock: Any, address: Any) -> None:
+        if (
+            sock.family in (socket.AF_INET, socket.AF_INET6)
+            and isinstance(address, tuple)
+            and address[1] == FOREIGN_PORT
+            and _is_local(str(address[0]))
+        ):
+            FOREIGN_CONNECTS.append((str(address[0]), FOREIGN_PORT))
+            raise ConnectionRefusedError(
+                f"tests never connect to {address[0]}:{FOREIGN_PORT} (not a server they "
+                "started); use redis_url / scratch_redis_url"
+            )
+        connect(sock, address)
+
+    guarded.refuses_6379 = True  # type: ignore[attr-defined]
+    return guarded
+
+
+def _url_ports(url: str) -> list[int]:
+    try:
+        return [port for _, port in parse_store_url(url).servers]
+    except Exception:  # not a store URL: names no port to allow
+        return []
+
+
+@pytest.fixture(autouse=True)
+def _never_port_6379() -> Iterator[None]:
+    tried = len(FOREIGN_CONNECTS)
+    yield
+    if len(FOREIGN_CONNECTS) > tried:
+        pytest.fail(
+            f"the test tried to connect to {FOREIGN_CONNECTS[tried][0]}:{FOREIGN_PORT}, a "
+            "server it did not start (refused)"
+        )
 
 
 def shared_servers_refused(

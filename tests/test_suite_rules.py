@@ -7,7 +7,9 @@ they did not start, and ``scripts/services.sh`` never picks up a server by chanc
 * a destructive test asking for a server the user named is refused
   (``shared_servers_refused``), and the real ones leave such a server untouched;
 * ``services.sh start`` with nothing named never talks to 6379, and says which
-  servers it started (``CTXGUARD_TEST_*_PRIVATE``);
+  servers it started (``CTXGUARD_TEST_*_PRIVATE``); no test connects to this host's port
+  6379 unless a ``CTXGUARD_TEST_*_URL`` names it (``refuse_port_6379``), and one that
+  tries fails;
 * an exception in a thread a test started, or in a ``__del__``, fails the test;
 * a test opens an in-process store of its own: no plain ``"memory://"`` (one store per
   process) outside the tests of what that URL means, no fixed ``memory://<name>`` in two
@@ -21,6 +23,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Collection, Iterator
@@ -28,7 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DESTRUCTIVE, shared_servers_refused
+from conftest import (
+    DESTRUCTIVE,
+    FOREIGN_CONNECTS,
+    FOREIGN_PORT,
+    guard_connect,
+    shared_servers_refused,
+)
 from faults.servers import RedisServer
 
 TESTS = Path(__file__).resolve().parent
@@ -264,6 +273,72 @@ def test_services_start_private_servers_and_never_probe_6379(
         assert client.ping()
     finally:
         client.close()
+
+
+class _Sock:
+    family = socket.AF_INET
+
+
+@pytest.mark.parametrize(
+    "address", [("127.0.0.1", 6379), ("localhost", 6379), ("::1", 6379), ("0.0.0.0", 6379)]
+)
+def test_a_connection_to_this_hosts_port_6379_is_refused(address: tuple[str, int]) -> None:
+    reached: list[Any] = []
+    guarded = guard_connect(lambda sock, addr: reached.append(addr))
+    seen = len(FOREIGN_CONNECTS)
+    try:
+        with pytest.raises(ConnectionRefusedError, match="tests never connect to"):
+            guarded(_Sock(), address)
+        assert FOREIGN_CONNECTS[seen:] == [(address[0], FOREIGN_PORT)]
+    finally:
+        del FOREIGN_CONNECTS[seen:]  # refused on purpose: not this test's failure
+    assert reached == []
+    guarded(_Sock(), ("127.0.0.1", 6380))  # any other port, or another host's 6379
+    guarded(_Sock(), ("10.1.2.3", 6379))
+    assert reached == [("127.0.0.1", 6380), ("10.1.2.3", 6379)]
+
+
+def test_this_test_process_refuses_port_6379() -> None:
+    named = any(
+        k.startswith("CTXGUARD_TEST_") and k.endswith("_URL") and f":{FOREIGN_PORT}" in v
+        for k, v in os.environ.items()
+    )
+    if named:
+        pytest.skip("a CTXGUARD_TEST_*_URL names port 6379: the user's server")
+    assert getattr(socket.socket.connect, "refuses_6379", False)
+
+
+INNER_6379 = """
+import socket
+import pytest
+import redis
+
+def test_default_client():
+    # without the guard this test would reach port 6379: it stops here instead
+    assert getattr(socket.socket.connect, "refuses_6379", False), "no guard: not connecting"
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis(socket_connect_timeout=1).ping()  # localhost:6379, redis-py's default
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_test_that_tries_port_6379_fails(tmp_path: Path) -> None:
+    inner = tmp_path / "test_inner.py"
+    inner.write_text(INNER_6379)
+    run = subprocess.run(
+        [
+            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull,
+            "--rootdir", str(tmp_path), "-p", "conftest", str(inner),
+        ],
+        cwd=tmp_path,
+        env=_test_env(PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)])),
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )  # fmt: skip
+    assert "1 passed, 1 error" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
+    assert f":{FOREIGN_PORT}, a server it did not start" in run.stdout
 
 
 def test_the_hypothesis_scale_scales_a_parametrized_test_once(
