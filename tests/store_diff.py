@@ -160,3 +160,39 @@ def refused_added(before: Snapshot, after: Snapshot) -> bool:
         return False
     _, problems = _strip_refused(before, after)
     return not problems
+
+
+def _unversioned(snap: Snapshot) -> Snapshot:
+    """``snap`` without what any write moves: the session's state token (its version and
+    stamp) and update time."""
+    out: Snapshot = {}
+    for key, (kind, value, ttl) in snap.items():
+        if key.endswith(":updated"):
+            continue
+        if key.endswith(":meta") and kind == "hash":
+            drop = {"ver", b"ver", "stamp", b"stamp", "updated", b"updated"}
+            value = [(k, v) for k, v in value if k not in drop]
+        out[key] = (kind, value, ttl)
+    return out
+
+
+def assert_taken_back(before: Snapshot, after: Snapshot) -> None:
+    """What a refused request's framework stored was taken back (``store.retract``): the
+    messages, ids, counts, pins and summary are as before; the only changes are
+    ``retract`` records at the end of one session's audit trail (and the session's state
+    token and update time, which every write moves: a reader holding the old token sees
+    the session changed)."""
+    trails = [k for k in after if k.endswith(":audit") and before.get(k) != after[k]]
+    assert len(trails) == 1, f"expected one audit trail grown, got {trails}"
+    old = list((before.get(trails[0]) or ("list", [], -1))[1])
+    new = list(after[trails[0]][1])
+    assert new[: len(old)] == old and len(new) > len(old), "the audit trail was rewritten"
+    kinds = [json.loads(r).get("kind", json.loads(r).get("k")) for r in new[len(old) :]]
+    assert kinds and all(k == "retract" for k in kinds), f"records added: {kinds}"
+    stripped = dict(after)
+    if trails[0] in before:
+        stripped[trails[0]] = before[trails[0]]
+    else:
+        del stripped[trails[0]]
+    diff = changes(_unversioned(before), _unversioned(stripped))
+    assert not diff, "a taken-back write changed the store:\n" + "\n".join(diff)

@@ -39,6 +39,7 @@ from ctxguard.guard.sync import Guard
 from ctxguard.ids import validate_id
 from ctxguard.kv.limit import ContextLimit, LimitSource
 from ctxguard.messages import Message
+from ctxguard.stores.contract import AppendResult
 from ctxguard.stores.memory import MemoryStore
 from ctxguard.tokens._protocol import TokenCounter
 
@@ -302,12 +303,33 @@ async def aread_last(ref: GuardRef, session_id: str, count: int) -> list[Message
     return [s.message for s in await guard.store.read_last(session_id, count)]
 
 
-async def aappend(ref: GuardRef, session_id: str, messages: Sequence[Message]) -> None:
+async def aappend(
+    ref: GuardRef, session_id: str, messages: Sequence[Message]
+) -> AppendResult | None:
+    """Append ``messages``; what the append did (None when there was nothing to append)."""
+    if not messages:
+        return None
     guard = ref.aio()
     if guard is None:
-        await asyncio.to_thread(ref.sync().append, session_id, messages)
-    elif messages:
-        await guard.append(session_id, messages)
+        return await asyncio.to_thread(ref.sync().append, session_id, messages)
+    return await guard.append(session_id, messages)
+
+
+async def aretract_unchanged(ref: GuardRef, session_id: str, count: int, token: str) -> bool:
+    """Retract the newest ``count`` messages (one atomic, audited write) if the session's
+    state token is still ``token``: whether it did (False, nothing written: another
+    write came between)."""
+    guard = ref.aio()
+    try:
+        if guard is None:
+            await asyncio.to_thread(
+                ref.sync().store.retract, session_id, count, expected_state=token
+            )
+        else:
+            await guard.store.retract(session_id, count, expected_state=token)
+    except ConflictError:
+        return False
+    return True
 
 
 def clear(guard: Guard, session_id: str) -> None:

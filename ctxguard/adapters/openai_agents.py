@@ -28,6 +28,16 @@ tool calls, then the results. Each original item is kept verbatim in
 * The Runner asks for history before it stores the new input, so the exact
   budget belongs in :meth:`CtxGuardSession.model_input_filter`: it fits every
   model call (instructions + history + new input + this run's tool turns).
+* What is stored when: the Runner stores a run's input with ``add_items`` before
+  its first model call (``Runner.run_streamed`` after it) and each turn's items
+  before the next call, each at once. When the filter refuses a request (a
+  :class:`~ctxguard.errors.CtxGuardError` such as ``BudgetError``), the session
+  takes back everything the run stored, in one atomic, audited ``store.retract``
+  that checks the session's state token is the one the run's last write left
+  (another writer's write meanwhile: nothing is taken back). The run fails with the
+  history as it was; the audit trail keeps the ``retract`` record. The run is the
+  SDK's ``wrapper=`` (one ``RunContextWrapper`` per run); only items the refused
+  request carries are taken back, never another run's.
 * ``pop_item`` returns and removes the newest item in one atomic, audited write:
   a ``store.retract`` of the newest message, or, when that message held several
   items (parallel calls), ``Guard.replace_tail`` of it by the others, with its id
@@ -56,6 +66,7 @@ from ctxguard.adapters._openai_agents_items import (
 from ctxguard.adapters._shared import GuardRef
 from ctxguard.errors import (
     ConfigError,
+    CtxGuardError,
     InvalidInputError,
     MissingDependencyError,
 )
@@ -63,6 +74,7 @@ from ctxguard.guard.aio import AsyncGuard
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.sync import Guard
 from ctxguard.messages import Message
+from ctxguard.stores.contract import AppendResult
 
 try:
     from agents.memory.session_settings import (
@@ -111,6 +123,7 @@ class CtxGuardSession(NotPicklable):
         self.ref = GuardRef(guard_or_url, **guard_options)
         self.last_prepared: PreparedRequest | None = None
         self._locks: PerLoop[asyncio.Lock] = PerLoop(asyncio.Lock)
+        self._run_writes = _RunWrites()
 
     def _lock(self) -> asyncio.Lock:
         """This session's lock on the running loop (an asyncio.Lock serves one loop; a
@@ -122,6 +135,7 @@ class CtxGuardSession(NotPicklable):
             raise InvalidInputError(
                 one_line(f"limit must be an int (the newest N items) or None, got {show(limit)}")
             )
+        self._run_writes.seen(wrapper)
         limit = resolve_session_limit(limit, self.session_settings)
         if limit is not None:
             if limit <= 0:
@@ -135,17 +149,21 @@ class CtxGuardSession(NotPicklable):
         return _flatten(prepared.messages)
 
     async def add_items(self, items: list[Any], *, wrapper: Any = None) -> None:
-        messages = items_to_messages(_shared.check_batch(items, object, "items"))
+        batch = _shared.check_batch(items, object, "items")
+        messages = items_to_messages(batch)
         async with self._lock():
-            await _shared.aappend(self.ref, self.session_id, messages)
+            result = await _shared.aappend(self.ref, self.session_id, messages)
+            self._run_writes.note(wrapper, result, [_plain(i) for i in batch])
 
     async def pop_item(self, *, wrapper: Any = None) -> Item | None:
         """Remove and return the newest item (atomic retract; see the module docstring)."""
+        self._run_writes.forget()
         async with self._lock():
             last = await _shared.asplit_newest(self.ref, self.session_id, _rest_of)
             return None if last is None else message_to_items(last)[-1]
 
     async def clear_session(self, *, wrapper: Any = None) -> None:
+        self._run_writes.forget()
         async with self._lock():
             await _shared.aclear(self.ref, self.session_id)
 
@@ -201,13 +219,69 @@ class CtxGuardSession(NotPicklable):
             if instructions:
                 messages.insert(0, Message(role="system", content=instructions))
                 groups.insert(0, [])
-            prepared, origins = await _shared.afit(guard, messages, reserve, schemas)
+            try:
+                prepared, origins = await _shared.afit(guard, messages, reserve, schemas)
+            except CtxGuardError:
+                await self._take_back(model_data.input)
+                raise
             self.last_prepared = prepared
             window = _shared.restore_window(prepared, origins, groups, message_to_items)
             items = [item for group in window for item in group]
             return ModelInputData(input=items, instructions=instructions)
 
         return fit_call
+
+    async def _take_back(self, sent: Sequence[Any]) -> None:
+        """A request the guard refused stores nothing: take back what the run stored
+        (the Runner stores the input before the model is called, the turn's items before
+        the next call), in one atomic ``store.retract`` that checks nothing else was
+        written since (else it is left as it is, nothing written). Only items the refused
+        request carries are taken back (a concurrent run's are not)."""
+        written = self._run_writes
+        async with self._lock():
+            if not written.count or written.token is None:
+                return
+            carried = [_plain(i) for i in sent]
+            if any(item not in carried for item in written.items):
+                return
+            taken = await _shared.aretract_unchanged(
+                self.ref, self.session_id, written.count, written.token
+            )
+            if taken:
+                written.forget()
+
+
+class _RunWrites:
+    """What the current run stored through this session, to take back if a request of
+    the run is refused: the messages appended (and their items) since the run's first
+    ``add_items``, while each append came right after the previous one (the session's
+    state token unchanged between them). The run is the Runner's ``RunContextWrapper``
+    (one object per run, passed as ``wrapper=``); without one, each call is a run."""
+
+    def __init__(self) -> None:
+        self.run: object = None
+        self.count = 0
+        self.token: str | None = None
+        self.items: list[Item] = []
+
+    def forget(self) -> None:
+        self.run, self.count, self.token, self.items = None, 0, None, []
+
+    def seen(self, run: object) -> None:
+        """A call of ``run``: another run's (or a call outside any) ends the one tracked
+        (each run reads the history first, the streamed Runner before its first request)."""
+        if run is None or run is not self.run:
+            self.forget()
+
+    def note(self, run: object, result: AppendResult | None, items: list[Item]) -> None:
+        if result is None:  # (nothing to store: nothing changed)
+            return
+        if run is None or run is not self.run or result.token_before != self.token:
+            self.forget()
+            self.run = run
+        self.count += len(result.stored)
+        self.token = result.token_after
+        self.items += items
 
 
 def _rest_of(last: Message) -> list[Message]:
