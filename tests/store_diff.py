@@ -176,23 +176,34 @@ def _unversioned(snap: Snapshot) -> Snapshot:
     return out
 
 
-def assert_taken_back(before: Snapshot, after: Snapshot) -> None:
+def assert_taken_back(before: Snapshot, after: Snapshot, refused: bool = False) -> None:
     """What a refused request's framework stored was taken back (``store.retract``): the
     messages, ids, counts, pins and summary are as before; the only changes are
-    ``retract`` records at the end of one session's audit trail (and the session's state
-    token and update time, which every write moves: a reader holding the old token sees
-    the session changed)."""
+    ``retract`` records (and with ``refused``, the guard's one ``refused`` record, with
+    its rid) at the end of one session's audit trail, and the session's state token and
+    update time, which every write moves (a reader holding the old token sees the
+    session changed)."""
     trails = [k for k in after if k.endswith(":audit") and before.get(k) != after[k]]
     assert len(trails) == 1, f"expected one audit trail grown, got {trails}"
-    old = list((before.get(trails[0]) or ("list", [], -1))[1])
-    new = list(after[trails[0]][1])
+    key = trails[0]
+    old = list((before.get(key) or ("list", [], -1))[1])
+    new = list(after[key][1])
     assert new[: len(old)] == old and len(new) > len(old), "the audit trail was rewritten"
     kinds = [json.loads(r).get("kind", json.loads(r).get("k")) for r in new[len(old) :]]
-    assert kinds and all(k == "retract" for k in kinds), f"records added: {kinds}"
+    allowed = ["refused", "retract"] if refused else ["retract"]
+    assert sorted(set(kinds)) == allowed, f"records added: {kinds}"
+    assert kinds.count("refused") <= 1, f"records added: {kinds}"
     stripped = dict(after)
-    if trails[0] in before:
-        stripped[trails[0]] = before[trails[0]]
-    else:
-        del stripped[trails[0]]
+    for name in (key, key[: -len("audit")] + "rids"):
+        if name in before:
+            stripped[name] = before[name]
+        else:
+            stripped.pop(name, None)
+    rids = key[: -len("audit")] + "rids"
+    if rids in after:
+        was = dict(before[rids][1]) if rids in before else {}
+        now = dict(after[rids][1])
+        assert all(now.get(k) == v for k, v in was.items()), "a rid changed"
+        assert len(now) - len(was) <= kinds.count("refused"), "rids beyond the refused one"
     diff = changes(_unversioned(before), _unversioned(stripped))
     assert not diff, "a taken-back write changed the store:\n" + "\n".join(diff)

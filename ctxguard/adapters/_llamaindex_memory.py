@@ -1,5 +1,17 @@
 """LlamaIndex ``BaseMemory`` on ctxguard: ``get()`` is the guard's budgeted window.
 
+What is stored when: ``put``/``aput`` (``put_messages``) store at once. A
+``FunctionAgent``/``AgentWorkflow`` (``aput(user_msg)`` then ``aget()``) and the chat
+engines (``put`` then ``get``) store the user's message before the guard fits the window
+that sends it; when ``get``/``aget`` is refused (a
+:class:`~ctxguard.errors.CtxGuardError` such as ``BudgetError``), the memory takes back
+what it stored of that request, the messages put since the last put that began with a
+user message (what an agent puts after its last ``get``, its steps and answer, answered
+the request before and stays), in one atomic, audited ``store.retract`` that checks the
+session's state token is the one the last put left (another write meanwhile: nothing is
+taken back). The request fails with the history as it was; the audit trail keeps the
+guard's ``refused`` record and the ``retract``.
+
 The memory survives its own serialisation (``to_dict``/``from_dict``, a
 workflow ``Context`` saved with ``JsonSerializer``, pickle): see
 :mod:`ctxguard.adapters._llamaindex_fields` (shared with the chat store).
@@ -7,7 +19,7 @@ workflow ``Context`` saved with ``JsonSerializer``, pickle): see
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 from ctxguard.adapters import _llamaindex_fields as fields
@@ -15,11 +27,12 @@ from ctxguard.adapters import _shared
 from ctxguard.adapters._closing import ClosesOwnGuard
 from ctxguard.adapters._llamaindex_convert import _checked_one, _converted, to_llamaindex
 from ctxguard.adapters._shared import GuardRef
-from ctxguard.errors import InvalidInputError, MissingDependencyError
+from ctxguard.errors import CtxGuardError, InvalidInputError, MissingDependencyError
 from ctxguard.guard.aio import AsyncGuard
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.sync import Guard
 from ctxguard.messages import Message
+from ctxguard.stores.contract import AppendResult
 
 try:
     from llama_index.core.base.llms.types import ChatMessage
@@ -48,6 +61,7 @@ class CtxGuardMemory(BaseMemory, fields.StoreFields, ClosesOwnGuard):
     )
     max_tokens: int | None = Field(default=None, description="output tokens to reserve")
     _last: PreparedRequest | None = PrivateAttr(default=None)
+    _asked: _Asked = PrivateAttr(default_factory=lambda: _Asked())
 
     def __init__(self, /, **data: Any) -> None:
         try:
@@ -129,22 +143,36 @@ class CtxGuardMemory(BaseMemory, fields.StoreFields, ClosesOwnGuard):
 
     def get(self, input: str | None = None, **kwargs: Any) -> list[ChatMessage]:  # noqa: A002
         guard = self.ref.sync()
-        reserve = self._reserve(guard, kwargs.get("initial_token_count", 0))
+        reserve: int | None = None  # (a refused reserve is no empty memory)
         try:
-            return self._window(_shared.prepare(guard, self.session_id, (), reserve))
-        except InvalidInputError:
-            if _shared.read_all(guard, self.session_id):
-                raise
-            return []  # an empty memory, as every LlamaIndex memory answers
+            reserve = self._reserve(guard, kwargs.get("initial_token_count", 0))
+            prepared = _shared.prepare(guard, self.session_id, (), reserve)
+        except CtxGuardError as exc:
+            if _empty(exc, reserve) and not _shared.read_all(guard, self.session_id):
+                return []  # an empty memory, as every LlamaIndex memory answers
+            asked, self._asked = self._asked, _Asked()
+            if asked.count and asked.token is not None:  # what it stored: taken back
+                _shared.retract_unchanged(guard, self.session_id, asked.count, asked.token)
+            raise
+        self._asked = _Asked()
+        return self._window(prepared)
 
     async def aget(self, input: str | None = None, **kwargs: Any) -> list[ChatMessage]:  # noqa: A002
-        reserve = self._reserve(self.ref.any_guard(), kwargs.get("initial_token_count", 0))
+        reserve: int | None = None
         try:
-            return self._window(await _shared.aprepare(self.ref, self.session_id, (), reserve))
-        except InvalidInputError:
-            if await _shared.aread_all(self.ref, self.session_id):
-                raise
-            return []
+            reserve = self._reserve(self.ref.any_guard(), kwargs.get("initial_token_count", 0))
+            prepared = await _shared.aprepare(self.ref, self.session_id, (), reserve)
+        except CtxGuardError as exc:
+            if _empty(exc, reserve) and not await _shared.aread_all(self.ref, self.session_id):
+                return []
+            asked, self._asked = self._asked, _Asked()
+            if asked.count and asked.token is not None:
+                await _shared.aretract_unchanged(
+                    self.ref, self.session_id, asked.count, asked.token
+                )
+            raise
+        self._asked = _Asked()
+        return self._window(prepared)
 
     def get_all(self) -> list[ChatMessage]:
         return [to_llamaindex(m) for m in _shared.read_all(self.ref.sync(), self.session_id)]
@@ -161,10 +189,11 @@ class CtxGuardMemory(BaseMemory, fields.StoreFields, ClosesOwnGuard):
     def put_messages(self, messages: list[ChatMessage]) -> None:
         new = _converted(self.session_id, messages)
         if new:
-            self.ref.sync().append(self.session_id, new)
+            self._asked.note(new, self.ref.sync().append(self.session_id, new))
 
     async def aput_messages(self, messages: list[ChatMessage]) -> None:
-        await _shared.aappend(self.ref, self.session_id, _converted(self.session_id, messages))
+        new = _converted(self.session_id, messages)
+        self._asked.note(new, await _shared.aappend(self.ref, self.session_id, new))
 
     def set(self, messages: list[ChatMessage]) -> None:
         _shared.replace(self.ref.sync(), self.session_id, _converted(self.session_id, messages))
@@ -190,6 +219,34 @@ class CtxGuardMemory(BaseMemory, fields.StoreFields, ClosesOwnGuard):
     def _window(self, prepared: PreparedRequest) -> list[ChatMessage]:
         self._last = prepared
         return [to_llamaindex(m) for m in prepared.messages]
+
+
+class _Asked:
+    """What this memory stored of the request a ``get`` is to fit: the messages put since
+    a put that began with a user message (a new request: what came before it, such as
+    an agent's steps put after its last ``get``, answered the request before), while
+    each put came right after the previous one (the state token unchanged between)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.token: str | None = None
+
+    def note(self, new: Sequence[Message], result: AppendResult | None) -> None:
+        if result is None:
+            return
+        if new and new[0].role == "user":
+            self.count = 0
+        elif not self.count or result.token_before != self.token:
+            self.count, self.token = 0, None  # (not a request's: nothing to take back)
+            return
+        self.count += len(result.stored)
+        self.token = result.token_after
+
+
+def _empty(exc: CtxGuardError, reserve: int | None) -> bool:
+    """Whether the guard's refusal may mean an empty session (nothing to send): the
+    window's, not the reserve's (a bad ``initial_token_count``)."""
+    return isinstance(exc, InvalidInputError) and reserve is not None
 
 
 def _refusal(exc: ValidationError) -> InvalidInputError:

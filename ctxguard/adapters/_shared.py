@@ -315,18 +315,24 @@ async def aappend(
     return await guard.append(session_id, messages)
 
 
-async def aretract_unchanged(ref: GuardRef, session_id: str, count: int, token: str) -> bool:
+def retract_unchanged(guard: Guard, session_id: str, count: int, token: str) -> bool:
     """Retract the newest ``count`` messages (one atomic, audited write) if the session's
     state token is still ``token``: whether it did (False, nothing written: another
     write came between)."""
-    guard = ref.aio()
     try:
-        if guard is None:
-            await asyncio.to_thread(
-                ref.sync().store.retract, session_id, count, expected_state=token
-            )
-        else:
-            await guard.store.retract(session_id, count, expected_state=token)
+        guard.store.retract(session_id, count, expected_state=token)
+    except ConflictError:
+        return False
+    return True
+
+
+async def aretract_unchanged(ref: GuardRef, session_id: str, count: int, token: str) -> bool:
+    """Async :func:`retract_unchanged`."""
+    guard = ref.aio()
+    if guard is None:
+        return await asyncio.to_thread(retract_unchanged, ref.sync(), session_id, count, token)
+    try:
+        await guard.store.retract(session_id, count, expected_state=token)
     except ConflictError:
         return False
     return True
