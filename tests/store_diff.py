@@ -162,48 +162,68 @@ def refused_added(before: Snapshot, after: Snapshot) -> bool:
     return not problems
 
 
-def _unversioned(snap: Snapshot) -> Snapshot:
+def _unversioned(snap: Snapshot, requests: bool = False) -> Snapshot:
     """``snap`` without what any write moves: the session's state token (its version and
-    stamp) and update time."""
+    stamp) and update time (and with ``requests``, what a window's request record moves:
+    the turn counter, and on Redis the request context it names, ``ctx``)."""
+    drop = {"ver", "stamp", "updated"} | ({"turns", "ctx"} if requests else set())
     out: Snapshot = {}
     for key, (kind, value, ttl) in snap.items():
-        if key.endswith(":updated"):
+        if key.endswith(":updated") or (requests and key.endswith(":ctx")):
             continue
         if key.endswith(":meta") and kind == "hash":
-            drop = {"ver", b"ver", "stamp", b"stamp", "updated", b"updated"}
-            value = [(k, v) for k, v in value if k not in drop]
+            value = [(k, v) for k, v in value if _text(k) not in drop]
         out[key] = (kind, value, ttl)
     return out
 
 
-def assert_taken_back(before: Snapshot, after: Snapshot, refused: bool = False) -> None:
+def _kind(raw: Any) -> str:
+    """An audit record's kind, as stored or compacted (Redis keeps a record smaller: a
+    request record's kind, with the rest of its context, lives in the context key)."""
+    from ctxguard.stores.audit_compact import MARKER, expand
+
+    record = json.loads(raw)
+    if MARKER in record:
+        record = expand(record)
+        if "kind" not in record and "turn" in record and "ctx" in record:
+            return "request"
+    return str(record.get("kind"))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def assert_taken_back(before: Snapshot, after: Snapshot, also: tuple[str, ...] = ()) -> None:
     """What a refused request's framework stored was taken back (``store.retract``): the
     messages, ids, counts, pins and summary are as before; the only changes are
-    ``retract`` records (and with ``refused``, the guard's one ``refused`` record, with
-    its rid) at the end of one session's audit trail, and the session's state token and
-    update time, which every write moves (a reader holding the old token sees the
-    session changed)."""
+    ``retract`` records at the end of one session's audit trail, with records of the
+    kinds in ``also`` (the guard's one ``refused`` record; the ``request`` records of
+    windows that fitted before a later call of the request was refused, and the turns
+    they numbered) and their rids, and the session's state token and update time, which
+    every write moves (a reader holding the old token sees the session changed)."""
     trails = [k for k in after if k.endswith(":audit") and before.get(k) != after[k]]
     assert len(trails) == 1, f"expected one audit trail grown, got {trails}"
     key = trails[0]
     old = list((before.get(key) or ("list", [], -1))[1])
     new = list(after[key][1])
     assert new[: len(old)] == old and len(new) > len(old), "the audit trail was rewritten"
-    kinds = [json.loads(r).get("kind", json.loads(r).get("k")) for r in new[len(old) :]]
-    allowed = ["refused", "retract"] if refused else ["retract"]
-    assert sorted(set(kinds)) == allowed, f"records added: {kinds}"
+    kinds = [_kind(r) for r in new[len(old) :]]
+    assert sorted(set(kinds)) == sorted({"retract", *also}), f"records added: {kinds}"
     assert kinds.count("refused") <= 1, f"records added: {kinds}"
     stripped = dict(after)
-    for name in (key, key[: -len("audit")] + "rids"):
+    rids = key[: -len("audit")] + "rids"
+    for name in (key, rids):
         if name in before:
             stripped[name] = before[name]
         else:
             stripped.pop(name, None)
-    rids = key[: -len("audit")] + "rids"
     if rids in after:
         was = dict(before[rids][1]) if rids in before else {}
         now = dict(after[rids][1])
         assert all(now.get(k) == v for k, v in was.items()), "a rid changed"
-        assert len(now) - len(was) <= kinds.count("refused"), "rids beyond the refused one"
-    diff = changes(_unversioned(before), _unversioned(stripped))
+        others = len(kinds) - kinds.count("retract")
+        assert len(now) - len(was) <= others, "rids beyond the records allowed"
+    requests = "request" in also
+    diff = changes(_unversioned(before, requests), _unversioned(stripped, requests))
     assert not diff, "a taken-back write changed the store:\n" + "\n".join(diff)

@@ -9,7 +9,9 @@ stateless mode do): pinned system messages first, tool call/result groups whole,
 window opening on a user turn, counted exactly with the guard's counter together with
 the tool schemas and the reply reserved (``max_tokens``). A call that cannot fit raises
 :class:`~ctxguard.errors.BudgetError`; nothing is stored by the wrapper (the memory
-keeps the session).
+keeps the session). Built on a :class:`CtxGuardMemory`, a call it refuses takes back
+what the memory stored of the request (the user's message the agent put before the
+window that went into this call; see :mod:`ctxguard.adapters._llamaindex_memory`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ctxguard.adapters._llamaindex_convert import to_ctxguard, to_llamaindex
 from ctxguard.adapters._llamaindex_memory import CtxGuardMemory
 from ctxguard.errors import (
     ConfigError,
+    CtxGuardError,
     InvalidInputError,
     MissingDependencyError,
     NotCopyableError,
@@ -204,7 +207,13 @@ class CtxGuardLLM(FunctionCallingLLM):
         """``messages`` as the window to send: the caller's own objects where whole."""
         given, converted = self._inputs(messages)
         reserve = self._reserve(kwargs)
-        return self._window(given, _shared.fit(self._guard(), converted, reserve, tools))
+        try:
+            fitted = _shared.fit(self._guard(), converted, reserve, tools)
+        except CtxGuardError:
+            if isinstance(self._source, CtxGuardMemory):  # what it stored for the call
+                self._source._take_back_request()
+            raise
+        return self._window(given, fitted)
 
     async def afit(
         self, messages: Sequence[ChatMessage], tools: Schemas | None, kwargs: dict[str, Any]
@@ -212,7 +221,13 @@ class CtxGuardLLM(FunctionCallingLLM):
         """:meth:`fit` off the event loop."""
         given, converted = self._inputs(messages)
         reserve = self._reserve(kwargs)
-        return self._window(given, await _shared.afit(self._guard(), converted, reserve, tools))
+        try:
+            fitted = await _shared.afit(self._guard(), converted, reserve, tools)
+        except CtxGuardError:
+            if isinstance(self._source, CtxGuardMemory):
+                await self._source._atake_back_request()
+            raise
+        return self._window(given, fitted)
 
     def _fit_prompt(self, prompt: str, kwargs: dict[str, Any]) -> str:
         return self._prompt(prompt, self.fit([_user(prompt)], None, kwargs))

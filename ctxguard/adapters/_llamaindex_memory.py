@@ -10,7 +10,10 @@ user message (what an agent puts after its last ``get``, its steps and answer, a
 the request before and stays), in one atomic, audited ``store.retract`` that checks the
 session's state token is the one the last put left (another write meanwhile: nothing is
 taken back). The request fails with the history as it was; the audit trail keeps the
-guard's ``refused`` record and the ``retract``.
+guard's ``refused`` record and the ``retract``. A later call of the same request refused
+(nothing put since the window: :class:`CtxGuardLLM` built on this memory refusing the
+call the window went into, or the agent's next step) takes back what that window's
+request stored the same way (the fitted windows' ``request`` records stay).
 
 The memory survives its own serialisation (``to_dict``/``from_dict``, a
 workflow ``Context`` saved with ``JsonSerializer``, pickle): see
@@ -62,6 +65,7 @@ class CtxGuardMemory(BaseMemory, fields.StoreFields, ClosesOwnGuard):
     max_tokens: int | None = Field(default=None, description="output tokens to reserve")
     _last: PreparedRequest | None = PrivateAttr(default=None)
     _asked: _Asked = PrivateAttr(default_factory=lambda: _Asked())
+    _sent: _Asked = PrivateAttr(default_factory=lambda: _Asked())
 
     def __init__(self, /, **data: Any) -> None:
         try:
@@ -150,11 +154,9 @@ class CtxGuardMemory(BaseMemory, fields.StoreFields, ClosesOwnGuard):
         except CtxGuardError as exc:
             if _empty(exc, reserve) and not _shared.read_all(guard, self.session_id):
                 return []  # an empty memory, as every LlamaIndex memory answers
-            asked, self._asked = self._asked, _Asked()
-            if asked.count and asked.token is not None:  # what it stored: taken back
-                _shared.retract_unchanged(guard, self.session_id, asked.count, asked.token)
+            self._take_back_request()
             raise
-        self._asked = _Asked()
+        self._fitted()
         return self._window(prepared)
 
     async def aget(self, input: str | None = None, **kwargs: Any) -> list[ChatMessage]:  # noqa: A002
@@ -165,14 +167,39 @@ class CtxGuardMemory(BaseMemory, fields.StoreFields, ClosesOwnGuard):
         except CtxGuardError as exc:
             if _empty(exc, reserve) and not await _shared.aread_all(self.ref, self.session_id):
                 return []
-            asked, self._asked = self._asked, _Asked()
-            if asked.count and asked.token is not None:
-                await _shared.aretract_unchanged(
-                    self.ref, self.session_id, asked.count, asked.token
-                )
+            await self._atake_back_request()
             raise
-        self._asked = _Asked()
+        self._fitted()
         return self._window(prepared)
+
+    def _fitted(self) -> None:
+        """A window fitted: what was put for it is its request's (:attr:`_sent`)."""
+        if self._asked.count:
+            self._sent = self._asked
+        self._asked = _Asked()
+
+    def _request(self) -> _Asked:
+        """What this memory stored of the request being refused, forgotten: what was put
+        since the last window, else (nothing put since) what the last window's request
+        stored (a later call of the same request refused: an agent's next step, or
+        :class:`CtxGuardLLM` refusing the call the window went into)."""
+        asked = self._asked if self._asked.count else self._sent
+        self._asked, self._sent = _Asked(), _Asked()
+        return asked
+
+    def _take_back_request(self) -> None:
+        """Take back what the refused request stored (one retract; nothing when the
+        session changed since its last put)."""
+        asked = self._request()
+        if asked.count and asked.token is not None:
+            guard = self.ref.sync()
+            _shared.retract_unchanged(guard, self.session_id, asked.count, asked.token)
+
+    async def _atake_back_request(self) -> None:
+        """Async :meth:`_take_back_request`."""
+        asked = self._request()
+        if asked.count and asked.token is not None:
+            await _shared.aretract_unchanged(self.ref, self.session_id, asked.count, asked.token)
 
     def get_all(self) -> list[ChatMessage]:
         return [to_llamaindex(m) for m in _shared.read_all(self.ref.sync(), self.session_id)]

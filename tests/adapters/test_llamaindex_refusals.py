@@ -10,6 +10,7 @@ and that ``retract`` record (tests/store_diff.py), and the turns before are kept
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -17,11 +18,13 @@ import pytest
 pytest.importorskip("llama_index.core")
 
 from llama_index.core.agent.workflow import FunctionAgent
+from llama_index.core.base.llms.types import ToolCallBlock
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.llms import ChatMessage
+from llama_index.core.llms.mock import MockFunctionCallingLLM
 from llama_index.core.workflow import Context
 
-from ctxguard.adapters.llamaindex import CtxGuardMemory
+from ctxguard.adapters.llamaindex import CtxGuardLLM, CtxGuardMemory
 from ctxguard.errors import BudgetError
 from tests import store_diff
 
@@ -68,7 +71,7 @@ async def test_a_function_agent_s_refused_message_is_not_stored(
         await agent.run(f"turn 1: {BIG}", ctx=ctx, memory=memory)
     assert raised(caught.value, BudgetError)
     assert len(seen) == 2  # the refused request never reached the model
-    store_diff.assert_taken_back(before, snapshot(memory, store_url), refused=True)
+    store_diff.assert_taken_back(before, snapshot(memory, store_url), also=("refused",))
     assert [m.role.value for m in await memory.aget_all()] == [m.role.value for m in stored]
     memory.close()
 
@@ -91,7 +94,7 @@ async def test_a_chat_engine_s_refused_message_is_not_stored(
         else:
             await engine.achat(BIG)
     assert len(llm.seen) == 1
-    store_diff.assert_taken_back(before, snapshot(memory, store_url), refused=True)
+    store_diff.assert_taken_back(before, snapshot(memory, store_url), also=("refused",))
     assert [m.content for m in memory.get_all() if m.role.value == "user"] == ["a first question"]
     memory.close()
 
@@ -124,4 +127,47 @@ async def test_steps_put_after_a_window_are_never_taken_back(
     with pytest.raises(BudgetError):
         await memory.aget()
     assert [m.content for m in await memory.aget_all()] == ["a question", BIG]
+    memory.close()
+
+
+def llm_for(memory: CtxGuardMemory, seen: list[list[ChatMessage]], city: str) -> CtxGuardLLM:
+    """A FunctionAgent's LLM behind CtxGuardLLM: a call of ``weather(city)``, then an answer."""
+
+    def respond(messages: Sequence[ChatMessage], **kwargs: Any) -> ChatMessage:
+        seen.append(list(messages))
+        if messages[-1].role.value == "tool":
+            return ChatMessage(role="assistant", content="done")
+        call = ToolCallBlock(tool_call_id="c1", tool_name="weather", tool_kwargs={"city": city})
+        return ChatMessage(role="assistant", blocks=[call])
+
+    return CtxGuardLLM(MockFunctionCallingLLM(response_generator=respond), memory)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "city", "calls"),
+    [("You answer. " * 40, "Lima", 0), (None, BIG, 1)],
+    ids=["first-call", "mid-run"],
+)
+async def test_a_call_ctxguard_llm_refuses_stores_nothing_of_the_run(
+    store_url: str, namespace: str, prompt: str | None, city: str, calls: int
+) -> None:
+    """The memory's window fits, the call it goes into does not (the agent's system
+    prompt, or this run's tool call, added): CtxGuardLLM's refusal takes back what the
+    memory stored of the run (its user message); the store keeps the fitted windows'
+    ``request`` records."""
+    memory = memory_for(store_url, namespace, LIMIT)  # the message fits; with either, not
+    await memory.aput(ChatMessage(role="user", content="an earlier question"))
+    await memory.aput(ChatMessage(role="assistant", content="an earlier answer"))
+    seen: list[list[ChatMessage]] = []
+    agent = FunctionAgent(llm=llm_for(memory, seen, city), tools=[TOOL], system_prompt=prompt)
+    before = snapshot(memory, store_url)
+    with pytest.raises(Exception) as caught:
+        await agent.run("turn 1: " + "word " * 60, ctx=Context(agent), memory=memory)
+    assert raised(caught.value, BudgetError)
+    assert len(seen) == calls
+    store_diff.assert_taken_back(before, snapshot(memory, store_url), also=("request",))
+    assert [m.content for m in await memory.aget_all()] == [
+        "an earlier question",
+        "an earlier answer",
+    ]
     memory.close()
