@@ -59,6 +59,7 @@ from ctxguard.adapters._openai_agents_items import (
     Item,
     _groups,
     _message_of,
+    _plain,
     checked_items,
     items_to_messages,
     message_to_items,
