@@ -13,7 +13,9 @@ method per operation, its retry rule beside it (splitting the class would split 
 Retries. When the connection drops (or the cluster is reconfiguring), an
 operation that is safe to repeat is sent again with backoff (:class:`RetryPolicy`:
 4 attempts, 50 ms doubling to at most 1 s), the same on the sync and async
-stores, standalone and cluster; when the attempts are used up it raises
+stores, standalone and cluster; when the attempts are used up, or the next one would
+start past the operation's deadline (connect timeout plus read timeout, which also
+bounds every connect and reply of it: ``redis_deadline.operation``), it raises
 :class:`~ctxguard.errors.StoreConnectionError`. Safe to repeat means a repeat
 after a lost reply changes nothing more and answers as the first attempt would
 have:
@@ -84,9 +86,11 @@ from ctxguard.stores.redis_clients import (
     as_fetch,
     pack,
     pack_evalsha,
+    retry_delay,
     scan_keys,
     sync_client,
 )
+from ctxguard.stores.redis_deadline import operation
 from ctxguard.stores.redis_errors import (
     CLIENT_INTERNAL_ERRORS,
     RETRYABLE,
@@ -122,27 +126,29 @@ class RedisStore(RedisStoreBase):
         delays = self.retry_policy.delays() if idempotent else iter(())
         sent: RedisError | None = None  # the last attempt that may have run, if any
         attempts = 0
-        while True:
-            attempts += 1
-            try:
-                return fn()
-            except AuthenticationError as exc:
-                raise wrap_error(exc, what, self.where, self.url) from exc
-            except RETRYABLE as exc:
-                sent = exc if connection_phase(exc) in ("write", "read", "lost") else sent
-                delay = next(delays, None)
-                if delay is None:  # report an attempt that may have run over a later refusal
-                    raise wrap_error(sent or exc, what, self.where, self.url, attempts) from exc
-                time.sleep(delay)
-            except (RedisError, RedisClusterException) as exc:
-                raise self._error(exc, what, keys) from exc
-            except CLIENT_INTERNAL_ERRORS as exc:
-                if not raised_in_client(exc):
-                    raise  # our own bug: never disguised as a connection problem
-                delay = next(delays, None)
-                if delay is None:
-                    raise client_failure(exc, what, self.where) from exc
-                time.sleep(delay)
+        end = time.monotonic() + self.url.connect_timeout + self.url.read_timeout
+        with operation(end):  # every attempt, connection and reply within one deadline
+            while True:
+                attempts += 1
+                try:
+                    return fn()
+                except AuthenticationError as exc:
+                    raise wrap_error(exc, what, self.where, self.url) from exc
+                except RETRYABLE as exc:
+                    sent = exc if connection_phase(exc) in ("write", "read", "lost") else sent
+                    delay = retry_delay(delays, end)
+                    if delay is None:  # report an attempt that may have run over a refusal
+                        raise wrap_error(sent or exc, what, self.where, self.url, attempts) from exc
+                    time.sleep(delay)
+                except (RedisError, RedisClusterException) as exc:
+                    raise self._error(exc, what, keys) from exc
+                except CLIENT_INTERNAL_ERRORS as exc:
+                    if not raised_in_client(exc):
+                        raise  # our own bug: never disguised as a connection problem
+                    delay = retry_delay(delays, end)
+                    if delay is None:
+                        raise client_failure(exc, what, self.where) from exc
+                    time.sleep(delay)
 
     def _run(self, call: Call, idempotent: bool = True) -> Any:
         script = self._scripts[call.script]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
@@ -52,6 +53,7 @@ from ctxguard.stores.redis_clients import (
     async_client,
     pack,
     pack_evalsha,
+    retry_delay,
 )
 from ctxguard.stores.redis_errors import (
     CLIENT_INTERNAL_ERRORS,
@@ -108,6 +110,7 @@ class AsyncRedisStore(RedisStoreBase):
         delays = self.retry_policy.delays() if idempotent else iter(())
         sent: RedisError | None = None  # the last attempt that may have run, if any
         attempts = 0
+        end = time.monotonic() + self.url.connect_timeout + self.url.read_timeout  # no retry past
         while True:
             attempts += 1
             try:
@@ -124,7 +127,7 @@ class AsyncRedisStore(RedisStoreBase):
                 raise wrap_error(exc, what, self.where, self.url) from exc
             except RETRYABLE as exc:
                 sent = exc if connection_phase(exc) in ("write", "read", "lost") else sent
-                delay = next(delays, None)
+                delay = retry_delay(delays, end)
                 if delay is None:  # report an attempt that may have run over a later refusal
                     raise wrap_error(sent or exc, what, self.where, self.url, attempts) from exc
                 await asyncio.sleep(delay)
@@ -133,7 +136,7 @@ class AsyncRedisStore(RedisStoreBase):
             except CLIENT_INTERNAL_ERRORS as exc:
                 if not raised_in_client(exc):
                     raise  # our own bug: never disguised as a connection problem
-                delay = next(delays, None)
+                delay = retry_delay(delays, end)
                 if delay is None:
                     raise client_failure(exc, what, self.where) from exc
                 await asyncio.sleep(delay)

@@ -10,6 +10,7 @@ timeouts passed as arguments, redis-py's own retries off), the
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,15 @@ class RetryPolicy:
         for _ in range(self.attempts - 1):
             yield delay
             delay = min(delay * 2, self.max_delay)
+
+
+def retry_delay(delays: Iterator[float], end: float) -> float | None:
+    """The wait before the next attempt; None when the attempts are used up or the next
+    one would start past the operation's deadline ``end`` (``time.monotonic()``)."""
+    delay = next(delays, None)
+    if delay is None or time.monotonic() + delay >= end:
+        return None
+    return delay
 
 
 def as_fetch(result: WindowFetch | WindowHit) -> WindowFetch:

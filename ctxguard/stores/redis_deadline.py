@@ -8,6 +8,12 @@ socket read may wait only for the time left until ``socket_timeout`` after the r
 began, and past it the read fails as a timeout (the connection is then dropped, as
 redis-py drops it on any timeout).
 
+An operation of the store (every attempt of it, each connection's handshake and every
+reply it reads) also has one deadline (:func:`operation`, set by ``RedisStore._io``):
+connecting and reading never wait past it. So a server that accepts connections and
+never answers fails an operation once, within the connect timeout plus the read timeout,
+not once per handshake reply and per retry (4 attempts of a 10 s read timeout were 42 s).
+
 The connection classes are redis-py's own (plain and TLS), with ``_connect`` returning
 the socket wrapped and ``read_response`` setting the deadline; everything else about
 the socket is the socket's.
@@ -15,10 +21,33 @@ the socket is the socket's.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from redis.connection import Connection, SSLConnection
+
+_operation = threading.local()  # .end: the deadline of the operation this thread runs
+
+
+def operation_end() -> float | None:
+    """The deadline of the store operation this thread runs, if any."""
+    end: float | None = getattr(_operation, "end", None)
+    return end
+
+
+@contextmanager
+def operation(end: float) -> Iterator[None]:
+    """Connections used by this thread inside the block never wait past ``end``
+    (``time.monotonic()``); an enclosing operation's earlier deadline is kept."""
+    outer = operation_end()
+    _operation.end = end if outer is None else min(outer, end)
+    try:
+        yield
+    finally:
+        _operation.end = outer
 
 
 class _DeadlineSocket:
@@ -98,18 +127,37 @@ class _Deadline:
 
     reply_deadline: float | None = None
     socket_timeout: float | None
+    socket_connect_timeout: float | None
     _sock: Any
 
     def _connect(self) -> Any:
-        sock = super()._connect()  # type: ignore[misc]
+        end = operation_end()
+        sock = super()._connect() if end is None else self._connect_by(end)  # type: ignore[misc]
         # a plain socket has no ``pending``: redis-py's hasattr test then fails fast
         return (_DeadlineTLSSocket if hasattr(sock, "pending") else _DeadlineSocket)(sock, self)
+
+    def _connect_by(self, end: float) -> Any:
+        """Connect (TCP, and TLS's handshake) with both timeouts cut to the time left."""
+        left = end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the operation's deadline passed before connecting")
+        connect, read = self.socket_connect_timeout, self.socket_timeout
+        self.socket_connect_timeout = left if connect is None else min(connect, left)
+        self.socket_timeout = left if read is None else min(read, left)
+        try:
+            sock = super()._connect()  # type: ignore[misc]
+        finally:
+            self.socket_connect_timeout, self.socket_timeout = connect, read
+        sock.settimeout(read)
+        return sock
 
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
         limit = self.socket_timeout
         if limit is None or "timeout" in kwargs:
             return super().read_response(*args, **kwargs)  # type: ignore[misc]
-        self.reply_deadline = time.monotonic() + limit
+        end = time.monotonic() + limit
+        op_end = getattr(_operation, "end", None)
+        self.reply_deadline = end if op_end is None or op_end > end else op_end
         try:
             return super().read_response(*args, **kwargs)  # type: ignore[misc]
         finally:

@@ -11,6 +11,8 @@
 * ``dripping`` / ``handshake_then_dripping``: answer every command (from the first real
   command on) with an error line that never ends, one byte every 0.1 s: a socket timeout
   that bounds each read alone never fires.
+* ``slow_handshake_then_silent``: answers each handshake command after ``delay`` s
+  (under a read timeout, but several of them past it), then goes silent.
 * ``echoing``: answers every command as Redis 5 answers one it does not know, quoting
   its arguments (``ERR unknown command `AUTH`, with args beginning with: `pw`, ``): a
   server or proxy that knows neither ``HELLO`` nor ``AUTH`` sends the password back.
@@ -33,19 +35,27 @@ Behaviour = Literal[
     "echoing",
     "dripping",
     "handshake_then_dripping",
+    "slow_handshake_then_silent",
 ]
 HANDSHAKE = {b"CLIENT", b"HELLO", b"AUTH", b"SELECT", b"PING"}
 
 
 class FakeServer:
-    def __init__(self, behaviour: Behaviour) -> None:
+    def __init__(self, behaviour: Behaviour, delay: float = 0.0) -> None:
         self.behaviour = behaviour
+        self.delay = delay
+        self.commands: list[bytes] = []  # every command's name, as received
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = int(self.sock.getsockname()[1])
         self._stop = threading.Event()
         self._conns: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
+
+    @property
+    def connections(self) -> int:
+        """How many connections the server accepted."""
+        return len(self._conns)
 
     @property
     def url(self) -> str:
@@ -113,7 +123,10 @@ class FakeServer:
                 if not args:
                     break
                 command = args[0]
+                self.commands.append(command.upper())
                 real = command.upper() not in HANDSHAKE
+                if self.behaviour == "slow_handshake_then_silent" and not real:
+                    self._stop.wait(self.delay)
                 if self.behaviour == "dripping" or (
                     self.behaviour == "handshake_then_dripping" and real
                 ):
@@ -177,8 +190,8 @@ def _take_args(buffer: bytes) -> tuple[list[bytes], bytes]:
 
 
 @contextmanager
-def fake_server(behaviour: Behaviour) -> Iterator[FakeServer]:
-    server = FakeServer(behaviour).start()
+def fake_server(behaviour: Behaviour, delay: float = 0.0) -> Iterator[FakeServer]:
+    server = FakeServer(behaviour, delay).start()
     try:
         yield server
     finally:
