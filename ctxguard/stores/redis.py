@@ -87,7 +87,6 @@ from ctxguard.stores.redis_clients import (
     pack,
     pack_evalsha,
     retry_delay,
-    scan_keys,
     sync_client,
 )
 from ctxguard.stores.redis_deadline import operation
@@ -100,6 +99,7 @@ from ctxguard.stores.redis_errors import (
     wrap_error,
 )
 from ctxguard.stores.redis_protocol import SCRIPT_NAMES, Call, load_script
+from ctxguard.stores.redis_scan import ScanWalk, dbsize, scan_nodes, scan_page
 from ctxguard.stores.urls import StoreURL
 from ctxguard.stores.window_reads import Commands, RowsHint, fetch_flow, pack_reads, run_flow
 
@@ -244,11 +244,18 @@ class RedisStore(RedisStoreBase):
         check_prefix(prefix)
         pattern = self.protocol.keyspace.meta_pattern(prefix)
         seen: set[str] = set()
-        for key in self._io("list", lambda: list(scan_keys(self.client, pattern)), True):
-            session_id = self.protocol.keyspace.session_id_from_meta_key(key.decode())
-            if session_id is not None and session_id not in seen:
-                seen.add(session_id)
-                yield session_id
+        for node in self._io("list", lambda: scan_nodes(self.client), True):
+            walk = ScanWalk(self.where)  # each page its own operation; the walk must end
+            while not walk.done:
+                page = partial(scan_page, self.client, node, walk.cursor, pattern)
+                cursor, keys = self._io("list", page, True)
+                for key in keys:
+                    session_id = self.protocol.keyspace.session_id_from_meta_key(key.decode())
+                    if session_id is not None and session_id not in seen:
+                        seen.add(session_id)
+                        yield session_id
+                if walk.take(cursor):
+                    walk.allow(self._io("list", partial(dbsize, self.client, node), True))
 
     def fetch_window(
         self,

@@ -48,7 +48,6 @@ from ctxguard.stores.redis_clients import (
     RedisStoreBase,
     RetryPolicy,
     as_fetch,
-    ascan_keys,
     asend,
     async_client,
     pack,
@@ -65,6 +64,7 @@ from ctxguard.stores.redis_errors import (
 )
 from ctxguard.stores.redis_loops import LoopBinding, abandon
 from ctxguard.stores.redis_protocol import SCRIPT_NAMES, Call, load_script
+from ctxguard.stores.redis_scan import ScanWalk, adbsize, ascan_page, scan_nodes
 from ctxguard.stores.urls import StoreURL
 from ctxguard.stores.window_reads import Commands, RowsHint, fetch_flow, pack_reads
 
@@ -227,15 +227,23 @@ class AsyncRedisStore(RedisStoreBase):
         check_prefix(prefix)
         pattern = self.protocol.keyspace.meta_pattern(prefix)
 
-        async def collect() -> list[bytes]:
-            return [k async for k in ascan_keys(self.client, pattern)]
+        async def nodes() -> list[Any]:
+            return scan_nodes(self.client)  # (a cluster's, once _io has initialized it)
 
         seen: set[str] = set()
-        for key in await self._io("list", collect, True):
-            session_id = self.protocol.keyspace.session_id_from_meta_key(key.decode())
-            if session_id is not None and session_id not in seen:
-                seen.add(session_id)
-                yield session_id
+        for node in await self._io("list", nodes, True):
+            walk = ScanWalk(self.where)  # each page its own operation; the walk must end
+            while not walk.done:
+                page = partial(ascan_page, self.client, node, walk.cursor, pattern)
+                cursor, keys = await self._io("list", page, True)
+                for key in keys:
+                    session_id = self.protocol.keyspace.session_id_from_meta_key(key.decode())
+                    if session_id is not None and session_id not in seen:
+                        seen.add(session_id)
+                        yield session_id
+                if walk.take(cursor):
+                    size = await self._io("list", partial(adbsize, self.client, node), True)
+                    walk.allow(size)
 
     async def fetch_window(
         self,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -307,24 +307,6 @@ class AsyncConnectionShelf:
             await conn.disconnect()
         pool._in_use_connections.discard(conn)
         pool._available_connections.append(conn)
-
-
-def scan_keys(client: Any, pattern: str) -> Iterator[bytes]:
-    if isinstance(client, RedisCluster):
-        yield from client.scan_iter(match=pattern, count=1000, target_nodes=RedisCluster.PRIMARIES)
-    else:
-        yield from client.scan_iter(match=pattern, count=1000)
-
-
-async def ascan_keys(client: Any, pattern: str) -> AsyncIterator[bytes]:
-    if isinstance(client, aredis.RedisCluster):
-        async for key in client.scan_iter(
-            match=pattern, count=1000, target_nodes=aredis.RedisCluster.PRIMARIES
-        ):
-            yield key
-    else:
-        async for key in client.scan_iter(match=pattern, count=1000):
-            yield key
 
 
 def _cluster_kwargs(url: StoreURL, asynchronous: bool) -> dict[str, Any]:

@@ -13,6 +13,9 @@
   that bounds each read alone never fires.
 * ``slow_handshake_then_silent``: answers each handshake command after ``delay`` s
   (under a read timeout, but several of them past it), then goes silent.
+* ``scan_same_cursor`` / ``scan_new_cursor``: a broken proxy whose SCAN never ends:
+  every SCAN is answered with no keys and cursor 7 / a cursor it has not answered
+  before; ``DBSIZE`` with 0.
 * ``echoing``: answers every command as Redis 5 answers one it does not know, quoting
   its arguments (``ERR unknown command `AUTH`, with args beginning with: `pw`, ``): a
   server or proxy that knows neither ``HELLO`` nor ``AUTH`` sends the password back.
@@ -36,6 +39,8 @@ Behaviour = Literal[
     "dripping",
     "handshake_then_dripping",
     "slow_handshake_then_silent",
+    "scan_same_cursor",
+    "scan_new_cursor",
 ]
 HANDSHAKE = {b"CLIENT", b"HELLO", b"AUTH", b"SELECT", b"PING"}
 
@@ -137,6 +142,12 @@ class FakeServer:
                     name = command.decode(errors="replace")
                     line = f"-ERR unknown command `{name}`, with args beginning with: {quoted}"
                     conn.sendall(line.replace("\r", " ").replace("\n", " ").encode() + b"\r\n")
+                elif self.behaviour.startswith("scan_") and command.upper() == b"SCAN":
+                    new = self.behaviour == "scan_new_cursor"
+                    cursor = str(len(self.commands) if new else 7).encode()
+                    conn.sendall(b"*2\r\n$%d\r\n%s\r\n*0\r\n" % (len(cursor), cursor))
+                elif self.behaviour.startswith("scan_") and command.upper() == b"DBSIZE":
+                    conn.sendall(b":0\r\n")
                 elif command.upper() == b"HELLO":  # a RESP3 map, as a Redis 7 server answers
                     conn.sendall(b"%1\r\n$5\r\nproto\r\n:3\r\n")
                 elif command.upper() in HANDSHAKE:
