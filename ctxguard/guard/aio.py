@@ -7,6 +7,7 @@ Same constructor, same methods (``await``-ed), same steps: it runs the flows of
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ from ctxguard.guard import flows
 from ctxguard.guard.base import GuardBase, report_background_failure
 from ctxguard.guard.config import GuardConfig, is_async_callable
 from ctxguard.guard.core import Tools
+from ctxguard.guard.daemon_pool import DaemonPool
 from ctxguard.guard.events import Observer
 from ctxguard.guard.plan import SummaryRequest
 from ctxguard.guard.prepared import PreparedRequest
@@ -24,6 +26,8 @@ from ctxguard.messages import MessageLike
 from ctxguard.stores import open_async_store
 from ctxguard.stores.base import AppendResult, AsyncSessionStore, ReplaceResult, Summary
 from ctxguard.tokens._protocol import TokenCounter
+
+SUMMARIZER_THREADS = 8  # a sync summarizer's calls at once (as Guard's)
 
 
 class AsyncGuard(GuardBase):
@@ -59,6 +63,7 @@ class AsyncGuard(GuardBase):
         self._check_store(self.store, want_async=True)
         self._foreign_store = self._foreign(self.store)
         self._background: set[asyncio.Task[Any]] = set()
+        self._calls: DaemonPool | None = None  # a sync summarizer's calls (daemon_pool.py)
         self._summarizing: set[str] = set()
 
     async def append(self, session_id: str, messages: Iterable[MessageLike]) -> AppendResult:
@@ -188,7 +193,13 @@ class AsyncGuard(GuardBase):
         elif is_async_callable(fn):
             job = fn(previous, messages)
         else:
-            job = asyncio.to_thread(fn, previous, messages)
+            if self._calls is None:  # not asyncio.to_thread: a call that never returned
+                # held asyncio.run's exit (it joins the default executor) and the process's
+                self._calls = DaemonPool(SUMMARIZER_THREADS, "ctxguard-calls")
+            context = contextvars.copy_context()  # (as asyncio.to_thread runs it)
+            job = asyncio.get_running_loop().run_in_executor(
+                self._calls, context.run, fn, previous, messages
+            )
         try:
             return await asyncio.wait_for(job, timeout=self.config.summary_timeout)
         except TimeoutError:
@@ -213,6 +224,8 @@ class AsyncGuard(GuardBase):
         try:
             await self._run(flows.flush(self.core))
         finally:
+            if self._calls is not None:
+                self._calls.shutdown(wait=False, cancel_futures=True)
             if self._owns_store:
                 try:
                     await self.store.close()

@@ -20,6 +20,7 @@ from ctxguard.guard import flows
 from ctxguard.guard.base import GuardBase, report_background_failure
 from ctxguard.guard.config import GuardConfig, is_async_callable
 from ctxguard.guard.core import Tools
+from ctxguard.guard.daemon_pool import DaemonPool
 from ctxguard.guard.events import Observer
 from ctxguard.guard.plan import SummaryRequest
 from ctxguard.guard.prepared import PreparedRequest
@@ -74,7 +75,8 @@ class Guard(GuardBase):
         # summary waits for its summarizer call, so with one pool of 4, four summaries
         # at once held every thread, their calls queued behind them, and each failed
         # ("summarizer timed out") after summary_timeout with its summarizer never run
-        self._pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+        # (daemon threads: a summarizer call that never returns must not hold the process)
+        self._pools: dict[str, DaemonPool] = {}
         self._background: set[concurrent.futures.Future[Any]] = set()
         self._summarizing: set[str] = set()
         self._lock = threading.Lock()
@@ -190,7 +192,7 @@ class Guard(GuardBase):
         pool = self._executor("calls")
         future: concurrent.futures.Future[Any]
         if is_async_callable(fn):
-            future = pool.submit(asyncio.run, fn(previous, messages))  # type: ignore[arg-type]
+            future = pool.submit(asyncio.run, fn(previous, messages))
         else:
             future = pool.submit(fn, previous, messages)
         try:
@@ -199,7 +201,7 @@ class Guard(GuardBase):
             timeout = self.config.summary_timeout
             raise SummarizerError(f"summarizer timed out after {timeout}s") from None
 
-    def _executor(self, kind: str) -> concurrent.futures.ThreadPoolExecutor:
+    def _executor(self, kind: str) -> DaemonPool:
         """The pool for ``kind``: "background" summaries (4 at once), summarizer "calls"
         (theirs and 4 more, for calls made inline by callers' threads)."""
         with self._lock:
@@ -208,9 +210,7 @@ class Guard(GuardBase):
             pool = self._pools.get(kind)
             if pool is None:
                 size = BACKGROUND_SUMMARIES if kind == "background" else 2 * BACKGROUND_SUMMARIES
-                pool = self._pools[kind] = concurrent.futures.ThreadPoolExecutor(
-                    size, thread_name_prefix=f"ctxguard-{kind}"
-                )
+                pool = self._pools[kind] = DaemonPool(size, f"ctxguard-{kind}")
             return pool
 
     def _start_background(self, session_id: str, request: SummaryRequest) -> None:
