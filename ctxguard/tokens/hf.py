@@ -161,16 +161,20 @@ class HFRenderer:
     def _apply(self, conversation: Sequence[Dict], tools: Tools | None, *, tokenize: bool) -> Any:
         import jinja2
 
+        from ctxguard.tokens import _render_budget
+
         try:
-            return self.tokenizer.apply_chat_template(
-                styled(conversation, self.style),
-                tools=[dict(t) for t in tools] if tools else None,
-                chat_template=self.template,
-                tokenize=tokenize,
-                add_generation_prompt=True,
-                return_dict=False,
-                **self.kwargs,
-            )
+            _render_budget.bound(self.template)  # no loop or string without end
+            with _render_budget.budget():
+                return self.tokenizer.apply_chat_template(
+                    styled(conversation, self.style),
+                    tools=[dict(t) for t in tools] if tools else None,
+                    chat_template=self.template,
+                    tokenize=tokenize,
+                    add_generation_prompt=True,
+                    return_dict=False,
+                    **self.kwargs,
+                )
         except jinja2.TemplateSyntaxError as exc:
             raise TokenizerError(f"the chat template does not compile: {exc}") from exc
         except CtxGuardError:
