@@ -131,7 +131,8 @@ class FakeServer:
                 self.commands.append(command.upper())
                 real = command.upper() not in HANDSHAKE
                 if self.behaviour == "slow_handshake_then_silent" and not real:
-                    self._stop.wait(self.delay)
+                    if self._stop.wait(self.delay):
+                        return  # stopped meanwhile: its connections are being closed
                 if self.behaviour == "dripping" or (
                     self.behaviour == "handshake_then_dripping" and real
                 ):
