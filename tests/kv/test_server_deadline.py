@@ -47,7 +47,4 @@ def test_the_probes_gets_share_one_deadline(asynchronous: bool) -> None:
     finally:
         server.close()
     assert "\n" not in str(info.value)
-    # the GETs it needs, in order, cut short (how many began depends on the machine's
-    # speed: on a loaded one the first alone may use up the deadline)
-    assert 1 <= len(server.paths) <= 3
-    assert server.paths == ["/v1/models", "/metrics", "/get_server_info"][: len(server.paths)]
+    assert server.paths[:2] == ["/v1/models", "/metrics"]  # the GETs it needs, cut short
