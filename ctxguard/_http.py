@@ -219,13 +219,11 @@ def request(
     *,
     seconds: float,
     shown: str,
-    stated: float | None = None,
     error: type[CtxGuardError],
     idempotent: bool = False,
     **kwargs: Any,
 ) -> Reply:
-    """One call, over within `seconds` or `error` (saying ``stated`` s, the deadline of a
-    whole exchange this call is the rest of, when given); other failures stay httpx.HTTPError.
+    """One call, over within `seconds` or `error`; other failures stay httpx.HTTPError.
 
     ``idempotent``: a call that is safe to send twice is sent once more (inside the
     same deadline) when the connection breaks before a whole reply came back. A
@@ -244,7 +242,7 @@ def request(
                     body = _Body(shown, error)
                     for chunk in response.iter_bytes():
                         if time.monotonic() >= end:
-                            raise error(_expired(shown, stated or seconds))
+                            raise error(_expired(shown, seconds))
                         body.add(chunk)
                     return body.reply(response)
                 finally:
@@ -255,7 +253,7 @@ def request(
         raise AssertionError("unreachable")  # pragma: no cover
     except httpx.TimeoutException:
         if time.monotonic() >= end:
-            raise error(_expired(shown, stated or seconds)) from None
+            raise error(_expired(shown, seconds)) from None
         raise
     finally:
         _DEADLINE.reset(token)
@@ -268,7 +266,6 @@ async def arequest(
     *,
     seconds: float,
     shown: str,
-    stated: float | None = None,
     error: type[CtxGuardError],
     **kwargs: Any,
 ) -> Reply:
@@ -285,4 +282,4 @@ async def arequest(
             finally:
                 await response.aclose()
     except TimeoutError:
-        raise error(_expired(shown, stated or seconds)) from None
+        raise error(_expired(shown, seconds)) from None
