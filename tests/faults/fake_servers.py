@@ -130,9 +130,9 @@ class FakeServer:
                 command = args[0]
                 self.commands.append(command.upper())
                 real = command.upper() not in HANDSHAKE
-                if self.behaviour == "slow_handshake_then_silent" and not real:
-                    if self._stop.wait(self.delay):
-                        return  # stopped meanwhile: its connections are being closed
+                slow = self.behaviour == "slow_handshake_then_silent" and not real
+                if slow and self._stop.wait(self.delay):
+                    return  # stopped meanwhile: its connections are being closed
                 if self.behaviour == "dripping" or (
                     self.behaviour == "handshake_then_dripping" and real
                 ):
