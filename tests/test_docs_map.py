@@ -73,3 +73,29 @@ def test_every_key_suffix_is_in_the_map() -> None:
     text = MAP.read_text(encoding="utf-8")
     missing = [suffix for suffix in SUFFIXES if f"`{suffix}`" not in text]
     assert not missing, f"key suffixes missing from ARCHITECTURE.md: {missing}"
+
+
+# The brief's rule: a module past ~400 lines is split by concern, or its docstring says why
+# not. "~400" leaves a little slack; past it, the docstring must name its size ("past ~400
+# lines", "at ~420 lines", "(~590 lines)") beside its reason, so growing a module without a
+# word fails here.
+SPLIT_AT_LINES = 410
+_SAYS_WHY = re.compile(r"~\s?\d{3,} lines")
+
+
+def test_a_module_past_400_lines_says_in_its_docstring_why_it_stays_whole() -> None:
+    import ast
+
+    silent = []
+    for path in _modules():
+        text = path.read_text(encoding="utf-8")
+        lines = text.count("\n")
+        if lines <= SPLIT_AT_LINES:
+            continue
+        docstring = ast.get_docstring(ast.parse(text)) or ""
+        if not _SAYS_WHY.search(" ".join(docstring.split())):
+            silent.append(f"{path.relative_to(ROOT)} ({lines} lines)")
+    assert not silent, (
+        "past ~400 lines without a word in the module docstring on why it stays whole "
+        f"(split it by concern, or say why not): {silent}"
+    )
