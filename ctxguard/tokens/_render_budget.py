@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from contextvars import ContextVar
 from typing import Any
 
@@ -38,13 +37,17 @@ _CONCAT = "ctxguard_concat"
 _FIX = "make the chat template finish (a loop or a string it never ends?)"
 
 
+_CLOCK_EVERY = 64  # steps between two reads of the clock (a step is a loop or a chunk)
+
+
 class _Budget:
-    __slots__ = ("end", "items", "output")
+    __slots__ = ("end", "items", "output", "tick")
 
     def __init__(self) -> None:
         self.items = LOOP_ITEMS
         self.output = MAX_CHARS
         self.end = time.monotonic() + SECONDS
+        self.tick = _CLOCK_EVERY
 
     def step(self, n: int) -> None:
         self.items -= n
@@ -53,23 +56,29 @@ class _Budget:
                 f"the chat template refused: one render stepped through more than "
                 f"{LOOP_ITEMS:,} loop items; {_FIX}"
             )
-        if time.monotonic() > self.end:
-            raise TemplateRefusedError(
-                f"the chat template refused: one render ran past {SECONDS:g} s; {_FIX}"
-            )
+        self.tick -= 1
+        if self.tick <= 0:
+            self.tick = _CLOCK_EVERY
+            if time.monotonic() > self.end:
+                raise TemplateRefusedError(
+                    f"the chat template refused: one render ran past {SECONDS:g} s; {_FIX}"
+                )
 
 
 _active: ContextVar[_Budget | None] = ContextVar("ctxguard_render_budget", default=None)
 
 
-@contextmanager
-def budget() -> Iterator[None]:
-    """Renders inside the block are bounded (see the module docstring)."""
-    token = _active.set(_Budget())
-    try:
-        yield
-    finally:
-        _active.reset(token)
+class budget:
+    """Renders inside the block are bounded (see the module docstring). A class, not a
+    ``@contextmanager``: it runs around every render, twice per message counted."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> None:
+        self._token = _active.set(_Budget())
+
+    def __exit__(self, *exc: object) -> None:
+        _active.reset(self._token)
 
 
 def _too_long(what: str, size: int) -> TemplateRefusedError:
@@ -102,11 +111,23 @@ class _Counted:
 
 def _iter(source: Any) -> Any:
     charged = _active.get()
-    return source if charged is None else _Counted(source, charged)
+    if charged is None:
+        return source
+    if type(source) in _WHOLE and len(source) <= _CLOCK_EVERY:
+        # a short loop (a message's parts, its tool calls): charged whole up front, no
+        # wrapper per item; a long one is charged item by item, so the clock is read
+        # within it however long each item's body takes
+        charged.step(len(source))
+        return source
+    return _Counted(source, charged)
+
+
+_WHOLE = frozenset({list, tuple, str, dict, range})
+_SIZED = (str, list, tuple)
 
 
 def _sized(value: Any) -> bool:
-    return isinstance(value, str | list | tuple)
+    return isinstance(value, _SIZED)
 
 
 def _mul(left: Any, right: Any) -> Any:
@@ -118,8 +139,13 @@ def _mul(left: Any, right: Any) -> Any:
 
 
 def _add(left: Any, right: Any) -> Any:
-    sized = _active.get() is not None and _sized(left) and _sized(right)
-    if sized and len(left) + len(right) > MAX_CHARS:
+    # the cheap checks first: ``+`` runs for every piece of every message of every render
+    if (
+        isinstance(left, _SIZED)
+        and isinstance(right, _SIZED)
+        and len(left) + len(right) > MAX_CHARS
+        and _active.get() is not None
+    ):
         raise _too_long("a string or list", len(left) + len(right))
     return left + right
 
@@ -153,13 +179,15 @@ def _output(chunks: Iterable[Any]) -> str:
     if charged is None:
         return "".join(chunks)
     out: list[str] = []
+    append = out.append
     left = charged.output
+    step = charged.step
     for chunk in chunks:
         left -= len(chunk)
         if left < 0:
             raise _too_long("an output", MAX_CHARS - left)
-        charged.step(0)
-        out.append(chunk)
+        step(0)
+        append(chunk)
     charged.output = left
     return "".join(out)
 

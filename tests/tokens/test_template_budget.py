@@ -103,6 +103,28 @@ def test_a_template_that_never_ends_on_one_conversation_refuses_it_and_stores_no
     guard.close()
 
 
+@pytest.mark.timeout(120)
+def test_a_long_loop_reads_the_clock_item_by_item(
+    hf_dirs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop whose items are few enough for the item budget but each slow (no output, no
+    inner loop) is still cut by the time budget: short loops are charged whole up front
+    (no wrapper per item), long ones step item by item, and the clock is read every
+    ``_CLOCK_EVERY`` steps. A budget already past stands for a slow body."""
+    template = (
+        "{% for m in messages %}{% if m.content == 'boom' %}"
+        "{% for i in range(100000) %}{% set x = i %}{% endfor %}"
+        "{% endif %}" + CHATML + "{% endfor %}" + TAIL
+    )
+    picky = _with_template(hf_dirs["glm-4.7-flash"], tmp_path / "picky", template)
+    counter = load_counter(f"hf:{picky}")
+    monkeypatch.setattr(_render_budget, "SECONDS", -1.0)
+    with pytest.raises(TemplateRefusedError, match="ran past") as caught:
+        counter.count_request([Message(role="user", content="boom")])
+    assert "\n" not in str(caught.value)
+    assert counter.count_request([Message(role="user", content="fine")]) > 0  # a short render
+
+
 def test_the_shipped_templates_render_as_transformers_renders_them(hf_dirs: Any) -> None:
     """Each family's template through the counter (bounded) and through transformers'
     own compile of the same text (a comment appended: another cache entry, unbounded)."""
