@@ -24,6 +24,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from ctxguard._validate import one_line
 from ctxguard.errors import TemplateRefusedError, TokenizerError
 from ctxguard.messages import Message
 from ctxguard.tokens._openai_dicts import openai_dicts, text_parts
@@ -219,19 +220,24 @@ def build(renderer: Renderer, fingerprint: str) -> TemplateCounter:
 
     memo = _MemoRenderer(renderer)
     best: TemplateCounter | None = None
+    refused: TemplateRefusedError | None = None
     for base_mode in BASE_MODES:
         for ref_mode in REF_MODES:
             try:
                 candidate = TemplateCounter(memo, fingerprint, base_mode, ref_mode)
-            except TemplateRefusedError:
+            except TemplateRefusedError as exc:
+                refused = exc
                 continue
             candidate.probe_report = run_probes(candidate)
             if best is None or failures(candidate.probe_report) < failures(best.probe_report):
                 best = candidate
             if failures(best.probe_report) == 0:
                 return _finish(best, renderer)
-    if best is None:
-        raise TokenizerError("the template refuses even a one-user-message conversation")
+    if best is None:  # the template's own words (or the render budget's) in the one line
+        why = f": {one_line(str(refused), 200)}" if refused is not None else ""
+        raise TokenizerError(
+            f"the template refuses even a one-user-message conversation{why}"
+        ) from refused
     return _finish(best, renderer)
 
 

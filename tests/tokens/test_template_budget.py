@@ -70,6 +70,19 @@ def test_a_template_that_never_ends_is_a_tokenizer_error_at_load(
     with pytest.raises(TokenizerError) as caught:
         load_counter(f"hf:{broken}")
     assert "\n" not in str(caught.value)
+    assert "make the chat template finish" in str(caught.value)  # why, in the one line
+
+
+def test_a_template_that_refuses_every_conversation_says_its_own_words_at_load(
+    hf_dirs: Any, tmp_path: Path
+) -> None:
+    words = "this model takes only\nsystem messages"
+    template = "{{ raise_exception('" + words.replace("\n", "\\n") + "') }}" + TAIL
+    broken = _with_template(hf_dirs["glm-4.7-flash"], tmp_path / "t", template)
+    with pytest.raises(TokenizerError, match="refuses even a one-user-message") as caught:
+        load_counter(f"hf:{broken}")
+    assert "this model takes only system messages" in str(caught.value)
+    assert "\n" not in str(caught.value)
 
 
 @pytest.mark.timeout(120)
