@@ -23,6 +23,7 @@ from ctxguard._http import MAX_BODY
 from ctxguard.serve.gateway import Gateway
 from ctxguard.serve.openai_errors import ApiError, what_failed
 from ctxguard.serve.outcomes import upstream_api_error
+from ctxguard.serve.sse import error_of
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 # the relay forwards the upstream's bytes as they come: they must be the events themselves
@@ -76,14 +77,34 @@ async def send_upstream(
 async def post_json(gw: Gateway, url: str, body: dict[str, Any] | bytes) -> tuple[Any, bytes]:
     """A non-streaming POST: the reply decoded and its bytes, within one deadline
     (``--upstream-timeout`` for the headers and the whole body); 504 past it, 502 for a
-    reply over :data:`MAX_REPLY_BYTES` or not JSON."""
+    reply over :data:`MAX_REPLY_BYTES` or not JSON, and the error an upstream answered
+    with HTTP 200 as that error (:func:`error_in_reply`)."""
     try:
         async with asyncio.timeout(gw.config.upstream_timeout):
             response = await send_upstream(gw, url, body, stream=False)
             raw = await read_capped(gw, response)
     except TimeoutError:
         raise timed_out(gw) from None
-    return decode_reply(gw, raw), raw
+    data = decode_reply(gw, raw)
+    if isinstance(data, dict) and "choices" not in data and error_of(data) is not None:
+        raise error_in_reply(gw, data, raw)
+    return data, raw
+
+
+def error_in_reply(gw: Gateway, data: dict[str, Any], raw: bytes) -> ApiError:
+    """An error the upstream sent with HTTP 200 (some vLLM versions answer
+    ``{"object": "error", "message", "code"}`` so): answered as the same error with its
+    ``code`` as the HTTP status would be (a 4xx passed through, anything else a 502),
+    its message scrubbed and cut as every upstream error text is. Nothing is stored."""
+    error = data.get("error")
+    code = (error if isinstance(error, dict) else data).get("code")
+    status = code if type(code) is int and 400 <= code < 600 else 502
+    detail = _upstream_message(gw, raw).strip() or "(no message)"
+    if 400 <= status < 500 and status != 408:
+        return ApiError(status, detail, code="upstream_rejected")
+    return upstream_api_error(
+        502, f"the model server answered HTTP 200 with an error: {detail}", "upstream_error"
+    )
 
 
 async def read_capped(gw: Gateway, response: httpx.Response) -> bytes:

@@ -515,3 +515,53 @@ def test_a_reply_with_usage_no_server_could_report_is_stored_without_it(
     assert [m["content"] for m in stored("usage")] == ["hi", "fine", "hello", "fine"]
     if usage.startswith("{"):  # (not a dict: never usage, dropped as before, unlogged)
         assert any("usage" in r.getMessage() for r in caplog.records), caplog.text
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "code"),
+    [
+        ({"object": "error", "message": "bad prompt", "code": 400}, 400, "upstream_rejected"),
+        ({"object": "error", "message": "engine died", "code": 500}, 502, "upstream_error"),
+        ({"object": "error", "message": "no code"}, 502, "upstream_error"),
+        ({"error": {"message": "bad prompt", "code": 422}}, 422, "upstream_rejected"),
+    ],
+)
+@pytest.mark.parametrize("route", ["chat", "responses"])
+def test_an_error_answered_with_http_200_is_that_error_and_stores_nothing(
+    start: Callable[..., str],
+    hostile: Hostile,
+    redis_url: str,
+    namespace: str,
+    stored: Any,
+    error: dict[str, Any],
+    status: int,
+    code: str,
+    route: str,
+) -> None:
+    """(some vLLM versions answer an error with HTTP 200 and ``{"object": "error"}``: it
+    was a generic 502 "unreadable reply", the upstream's message lost)"""
+    gw = start(url=redis_url, namespace=namespace)
+    said = f"{error.get('message') or error['error']['message']}: key {KEY}\n" + "x" * 400
+    if "error" in error:
+        error = {"error": {**error["error"], "message": said}}
+    else:
+        error = {**error, "message": said}
+    hostile.mode = "shape:" + json.dumps(error)
+    if route == "chat":
+        response = httpx.post(
+            gw + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"X-Session-Id": "err200"},
+            timeout=30,
+        )
+    else:
+        response = httpx.post(
+            gw + "/v1/responses",
+            json={"model": "m", "input": "hi", "conversation": "err200"},
+            timeout=30,
+        )
+    body = api_error(response, status, code)
+    assert said.split(":")[0] in body["message"] and "unreadable" not in body["message"]
+    assert len(body["message"]) < 400  # cut to one short line
+    secret_free(response.text)
+    assert [m["role"] for m in stored("err200")] == ["user"]  # no reply stored
