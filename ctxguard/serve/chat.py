@@ -33,7 +33,7 @@ from ctxguard.serve.openai_errors import from_ctxguard
 from ctxguard.serve.outcomes import reply_not_stored, upstream_api_error, usable_usage
 from ctxguard.serve.relay import StreamRelay, relay_response
 from ctxguard.serve.replay import replay_response
-from ctxguard.serve.sse import reply_of
+from ctxguard.serve.sse import finish_of, reply_of
 
 CHAT_PATH = "/v1/chat/completions"
 PREPARE_ATTEMPTS = 4
@@ -121,14 +121,24 @@ class Turn:
         reply: dict[str, Any],
         usage: dict[str, Any] | None,
         metadata: dict[str, Any] | None = None,
+        finish: str | None = None,
     ) -> None:
-        """:meth:`complete` for a non-streaming answer: a failure is a 503 that says the
-        model did answer, and whether a retry is safe (``outcomes.retry_advice``)."""
+        """:meth:`complete` for a non-streaming answer (``finish``: its finish_reason): a
+        failure is a 503 that says the model did answer, and whether a retry is safe
+        (``outcomes.retry_advice``), or what to raise when the output limit cut a tool call."""
         keyed = self.lease is not None
         try:
             await self.complete(reply, usage, metadata)
         except CtxGuardError as exc:
-            raise reply_not_stored(exc, keyed) from None
+            raise reply_not_stored(exc, keyed, self.cut_by_length(reply, finish)) from None
+
+    def cut_by_length(self, reply: dict[str, Any], finish: str | None) -> str | None:
+        """The output-limit field(s) to raise when ``reply`` is a tool call the limit cut
+        (``finish_reason: "length"``), else None (see ``outcomes.reply_not_stored``)."""
+        if finish != "length" or not reply.get("tool_calls"):
+            return None
+        field = self.chat.max_tokens_field
+        return "max_tokens / max_completion_tokens" if field != "max_output_tokens" else field
 
     async def record_partial(self, relay: StreamRelay, reason: str) -> None:
         """An audit record for a reply that did not finish (nothing appended)."""
@@ -259,7 +269,7 @@ async def _fit_and_forward(
             reply = reply_of(data)
         except ValueError:
             raise bad_reply(gw) from None
-        await turn.store_reply(reply, data.get("usage"))
+        await turn.store_reply(reply, data.get("usage"), finish=finish_of(data))
     finally:
         turn.release()
     return Response(raw, 200, headers, media_type="application/json")
@@ -314,7 +324,8 @@ async def _finish_stream(turn: Turn, relay: StreamRelay, reason: str | None) -> 
             try:
                 await turn.complete_stream(relay)
             except CtxGuardError as exc:
-                raise reply_not_stored(exc, keyed) from None
+                cut = turn.cut_by_length(relay.assembler.message(), relay.assembler.finish_reason)
+                raise reply_not_stored(exc, keyed, cut) from None
             except NoReply:  # (a non-streaming answer without a choice is a 502 too)
                 await turn.record_partial(relay, "upstream_bad_reply")
                 raise upstream_api_error(

@@ -24,10 +24,22 @@ from ctxguard.serve.openai_errors import ApiError, what_failed
 log = logging.getLogger("ctxguard.serve")
 
 
-def reply_not_stored(exc: CtxGuardError, keyed: bool) -> ApiError:
+def reply_not_stored(exc: CtxGuardError, keyed: bool, cut: str | None = None) -> ApiError:
     """The answer when the model replied but the reply could not be stored, saying
     whether a retry is safe (:func:`retry_advice`): a 503 when the store failed (a retry
-    may pass), a 502 when the reply itself is refused (the same reply would be again)."""
+    may pass), a 502 when the reply itself is refused (the same reply would be again).
+    ``cut``: the request's output-limit field(s) when the reply, a tool call, was cut by
+    that limit (``finish_reason: "length"``): its arguments are not whole, which is why it
+    is refused, and a larger limit is what to send."""
+    if cut is not None and not isinstance(exc, StoreError | TokenizerError):
+        return ApiError(
+            502,
+            "the model's reply was not stored: its tool call was cut by the output limit "
+            "(finish_reason 'length'), so its arguments are not whole; send the request "
+            f"again with a larger {cut}",
+            type="server_error",
+            code="reply_not_stored",
+        )
     advice = retry_advice(exc, keyed)
     if not isinstance(exc, StoreError | TokenizerError):  # refused, not failed
         advice += ", but a reply like this one is refused again"

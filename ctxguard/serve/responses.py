@@ -38,7 +38,7 @@ from ctxguard.serve.inbound import ChatRequest, read_json
 from ctxguard.serve.openai_errors import ApiError, bad_request, from_ctxguard
 from ctxguard.serve.outcomes import usable_usage
 from ctxguard.serve.responses_input import chat_response_format, chat_tools, input_messages
-from ctxguard.serve.sse import reply_of
+from ctxguard.serve.sse import finish_of, reply_of
 from ctxguard.stores.base import StoredMessage
 
 RESPONSES_PATH = "/v1/responses"
@@ -252,7 +252,7 @@ async def _forward(
         "conversation": conversation,
         "store": turn.stored,
     }
-    await turn.store_reply(reply, usage, metadata)
+    await turn.store_reply(reply, usage, metadata, finish_of(data))
     message = Message.from_openai(reply, id=turn.reply_id or "stateless", metadata=metadata)
     return JSONResponse(response_object(message, rid))
 

@@ -202,6 +202,14 @@ def reply_of(data: Any) -> dict[str, Any]:
     return reply
 
 
+def finish_of(data: Any) -> str | None:
+    """The ``finish_reason`` of a non-streaming chat completion's first choice, if a string."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    finish = choice.get("finish_reason") if isinstance(choice, dict) else None
+    return finish if isinstance(finish, str) else None
+
+
 def _call_of(call: Any) -> dict[str, Any]:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict):

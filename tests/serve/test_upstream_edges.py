@@ -102,6 +102,22 @@ class Hostile:
                 yield b'"}}]}'
 
             return StreamingResponse(flood(), media_type="application/json")
+        if mode == "cutcall":  # a tool call cut by the output limit
+            call = {"id": "c1", "type": "function"}
+            call["function"] = {"name": "get_weather", "arguments": '{"city": "Par'}
+            if not body.get("stream"):
+                message = {"role": "assistant", "content": None, "tool_calls": [call]}
+                choice = {"index": 0, "message": message, "finish_reason": "length"}
+                return JSONResponse({"choices": [choice], "usage": {}})
+            head = {**call, "index": 0, "function": {"name": "get_weather", "arguments": ""}}
+            rest = {"index": 0, "function": {"arguments": '{"city": "Par'}}
+            events = [
+                {"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [head]}}]},
+                {"choices": [{"index": 0, "delta": {"tool_calls": [rest]}}]},
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+            ]
+            text = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+            return Response(text.encode(), 200, media_type="text/event-stream")
         if body.get("stream"):
             events = [
                 {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "hello"}}]},
@@ -565,3 +581,43 @@ def test_an_error_answered_with_http_200_is_that_error_and_stores_nothing(
     assert len(body["message"]) < 400  # cut to one short line
     secret_free(response.text)
     assert [m["role"] for m in stored("err200")] == ["user"]  # no reply stored
+
+
+@pytest.mark.parametrize("route", ["chat", "stream", "responses"])
+def test_a_tool_call_cut_by_the_output_limit_says_to_raise_it(
+    start: Callable[..., str],
+    hostile: Hostile,
+    redis_url: str,
+    namespace: str,
+    stored: Any,
+    route: str,
+) -> None:
+    """(it was a 502 reply_not_stored quoting the arguments' JSON error, and "a reply like
+    this one is refused again": nothing said the output limit cut it, nor what to raise)"""
+    gw = start(url=redis_url, namespace=namespace)
+    hostile.mode = "cutcall"
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    if route == "responses":
+        body = {"model": "m", "input": "weather?", "conversation": "cutcall"}
+        body["tools"] = [{"type": "function", "name": "get_weather", "parameters": {}}]
+        response = httpx.post(gw + "/v1/responses", json=body, timeout=30)
+        message = api_error(response, 502, "reply_not_stored")["message"]
+        assert message.endswith("with a larger max_output_tokens")
+    else:
+        body = {"model": "m", "messages": [{"role": "user", "content": "weather?"}]}
+        body.update(tools=tools, stream=route == "stream")
+        headers = {"X-Session-Id": "cutcall"}
+        response = httpx.post(gw + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+        if route == "stream":
+            assert response.status_code == 200
+            assert "data: [DONE]" not in response.text
+            last = [line for line in response.text.splitlines() if line.startswith("data:")][-1]
+            error = json.loads(last[5:])["error"]
+            assert error["code"] == "reply_not_stored"
+            message = error["message"]
+        else:
+            message = api_error(response, 502, "reply_not_stored")["message"]
+        assert message.endswith("with a larger max_tokens / max_completion_tokens")
+    assert "tool call was cut by the output limit" in message
+    assert "\n" not in message
+    assert [m["role"] for m in stored("cutcall")] == ["user"]  # the reply not stored
