@@ -172,6 +172,8 @@ DEFAULTS: list[tuple[str, Callable[[], object]]] = [
     (r"before it is cut to (\d+)\s+characters", lambda: _forward("UPSTREAM_TEXT_CHARS")),
     (r"\(`--idempotency-lease`, (\d+) s\)", lambda: _serve_default("idempotency_lease")),
     (r"among\s+the session's newest (\d+) messages", lambda: _serve_default("idempotency_window")),
+    (r"`--workers` is at most (\d+)", lambda: _serve_config("MAX_WORKERS")),
+    (r"`--idempotency-window` at most (\d+)", lambda: _serve_config("MAX_IDEMPOTENCY_WINDOW")),
     (r"each check\s+answers within (\d+) s", lambda: _app("HEALTH_SECONDS")),
     (r"delivers them every (\d+) ms", lambda: round(float(_background_interval()) * 1000)),  # type: ignore[arg-type]
     (r"halves the limit at ([\d.]+)", lambda: _pressure("lower_at")),
@@ -246,6 +248,12 @@ def _http(name: str) -> object:
     from ctxguard import _http as http
 
     return getattr(http, name)
+
+
+def _serve_config(name: str) -> object:
+    from ctxguard.serve import config
+
+    return getattr(config, name)
 
 
 def _forward(name: str) -> object:

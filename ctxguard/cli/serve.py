@@ -34,7 +34,7 @@ cannot listen on; 6 ctxguard[serve] not installed.
 @click.option("--model", help="Model name for /tokenize and the limit (default: the first).")
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, help="Port to listen on (default 8000).")
-@click.option("--workers", type=int, help="Worker processes (default 1).")
+@click.option("--workers", type=int, help="Worker processes (default 1, at most 64).")
 @click.option("--namespace", help="Key namespace in the store.")
 @click.option("--tenant", help="Tenant for requests without X-Tenant or an API key map.")
 @click.option("--max-tokens", type=int, help="Output reserve when a request gives none.")
@@ -48,6 +48,11 @@ cannot listen on; 6 ctxguard[serve] not installed.
     "--idempotency-lease",
     type=float,
     help="Seconds an Idempotency-Key in flight stays claimed unless renewed (default 10).",
+)
+@click.option(
+    "--idempotency-window",
+    type=int,
+    help="Newest messages searched for an Idempotency-Key's reply (default 64, at most 4096).",
 )
 @click.option(
     "--metrics/--no-metrics",

@@ -20,6 +20,14 @@ from ctxguard.ids import validate_name
 from ctxguard.stores.urls import parse_store_url, redact_url
 
 ENV_PREFIX = "CTXGUARD_SERVE_"
+# Worker processes: each holds its own guards, counter, store pool and an upstream pool of
+# up to 1024 connections, so past a few dozen they only add memory and connections (64
+# of them could open 65,536 to one model server). A fixed cap, not one relative to this
+# host's CPUs: the same settings file must mean the same on every host it is used on.
+MAX_WORKERS = 64
+# Messages read back, per keyed request, to find a recorded reply (and the Responses
+# API's previous_response_id): a keyed request reads this many messages from the store.
+MAX_IDEMPOTENCY_WINDOW = 4096
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 
 
@@ -35,6 +43,9 @@ class ServeConfig:
     an ``Idempotency-Key`` in flight stays claimed in the store without being renewed
     (it is renewed while its request runs): how long a retry waits for a holder that died.
     ``metrics`` serves ``GET /metrics`` when ``ctxguard[metrics]`` is installed.
+    ``workers`` is at most :data:`MAX_WORKERS`; ``idempotency_window`` (how many of the
+    session's newest messages are searched for a key's recorded reply) at most
+    :data:`MAX_IDEMPOTENCY_WINDOW`.
     """
 
     upstream: str
@@ -71,6 +82,16 @@ class ServeConfig:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
         if self.port > 65535:
             raise ConfigError(f"port must be at most 65535, got {self.port}")
+        if self.workers > MAX_WORKERS:
+            raise ConfigError(
+                f"workers must be at most {MAX_WORKERS} (each is a process with its own pools), "
+                f"got {self.workers}; run more gateways on the same store instead"
+            )
+        if self.idempotency_window > MAX_IDEMPOTENCY_WINDOW:
+            raise ConfigError(
+                f"idempotency_window must be at most {MAX_IDEMPOTENCY_WINDOW} messages (a keyed "
+                f"request reads that many), got {self.idempotency_window}"
+            )
         if not isinstance(self.host, str) or not self.host:
             raise ConfigError(f"host must be an address such as 127.0.0.1, got {self.host!r}")
         for name in ("counter", "model", "upstream_api_key"):

@@ -12,7 +12,13 @@ from click.testing import CliRunner
 
 from ctxguard.cli import cli
 from ctxguard.errors import ConfigError
-from ctxguard.serve.config import ServeConfig, load_config
+from ctxguard.serve.config import (
+    ENV_PREFIX,
+    MAX_IDEMPOTENCY_WINDOW,
+    MAX_WORKERS,
+    ServeConfig,
+    load_config,
+)
 from ctxguard.serve.handoff import CONFIG_FILE_ENV
 
 
@@ -143,3 +149,38 @@ def test_importing_the_gateway_package_is_light() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("name", "cap"), [("workers", MAX_WORKERS), ("idempotency_window", MAX_IDEMPOTENCY_WINDOW)]
+)
+def test_workers_and_the_idempotency_window_are_capped_at_every_door(
+    name: str, cap: int, tmp_path: Path
+) -> None:
+    """(both had no upper bound: ``--workers 100000`` forked until the host gave out, and
+    a window of 10**9 had each keyed request read the whole session)"""
+    match = rf"^{name} must be at most {cap}\b.*, got {cap + 1}"
+    assert getattr(ServeConfig(upstream="http://x", **{name: cap}), name) == cap
+    with pytest.raises(ConfigError, match=match):  # the dataclass (LiteLLM's guardrail too)
+        ServeConfig(upstream="http://x", **{name: cap + 1})
+    with pytest.raises(ConfigError, match=match):  # the environment
+        load_config(
+            {},
+            environ={
+                "CTXGUARD_SERVE_UPSTREAM": "http://x",
+                ENV_PREFIX + name.upper(): str(cap + 1),
+            },
+        )
+    file = tmp_path / "gateway.toml"
+    file.write_text(f'[serve]\nupstream = "http://x"\n{name} = {cap + 1}\n')
+    with pytest.raises(ConfigError, match=match):  # the TOML file
+        load_config({}, config_file=file, environ={})
+    flag = "--" + name.replace("_", "-")
+    result = CliRunner().invoke(
+        cli, ["serve", "--upstream", "http://x", flag, str(cap + 1)], env={}
+    )
+    assert result.exit_code == 2, result.output  # the flag
+    assert len(result.output.strip().splitlines()) == 1
+    assert f"{name} must be at most {cap}" in result.output
+    help_text = CliRunner().invoke(cli, ["serve", "--help"]).output
+    assert f"at most {cap})" in " ".join(help_text.split())
