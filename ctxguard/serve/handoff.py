@@ -5,7 +5,8 @@ import string, so the workers need the config from somewhere: it was the JSON in
 environment variable, secrets included, readable in ``/proc/<pid>/environ`` of every
 worker and inherited by any process a worker starts. Now it is a file created 0600 in a
 directory of its own made 0700, which the variable names (a path, no secret); each worker
-reads it and drops the variable, and the directory is removed when the server stops.
+reads it and drops the variable, and the directory is removed when the server stops, or,
+when it is killed (SIGKILL included), by a watcher process (:mod:`ctxguard.serve.dirwatch`).
 The settings' own variables (``CTXGUARD_SERVE_UPSTREAM_API_KEY``, ``CTXGUARD_URL``, ...)
 are dropped too once read (:func:`forget_settings`), so no worker inherits them.
 """
@@ -20,6 +21,7 @@ from collections.abc import Iterator, MutableMapping
 
 from ctxguard.errors import ConfigError
 from ctxguard.serve.config import ENV_PREFIX, NAMES, ServeConfig
+from ctxguard.serve.dirwatch import removed_at_exit
 
 CONFIG_FILE_ENV = "CTXGUARD_SERVE_CONFIG_FILE"
 
@@ -34,14 +36,16 @@ def handed_over(config: ServeConfig) -> Iterator[str]:
         raise _unwritable(exc) from None
     path = os.path.join(folder, "config.json")
     try:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(config.to_json())
-        except OSError as exc:
-            raise _unwritable(exc) from None
-        os.environ[CONFIG_FILE_ENV] = path
-        yield path
+        # the watcher first: a gateway killed by SIGKILL leaves no file of secrets behind
+        with removed_at_exit(folder):
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    handle.write(config.to_json())
+            except OSError as exc:
+                raise _unwritable(exc) from None
+            os.environ[CONFIG_FILE_ENV] = path
+            yield path
     finally:
         os.environ.pop(CONFIG_FILE_ENV, None)
         shutil.rmtree(folder, ignore_errors=True)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from ctxguard.errors import ConfigError
 from ctxguard.guard.events import Observer
+from ctxguard.serve.dirwatch import removed_at_exit
 
 if TYPE_CHECKING:
     from ctxguard.observe.background import BackgroundObserver
@@ -122,7 +123,8 @@ def _forget_dead_workers(path: str) -> None:
 def multiprocess_dir(workers: int, enabled: bool) -> Iterator[str | None]:
     """For ``--workers N > 1``: the directory the workers share, set in the environment
     before they start. ``PROMETHEUS_MULTIPROC_DIR`` if given (its ``*.db`` files removed,
-    as prometheus_client asks), else a temporary one removed at the end."""
+    as prometheus_client asks), else a temporary one removed at the end (or, by a
+    watcher, when this process is killed: :mod:`ctxguard.serve.dirwatch`)."""
     if workers < 2 or not enabled or not installed():
         yield None
         return
@@ -144,7 +146,8 @@ def multiprocess_dir(workers: int, enabled: bool) -> Iterator[str | None]:
             f"set {DIR_ENV} or TMPDIR to a writable directory, or pass --no-metrics"
         ) from None
     try:
-        yield path
+        with removed_at_exit(made) if made is not None else contextlib.nullcontext():
+            yield path
     finally:
         if made is not None:
             os.environ.pop(DIR_ENV, None)

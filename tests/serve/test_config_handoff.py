@@ -7,9 +7,11 @@ own, removed when the server stops; one worker gets the app made in process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -163,3 +165,62 @@ def test_no_temporary_directory_for_the_workers_is_a_config_error(
         run(config)
     assert started == [] and "\n" not in str(caught.value)
     assert not _leaked({"error": str(caught.value)})
+
+
+def _running(pid: int) -> bool:
+    """``pid`` runs (a zombie its new parent has yet to reap has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+def _pipe_of(pid: int, fd: int) -> str:
+    return os.readlink(f"/proc/{pid}/fd/{fd}")
+
+
+def _holders(pipe: str, pids: list[int]) -> list[int]:
+    held = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if any(
+                os.readlink(f"/proc/{pid}/fd/{fd}") == pipe for fd in os.listdir(f"/proc/{pid}/fd")
+            ):
+                held.append(pid)
+    return held
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_a_gateway_killed_by_sigkill_leaves_no_directory_behind(
+    vllm: FakeVLLM,
+    auth_redis: RedisServer,  # noqa: F811
+) -> None:
+    """(the 0700 directory with the 0600 settings file, secrets and all, and the workers'
+    metrics directory stayed in the temporary directory: a SIGKILLed parent runs no
+    cleanup) A watcher per directory, holding a pipe only the parent writes, removes it
+    when the parent is gone; no worker holds the pipe's write end (it would keep it open)."""
+    settings = _settings(vllm, auth_redis)
+    env = {f"CTXGUARD_SERVE_{k.upper()}": str(v) for k, v in settings.items() if k != "url"}
+    gateway = CliGateway("--workers", "2", env={**env, "CTXGUARD_URL": settings["url"]})
+    try:
+        everyone = _descendants(gateway.proc.pid)
+        watchers = [p for p in everyone if "dirwatch" in Path(f"/proc/{p}/cmdline").read_text()]
+        workers = [p for p in everyone if p not in watchers]
+        assert watchers and len(workers) >= 2, (watchers, workers)
+        folders = [Path(Path(f"/proc/{p}/cmdline").read_text().split("\0")[-2]) for p in watchers]
+        config = {_environ(p).get(FILE_ENV) for p in workers} - {None}
+        assert {str(Path(c).parent) for c in config} <= {str(f) for f in folders}
+        assert all(f.is_dir() for f in folders) and config
+        for watcher in watchers:  # only the parent holds the other end of the watcher's pipe
+            pipe = _pipe_of(watcher, 0)
+            assert _holders(pipe, [gateway.proc.pid, *workers]) == [gateway.proc.pid]
+        gateway.kill()  # the parent and its process group (the watchers have their own)
+        deadline = time.monotonic() + 60  # generous: a bound, not a timing claim
+        while any(f.exists() for f in folders) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [f for f in folders if f.exists()] == []
+        while any(_running(w) for w in watchers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [w for w in watchers if _running(w)] == []  # they exited
+    finally:
+        gateway.stop()
