@@ -11,6 +11,7 @@ nothing is kept. A request that cannot fit is never forwarded.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from ctxguard.serve.replay import replay_response
 from ctxguard.serve.sse import finish_of, reply_of
 
 CHAT_PATH = "/v1/chat/completions"
+log = logging.getLogger("ctxguard.serve")
 PREPARE_ATTEMPTS = 4
 Reply = Callable[[], tuple[dict[str, Any], dict[str, Any] | None]]  # reply message, usage
 
@@ -112,6 +114,12 @@ class Turn:
 
     def _complete_blocking(self, build: Reply, metadata: dict[str, Any] | None) -> None:
         reply, usage = build()
+        if reply.get("content") == "" and not reply.get("tool_calls"):
+            log.warning(  # (stored: a server may end a reply at once; never silently)
+                "the model's reply has no content, tool call, refusal or audio transcript; "
+                "it is stored as an empty assistant turn (reply id %s)",
+                self.reply_id,
+            )
         message = Message.from_openai(reply, id=self.reply_id, metadata=metadata)
         usage = usable_usage(usage)
         self.guard.complete(self.session_id, message, prepared=self.prepared, usage=usage)

@@ -4,7 +4,8 @@
 complete, so nothing is buffered past one event); :class:`ReplyAssembler` folds chat
 completion chunks into the assistant message (content, tool calls by index) and the
 usage, so the reply can be stored exactly as a non-streaming call would have given it;
-:func:`reply_of` is that message taken from a non-streaming answer.
+:func:`reply_of` is that message taken from a non-streaming answer (a refusal or an audio
+transcript stored as the content of a reply that has none: :func:`said_instead`).
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ class ReplyAssembler:
 
     def __init__(self) -> None:
         self.content: list[str] = []
+        self.refusal: list[str] = []  # an OpenAI-style refusal, streamed as delta.refusal
+        self.transcript: list[str] = []  # an audio reply's text (delta.audio.transcript)
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
@@ -127,6 +130,11 @@ class ReplyAssembler:
     def _delta(self, delta: dict[str, Any]) -> None:
         if isinstance(delta.get("content"), str):
             self.content.append(delta["content"])
+        if isinstance(delta.get("refusal"), str):
+            self.refusal.append(delta["refusal"])
+        audio = delta.get("audio")
+        if isinstance(audio, dict) and isinstance(audio.get("transcript"), str):
+            self.transcript.append(audio["transcript"])
         for part in delta.get("tool_calls") or ():
             if not isinstance(part, dict):
                 continue
@@ -147,7 +155,8 @@ class ReplyAssembler:
     @property
     def replied(self) -> bool:
         """Whether any chunk's first choice said something: text, a call, a finish."""
-        return any(self.content) or bool(self.tool_calls) or self.finish_reason is not None
+        said = any(self.content) or any(self.refusal) or any(self.transcript)
+        return said or bool(self.tool_calls) or self.finish_reason is not None
 
     @property
     def finished(self) -> bool:
@@ -160,7 +169,7 @@ class ReplyAssembler:
         if self.tool_calls:
             out["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
         elif out["content"] is None:
-            out["content"] = ""
+            out["content"] = said_instead("".join(self.refusal), "".join(self.transcript))
         return out
 
     def text_chars(self) -> int:
@@ -197,9 +206,26 @@ def reply_of(data: Any) -> dict[str, Any]:
         if not isinstance(calls, list):
             raise ValueError("choices[0].message.tool_calls is not an array")
         reply["tool_calls"] = [_call_of(call) for call in calls]
-    elif content is None:
-        reply["content"] = ""
+    elif not content:
+        audio = message.get("audio")
+        transcript = audio.get("transcript") if isinstance(audio, dict) else None
+        reply["content"] = said_instead(message.get("refusal"), transcript)
     return reply
+
+
+def said_instead(refusal: object, transcript: object) -> str:
+    """The text of a reply with no content and no tool call: its ``refusal`` (OpenAI-style
+    servers answer a refused request so), else its audio's ``transcript``, else "".
+
+    Stored as the reply's content: every template renders content and every counter
+    counts it, so the next turn shows the model what it said (kept as ``refusal`` it would
+    be counted by no counter, and vLLM's templates drop it; the audio's ``id`` expires and
+    its ``data`` is megabytes of base64, so neither is kept). The replay of a keyed
+    request gives it back as content."""
+    for text in (refusal, transcript):
+        if isinstance(text, str) and text:
+            return text
+    return ""
 
 
 def finish_of(data: Any) -> str | None:

@@ -61,6 +61,10 @@ class Hostile:
             return Response(f"<h1>bad gateway</h1><p>{auth}</p>", 502, media_type="text/html")
         if mode.startswith("shape:"):
             return Response(mode[6:], 200, media_type="application/json")
+        if mode.startswith("sse:"):  # sse:<a JSON array of chunks>, then [DONE]
+            chunks = json.loads(mode[4:])
+            text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+            return Response(text.encode(), 200, media_type="text/event-stream")
         if mode.startswith("busy:"):  # busy:<status>|<Retry-After>|<retry-after-ms>
             status, seconds, millis = mode[5:].split("|")
             headers = {"Retry-After": seconds, "retry-after-ms": millis}
@@ -621,3 +625,90 @@ def test_a_tool_call_cut_by_the_output_limit_says_to_raise_it(
     assert "tool call was cut by the output limit" in message
     assert "\n" not in message
     assert [m["role"] for m in stored("cutcall")] == ["user"]  # the reply not stored
+
+
+REFUSAL = "I can't help with that."
+AUDIO = {"id": "audio_1", "data": "UklGRiQAAABXQVZF" * 64, "expires_at": 1, "transcript": "Hi!"}
+
+
+def _streamed(*deltas: dict[str, Any]) -> str:
+    chunks = [{"choices": [{"index": 0, "delta": d}]} for d in deltas]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    return "sse:" + json.dumps(chunks)
+
+
+def _plain(message: dict[str, Any]) -> str:
+    choice = {"index": 0, "message": {"role": "assistant", **message}, "finish_reason": "stop"}
+    return "shape:" + json.dumps({"choices": [choice]})
+
+
+@pytest.mark.parametrize(
+    ("mode", "kept"),
+    [
+        (_plain({"content": None, "refusal": REFUSAL}), REFUSAL),
+        (
+            _streamed({"role": "assistant", "refusal": "I can't "}, {"refusal": "help with that."}),
+            REFUSAL,
+        ),
+        (_plain({"content": None, "audio": AUDIO}), "Hi!"),
+        (
+            _streamed(
+                {"role": "assistant", "audio": {"id": "audio_1", "transcript": "Hi"}},
+                {"audio": {"data": AUDIO["data"], "transcript": "!"}},
+            ),
+            "Hi!",
+        ),
+    ],
+    ids=["refusal", "refusal-streamed", "audio", "audio-streamed"],
+)
+def test_a_refusal_or_an_audio_reply_is_stored_as_what_the_model_said(
+    start: Callable[..., str],
+    hostile: Hostile,
+    redis_url: str,
+    namespace: str,
+    stored: Any,
+    mode: str,
+    kept: str,
+) -> None:
+    """(a reply with content null and a refusal, or audio, was stored as an empty assistant
+    turn: the next turn showed the model nothing of what it said) The text is stored as
+    the content, which every counter counts and every template renders; the audio's data
+    and expiring id are not kept."""
+    gw = start(url=redis_url, namespace=namespace)
+    hostile.mode = mode
+    stream = mode.startswith("sse:")
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    response = httpx.post(
+        gw + "/v1/chat/completions", json=body, headers={"X-Session-Id": "said"}, timeout=30
+    )
+    assert response.status_code == 200, response.text
+    if stream:
+        assert "data: [DONE]" in response.text
+    turns = stored("said")
+    assert [(m["role"], m["content"]) for m in turns] == [("user", "hi"), ("assistant", kept)]
+    assert "audio" not in turns[1] and "UklGR" not in json.dumps(turns)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_empty_reply_is_not_stored_silently(
+    start: Callable[..., str],
+    hostile: Hostile,
+    redis_url: str,
+    namespace: str,
+    stored: Any,
+    stream: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gw = start(url=redis_url, namespace=namespace)
+    hostile.mode = _streamed({"role": "assistant"}) if stream else _plain({"content": None})
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    with caplog.at_level(logging.WARNING, logger="ctxguard"):
+        response = httpx.post(
+            gw + "/v1/chat/completions", json=body, headers={"X-Session-Id": "empty"}, timeout=30
+        )
+    assert response.status_code == 200, response.text
+    assert [(m["role"], m["content"]) for m in stored("empty")] == [
+        ("user", "hi"),
+        ("assistant", ""),
+    ]
+    assert any("stored as an empty assistant turn" in r.getMessage() for r in caplog.records)
