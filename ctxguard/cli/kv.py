@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -64,8 +65,10 @@ Examples:
 \b
 Exit codes: 0 fits; 2 bad input, or a setup vLLM refuses (--tp the heads do not
 divide by, --max-model-len past the model's positions without
---allow-long-max-model-len, weights that do not fit --gpu-memory); 3 the requested
---max-model-len would not start (KV); 4 an optional dependency is missing;
+--allow-long-max-model-len, weights that do not fit --gpu-memory); 3 does not fit:
+the requested --max-model-len would not start (KV), no --max-model-len fits the
+memory (or --concurrency) given, or --concurrency does not fit at the --max-model-len
+given (one stderr line says what to lower); 4 an optional dependency is missing;
 130 interrupted (Ctrl-C); 141 stdout closed by its reader (| head).
 """
 
@@ -294,9 +297,11 @@ def _print_capacity(
         _print_concurrency(console, plan, available, served, max_pos)
     recommended = _recommended(plan, available, request, max_pos)
     console.print(f"recommended --max-model-len: {recommended if recommended else 'none fits'}")
+    if not recommended:
+        return _nothing_fits(plan, available, request)
     check = plan.check(available, served)
     if check.fits:
-        return 0
+        return _concurrency_check(plan, available, request, served, recommended)
     if request.max_model_len is None:
         console.print(
             f"note: without --max-model-len vLLM uses {served:,} (max positions), which would "
@@ -308,6 +313,46 @@ def _print_capacity(
     for fix in suggest_fixes(arch, setup, budget, served):
         console.print(f"  - {fix}")
     return EXIT_DOES_NOT_FIT
+
+
+def _does_not_fit(message: str) -> int:
+    click.echo(f"error: {message}", err=True)  # one line: what to lower
+    return EXIT_DOES_NOT_FIT
+
+
+def _nothing_fits(plan: KVPlan, available: int, request: _Request) -> int:
+    """No length starts: name what the user asked that is too much (exit 3, one line)."""
+    gib = f"{available / GIB:.2f} GiB of KV per GPU"
+    one = plan.needed_bytes(1) <= available
+    if request.concurrency is not None and one:
+        most = math.floor(plan.max_concurrency(available, 1))
+        return _does_not_fit(
+            f"no --max-model-len fits --concurrency {request.concurrency:,} in {gib} "
+            f"(at most {most:,} requests at once, each one block of {plan.block_size} "
+            "tokens); lower --concurrency or give more KV memory"
+        )
+    return _does_not_fit(
+        f"no --max-model-len fits: {gib} holds no block of {plan.block_size:,} tokens; "
+        "give more KV memory (--gpu-memory, --available-kv, --kv-cache-memory), "
+        "or lower --block-size"
+    )
+
+
+def _concurrency_check(
+    plan: KVPlan, available: int, request: _Request, served: int, recommended: int
+) -> int:
+    """--concurrency with --max-model-len: both must hold at once, or exit 3 in one line."""
+    wanted = request.concurrency
+    if wanted is None or request.max_model_len is None:
+        return 0
+    most = plan.max_concurrency(available, served)
+    if most >= wanted:
+        return 0
+    return _does_not_fit(
+        f"--concurrency {wanted:,} does not fit at --max-model-len {served:,} "
+        f"(at most {math.floor(most):,} at once in {available / GIB:.2f} GiB of KV per GPU); "
+        f"lower --concurrency to {math.floor(most):,} or --max-model-len to {recommended}"
+    )
 
 
 def _print_concurrency(

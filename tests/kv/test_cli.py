@@ -220,3 +220,40 @@ def test_disable_hybrid_kv_cache_manager_sizes_every_layer_as_full() -> None:
     assert "off: every layer sized as full attention" in off
     # 62 x 2 x 16 x 128 x 2 = 507,904 B per token; 20 GiB / (16 x 507,904) = 2,642 blocks
     assert "507,904" in off and "2,642 blocks" in off and "42,272 tokens" in off
+
+
+@pytest.mark.parametrize(
+    ("args", "lower"),
+    [
+        # 28,181 blocks hold at most 28,181 one-block requests: no length serves 100,000
+        (("--gpu-memory", "80", "--concurrency", "100000"), "lower --concurrency"),
+        (("--gpu-memory", "80", "--concurrency", "100000", "--max-model-len", "4096"), "lower"),
+        (("--gpu-memory", "80", "--concurrency", str(10**23)), "lower --concurrency"),
+        # nothing at all fits: no block of KV
+        (("--available-kv", "0"), "give more KV memory"),
+        (("--kv-cache-memory", "0", "--max-model-len", "4096"), "give more KV memory"),
+        (("--available-kv", "1e-9", "--concurrency", "2"), "give more KV memory"),
+        (("--gpu-memory", "80", "--block-size", "99999999999"), "lower --block-size"),
+        # one request fits at 131,072 but 50 at once do not (at most 3; 9,008 serves 50)
+        (
+            ("--gpu-memory", "80", "--concurrency", "50", "--max-model-len", "131072"),
+            "lower --concurrency to 3 or --max-model-len to 9008",
+        ),
+    ],
+)
+def test_nothing_fits_is_exit_3_and_one_line_saying_what_to_lower(
+    args: tuple[str, ...], lower: str
+) -> None:
+    code, out, err = run("llama-3.1-8b", *args)
+    assert code == kv_cli.EXIT_DOES_NOT_FIT == 3
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert lower in err
+    assert "pass the recommendation above" not in out  # there is none to pass
+
+
+def test_concurrency_that_fits_at_the_length_given_is_exit_0() -> None:
+    code, out, err = run(
+        "llama-3.1-8b", "--gpu-memory", "80", "--concurrency", "50", "--max-model-len", "9008"
+    )
+    assert (code, err) == (0, "")
+    assert "recommended --max-model-len: 9008" in out
