@@ -1,7 +1,10 @@
 """Identifier rules and time-ordered message ids.
 
 Ids end up inside Redis keys, log lines and HTML reports, so they are checked
-once, here: non-empty, at most 256 UTF-8 bytes, no control characters.
+once, here: non-empty, at most 256 UTF-8 bytes, no control characters, no format
+characters (Unicode category Cf: zero-width spaces, bidi overrides, which make one id
+look like another) and no line or paragraph separators (U+2028/U+2029, which end a
+line in many log readers).
 Generated message ids sort by creation time (ULID layout: 48-bit milliseconds
 then 80 bits that increase monotonically within one millisecond), so a store
 that orders by id and one that orders by arrival agree for a single writer.
@@ -24,14 +27,27 @@ _PAIRS = tuple(a + b for a in _CROCKFORD for b in _CROCKFORD)  # index: 10 bits
 _RAND_SHIFTS = tuple(range(70, -1, -10))
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # fullmatch: "$" matches before a final \n
 
+# Unicode categories an id may not hold: what each is called in the error.
+_REFUSED = {
+    "Cc": "control character",
+    "Cs": "surrogate",
+    "Cf": "format character",
+    "Zl": "line separator",
+    "Zp": "paragraph separator",
+}
+_STORED_REFUSED = ("Cc", "Cs")  # the rule before Cf/Zl/Zp: what stored records may hold
+
 _lock = threading.Lock()
 _last_ms = -1
 _last_rand = 0
 _last_prefix = ""
 
 
-def validate_id(value: object, what: str = "id") -> str:
-    """Return ``value`` if it is an acceptable id, else raise :class:`InvalidIdError`."""
+def validate_id(value: object, what: str = "id", *, stored: bool = False) -> str:
+    """Return ``value`` if it is an acceptable id, else raise :class:`InvalidIdError`.
+
+    ``stored``: an id read back from a record an older version wrote, held to the rule
+    of that version (control characters only), so such a record still reads."""
     if not isinstance(value, str):
         raise InvalidIdError(f"{what} must be a string, got {type(value).__name__}")
     if not value:
@@ -46,10 +62,12 @@ def validate_id(value: object, what: str = "id") -> str:
             "Use a shorter id (a hash of a long key works)."
         )
     for index, char in enumerate(value):
-        if unicodedata.category(char) in ("Cc", "Cs"):
+        kind = unicodedata.category(char)
+        if kind in _REFUSED and (not stored or kind in _STORED_REFUSED):
             raise InvalidIdError(
-                f"{what} contains control character {char!r} at index {index}; "
-                "ids must be printable text"
+                f"{what} contains {_REFUSED[kind]} {char!r} (U+{ord(char):04X}) at index "
+                f"{index}; ids must be printable text without control, format "
+                "(zero-width, bidi) or line/paragraph separator characters"
             )
     return value
 

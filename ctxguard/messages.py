@@ -133,12 +133,13 @@ class Message(BaseModel):
 
     @field_validator("id")
     @classmethod
-    def _valid_id(cls, value: str) -> str:
+    def _valid_id(cls, value: str, info: pydantic.ValidationInfo) -> str:
         # Fast path: printable ASCII has no control or surrogate characters and one
-        # byte per character; everything else gets validate_id's full check.
+        # byte per character; everything else gets validate_id's full check (a stored
+        # record's id the rule it was written under: see from_record).
         if value.isascii() and value.isprintable() and 0 < len(value) <= MAX_ID_BYTES:
             return value
-        return validate_id(value, "message id")
+        return validate_id(value, "message id", stored=info.context is _STORED)
 
     @field_validator("role", mode="before")
     @classmethod
@@ -297,10 +298,12 @@ class Message(BaseModel):
         raw = expand_record(raw)
         if cls is Message:
             try:
-                return _record_validator().validate_json(raw)  # type: ignore[no-any-return]
+                return _record_validator().validate_json(  # type: ignore[no-any-return]
+                    raw, context=_STORED
+                )
             except pydantic.ValidationError:
                 pass
-        return cls.model_validate_json(raw)
+        return cls.model_validate_json(raw, context=_STORED)
 
     @property
     def text(self) -> str:
@@ -410,6 +413,11 @@ def record_of(message: Message) -> str:
         _made.last = None
         return last[1]  # type: ignore[no-any-return]
     return message.to_record()
+
+
+# The validation context of a stored record: its id is held to the rule it was written
+# under (a format character an older version took still reads back).
+_STORED: dict[str, bool] = {"stored": True}
 
 
 @lru_cache(maxsize=1)

@@ -9,6 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
+from ctxguard import Guard
+
 from .upstream import FakeVLLM
 
 pytestmark = pytest.mark.redis
@@ -334,3 +336,31 @@ def test_without_a_key_a_bad_request_is_a_401_not_a_4xx_about_its_body(
     )
     assert response.status_code == 401, response.text
     assert response.json()["error"]["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize("bad", ["\u2028", "\u2029", "\u200b", "\u202e"])
+@pytest.mark.parametrize("where", ["X-Session-Id", "metadata.session_id"])
+def test_a_session_id_with_a_separator_or_format_character_is_a_400(
+    gateway: str, vllm: FakeVLLM, redis_url: str, namespace: str, bad: str, where: str
+) -> None:
+    """(U+2028/U+2029 end a line in log readers, U+200B/U+202E make one id look like
+    another: such ids were stored as sessions)"""
+    session = f"s{bad}1"
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    headers: dict[str, Any] = {}
+    if where == "X-Session-Id":
+        headers[where] = session.encode()
+    else:
+        body["metadata"] = {"session_id": session}
+    url = f"{gateway}/v1/chat/completions"
+    response = httpx.post(url, json=body, headers=headers, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_session_id", where)
+    assert f"U+{ord(bad):04X}" in error["message"] and error["message"].isprintable()
+    assert vllm.requests == []
+    guard = Guard(redis_url, limit=4096, namespace=namespace)
+    try:
+        assert list(guard.store.list_sessions("")) == []
+    finally:
+        guard.close()
