@@ -22,7 +22,9 @@ The session id comes from, in this order: the ``X-Session-Id`` header,
 headers and ``metadata.session_id``), ``metadata.session_id``, and the ``user`` field
 only with ``session_from_user: true`` (the proxy may fill ``user`` with the API key's
 user id, which would join every conversation of that key into one session). The tenant
-is the key's team (``team_id``), else the configured ``tenant``.
+is the key's team (``team_id``), else the configured ``tenant`` (else the store URL's, else
+``default``); a team id that is no tenant name, or that equals that no-team tenant, is
+kept as ``team-<hash>`` (see :func:`team_tenant`).
 
 Settings (``litellm_params`` in the proxy's ``config.yaml``) are the gateway's:
 ``url`` (store), ``counter``, ``limit``, ``upstream`` (the vLLM server: default counter
@@ -56,6 +58,7 @@ from ctxguard.serve.inbound import ChatRequest, check_storable, parse_chat
 from ctxguard.serve.openai_errors import ApiError, from_ctxguard
 from ctxguard.serve.outcomes import reply_not_stored
 from ctxguard.serve.sse import ReplyAssembler, reply_of
+from ctxguard.stores.urls import parse_store_url
 
 require("litellm", "the LiteLLM guardrail", "litellm")
 
@@ -69,15 +72,17 @@ CHAT_CALL_TYPES = frozenset({"completion", "acompletion"})
 MAX_OPEN_TURNS = 4096  # turns between pre_call and post_call kept per proxy worker
 
 
-def team_tenant(team: str) -> str:
+def team_tenant(team: str, no_team: str = "default") -> str:
     """A team id as a tenant: itself when it is a tenant name, else ``team-<hash>``. A
-    team id of that hashed form is hashed too, so no team can name another's tenant."""
+    team id of that hashed form is hashed too, so no team can name another's tenant, and
+    so is a team id equal to ``no_team``, the tenant of requests whose key has no team
+    (a team named ``default`` shared their sessions)."""
     try:
         validate_name(team, "tenant (the key's team_id)")
     except InvalidIdError:
         pass
     else:
-        if not _HASHED_TEAM.fullmatch(team):
+        if team != no_team and not _HASHED_TEAM.fullmatch(team):
             return team
     digest = hashlib.blake2b(team.encode("utf-8", "surrogatepass"), digest_size=12)
     return "team-" + digest.hexdigest()
@@ -139,6 +144,9 @@ class CtxGuardGuardrail(NotPicklable, CustomGuardrail):  # type: ignore[misc]
         super().__init__(**kwargs)
         self.session_from_user = session_from_user
         self.gateway = Gateway(_config(settings))
+        config = self.gateway.config
+        # the tenant a key without a team lands in: no team id may map to it
+        self._no_team = parse_store_url(config.url, config.namespace, config.tenant).tenant
         self._turns: OrderedDict[_TurnKey, _Turn] = OrderedDict()
 
     def __repr__(self) -> str:
@@ -223,10 +231,11 @@ class CtxGuardGuardrail(NotPicklable, CustomGuardrail):  # type: ignore[misc]
         return identity.pick_session_id(candidates)
 
     def tenant_of(self, user_api_key_dict: Any) -> str | None:
-        """The key's team, else the configured tenant."""
+        """The key's team (never the tenant of keys without one), else the configured
+        tenant."""
         team = getattr(user_api_key_dict, "team_id", None)
         if isinstance(team, str) and team:
-            return team_tenant(team)
+            return team_tenant(team, self._no_team)
         return self.gateway.config.tenant
 
     # -- post_call --------------------------------------------------------------------

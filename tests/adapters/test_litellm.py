@@ -284,6 +284,36 @@ async def test_no_team_id_names_another_teams_tenant(
     assert reader("s", tenant=team_tenant(hashed)) == [{"role": "user", "content": "x"}]
 
 
+@pytest.mark.parametrize("configured", [None, "acme"])
+async def test_a_team_named_like_the_no_team_tenant_has_sessions_of_its_own(
+    store_url: str, namespace: str, reader: Any, configured: str | None
+) -> None:
+    """(a key without a team lands in the configured tenant, else ``default``: a team
+    whose id was that name shared, and read back, the sessions of every key without a
+    team). Such a team is hashed like a team id that is no tenant name; the keys of
+    requests without a team do not move."""
+    settings: dict[str, Any] = {"tenant": configured} if configured else {}
+    g = from_config(
+        url=store_url,
+        namespace=namespace,
+        counter="approx",
+        limit=LIMIT,
+        max_tokens=RESERVE,
+        **settings,
+    )
+    no_team = configured or "default"
+    try:
+        await pre_call(g, request([{"role": "user", "content": "no team"}], header="s"))
+        await pre_call(g, request([{"role": "user", "content": "team"}], header="s"), no_team)
+    finally:
+        await g.aclose()
+    assert reader("s", tenant=no_team) == [{"role": "user", "content": "no team"}]
+    hashed = team_tenant(no_team, no_team)
+    assert hashed.startswith("team-") and hashed != no_team
+    assert reader("s", tenant=hashed) == [{"role": "user", "content": "team"}]
+    assert team_tenant("default", "acme") == "default"  # only the no-team name is hashed
+
+
 # -- stateless mode ---------------------------------------------------------------------------
 
 
