@@ -37,7 +37,7 @@ from ctxguard._record_time import (
     time_suffix,
     ulid_ms,
 )
-from ctxguard._validate import check_message_batch, json_problem
+from ctxguard._validate import check_message_batch, json_problem, show
 from ctxguard.errors import CtxGuardError, InvalidMessageError
 from ctxguard.ids import MAX_ID_BYTES, new_message_id, new_message_id_ms, validate_id
 
@@ -94,7 +94,7 @@ class FunctionCall(_Frozen):
             json.loads(value)
         except ValueError as exc:
             raise ValueError(
-                f"function arguments must be a JSON string, got {value[:80]!r} ({exc})"
+                f"function arguments must be a JSON string, got {show(value, 80)} ({exc})"
             ) from None
         except RecursionError:
             raise ValueError("function arguments are nested too deeply to be JSON") from None

@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from ctxguard._secrets import redact_text
 from ctxguard.errors import InvalidInputError
 from ctxguard.ids import new_message_id, validate_id
 from ctxguard.messages import Message
@@ -282,8 +283,10 @@ def _problem(exc: pydantic.ValidationError, skip: int = 0) -> str:
 
 
 def _preview(value: Any) -> str:
+    if isinstance(value, str):  # (before its quotes are escaped: '\\"api_key\\": ...')
+        value = redact_text(value)
     text = json.dumps(value, default=str, ensure_ascii=True)
-    return text if len(text) <= 40 else text[:39] + "…"
+    return redact_text(text, 40)  # hidden before the cut: no piece of a secret survives it
 
 
 # -- the export format ------------------------------------------------------------

@@ -224,7 +224,7 @@ def _from_text(name: str, raw: str) -> Any:
         return kind(raw)
     except ValueError:
         raise ConfigError(
-            f"{ENV_PREFIX}{name.upper()} must be a number, got {raw[:40]!r}"
+            f"{ENV_PREFIX}{name.upper()} must be a number, got {show(raw, 40)}"
         ) from None
 
 

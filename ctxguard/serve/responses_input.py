@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ctxguard._validate import show
 from ctxguard.serve import identity
 from ctxguard.serve.inbound import check_function_tool
 from ctxguard.serve.openai_errors import bad_request, json_kind
@@ -134,7 +135,7 @@ def _arguments(item: dict[str, Any], where: str) -> str:
             return value
         except (ValueError, RecursionError):
             pass
-    shown = json_kind(value) if not isinstance(value, str) else repr(value[:40])
+    shown = json_kind(value) if not isinstance(value, str) else show(value, 40)
     raise bad_request(
         f"{where}.arguments must be a string holding the call's arguments as JSON, got {shown}",
         param=f"{where}.arguments",
