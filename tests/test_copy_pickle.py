@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import logging
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +52,8 @@ from ctxguard import (
     open_async_store,
     open_store,
 )
+from ctxguard.observe import background, fan_out
+from ctxguard.observe.tenant_budget import TenantBudget
 
 SECRET = "hunter2-secret"
 COPIES: dict[str, Callable[[Any], Any]] = {
@@ -129,13 +132,40 @@ RETURNED_VALUES: dict[str, tuple[Callable[[], Any], Callable[[Any, Any], bool]]]
         lambda: load_counter("tiktoken:cl100k_base"),
         _same_counts,
     ),
+    # observers that are values (pickled by name): fan_out of them is a value too
+    "fan_out(print, a logger's info)": (
+        lambda: fan_out(print, logging.getLogger("ctxguard.test").info),
+        lambda a, b: type(a) is type(b) and a.observers == b.observers,
+    ),
 }
 RETURNED_REFUSES: dict[str, Callable[[], Any]] = {
     "open_store(memory://)": lambda: open_store(private_memory_url()),
     "open_async_store(memory://)": lambda: open_async_store(private_memory_url()),
     "open_store(redis://)": lambda: open_store(f"redis://:{SECRET}@127.0.0.1:9/0"),
     "open_async_store(redis://)": lambda: open_async_store(f"redis://:{SECRET}@127.0.0.1:9/0"),
+    # an observer holding a store connection, or a thread: fan_out of it refuses
+    "fan_out(TenantBudget)": lambda: fan_out(
+        print, TenantBudget(f"redis://:{SECRET}@127.0.0.1:9/0", tokens=10, window_seconds=60)
+    ),
+    "fan_out(background(...))": lambda: fan_out(print, _background(print)),
 }
+
+
+def _background(*observers: Any) -> Any:
+    made = background(*observers)
+    _STARTED.append(made)
+    return made
+
+
+_STARTED: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_started() -> Any:
+    yield
+    while _STARTED:
+        _STARTED.pop().close()
+
 
 # not instantiable: protocols a caller implements
 PROTOCOLS = {"TokenCounter", "LimitSource"}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import logging
 import pickle
 from collections.abc import Callable
 from types import ModuleType
@@ -27,6 +28,7 @@ from ctxguard.observe import (
     StoreCallEvent,
     SummaryEvent,
     background,
+    fan_out,
     metrics,
     pressure,
     tenant_budget,
@@ -73,6 +75,9 @@ VALUES: dict[str, Callable[[], Any]] = {
     "observe.SummaryEvent": lambda: SummaryEvent("s", "ok", 1, 2, 3, 7),
     "pressure.Pressure": lambda: pressure.Pressure(0.5, 2.0, 1.0),
     "pressure.Page": lambda: pressure.Page(0.5, 2.0, None, ("a", "b")),
+    # observers that are values (pickled by name); fan_out of ones that refuse: see
+    # tests/test_copy_pickle.py (it refuses as they do, naming the observer)
+    "observe.FanOut": lambda: fan_out(print, logging.getLogger("ctxguard.test").info),
 }
 MODULES: dict[str, ModuleType] = {
     "observe": ctxguard.observe,
