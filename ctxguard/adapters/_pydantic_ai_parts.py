@@ -264,11 +264,27 @@ def _part_adapter(kind: str) -> pydantic.TypeAdapter[Any]:
 
 
 def _json_text(part: Any) -> str:
-    """A part with no text of its own, as Pydantic AI's JSON of it (less the timestamp)."""
+    """A part with no text of its own, as Pydantic AI's JSON of it (less the timestamp);
+    a file in it (a native tool's generated image, say) as ``[file: <media type>]``, as
+    a FilePart is counted, never as its bytes in base64."""
     kind = "response" if isinstance(part, pai.NativeToolCallPart | pai.NativeToolReturnPart) else ""
+    if isinstance(part, pai.BaseToolReturnPart):
+        part = dataclasses.replace(part, content=_files_named(part.content))
     data = _part_adapter(kind or "request").dump_python(part, mode="json", exclude_none=True)
     data = {k: v for k, v in data.items() if k != "timestamp" and v not in ({}, [], "")}
     return json.dumps(data, ensure_ascii=False, sort_keys=True)
+
+
+def _files_named(value: Any) -> Any:
+    """``value`` with each BinaryContent in it (in lists, tuples and dict values) as its
+    ``[file: <media type>]`` placeholder."""
+    if isinstance(value, pai.BinaryContent):
+        return f"[file: {value.media_type}]"
+    if isinstance(value, list | tuple):
+        return [_files_named(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _files_named(item) for key, item in value.items()}
+    return value
 
 
 # -- back --------------------------------------------------------------------------

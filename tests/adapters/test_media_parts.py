@@ -327,3 +327,47 @@ def test_pydantic_ai_agent_run_with_a_document_stores_nothing(guard: Guard) -> N
     with pytest.raises(UncountableContentError):
         agent.run_sync(["read this", pai.DocumentUrl("https://x.test/a.pdf")])
     assert capability.load() == []
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["image", "in a dict", "in a list"],
+)
+def test_pydantic_ai_native_tool_file_counts_as_a_file_part_not_its_base64(
+    guard: Guard, content: str
+) -> None:
+    """(a NativeToolReturnPart holding BinaryContent, an image generation tool's result,
+    was counted as its JSON with the bytes in base64: 300 kB of image, ~100k tokens, could
+    refuse the session) It is counted as a FilePart is: ``[file: <media type>]``."""
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import messages as pai
+
+    from ctxguard.adapters.pydantic_ai import CtxGuardCapability, to_pieces
+
+    image = pai.BinaryContent(PNG + b"\x01" * 300_000, media_type="image/png")
+    value: Any = {
+        "image": image,
+        "in a dict": {"revised_prompt": "a cat", "images": [image]},
+        "in a list": ["a cat", image],
+    }[content]
+    history = [
+        pai.ModelRequest(parts=[pai.UserPromptPart("draw a cat")]),
+        pai.ModelResponse(
+            parts=[
+                pai.NativeToolCallPart("image_generation", {"prompt": "cat"}, tool_call_id="n1"),
+                pai.NativeToolReturnPart("image_generation", value, tool_call_id="n1"),
+                pai.TextPart("here it is"),
+            ]
+        ),
+    ]
+    pieces = to_pieces(history, keep=True).messages
+    reply = pieces[-1].text
+    assert "[file: image/png]" in reply and len(reply) < 1_000  # no base64 of 300 kB
+    assert guard.counter.count_message(pieces[-1]) < 500
+    guard.append("s", pieces)  # a limit of thousands of tokens: not refused
+    loaded = CtxGuardCapability(guard, session_id="s").load()
+    back = loaded[-1].parts[1].content  # the bytes themselves come back (as a BinaryImage:
+    found = (
+        back if content == "image" else (back["images"][0] if content == "in a dict" else back[1])
+    )
+    assert isinstance(found, pai.BinaryContent) and found.data == image.data  # Pydantic AI's)
