@@ -190,6 +190,7 @@ DEFAULTS: list[tuple[str, Callable[[], object]]] = [
     (r"Upstream down or failing: (\d+)", lambda: _upstream_status("down")),
     (r"Upstream down or failing: \d+, timing out: (\d+)", lambda: _upstream_status("slow")),
     (r"Redis down: (\d+), nothing forwarded", lambda: _store_down_status()),
+    (r"transient\s+4xx \(([\d, ]+)\)", lambda: _transient_4xx()),
     (r"after the model answered is a (\d+) when the store failed", lambda: _not_stored("store")),
     (r"and a (\d+) when the gateway refuses the reply itself", lambda: _not_stored("refused")),
     (
@@ -197,6 +198,14 @@ DEFAULTS: list[tuple[str, Callable[[], object]]] = [
         lambda: _not_stored("refused"),
     ),
 ]
+
+
+def _transient_4xx() -> object:
+    """The upstream 4xx statuses after which the request stays stored (a retry may pass)."""
+    pytest.importorskip("httpx")
+    from ctxguard.serve.outcomes import TRANSIENT_4XX
+
+    return ", ".join(str(status) for status in sorted(TRANSIENT_4XX))
 
 
 def _not_stored(why: str) -> object:

@@ -18,6 +18,13 @@ class PreparedRequest:
     ``tokens`` is the exact prompt count by the guard's counter (``exact`` is
     False only for the approximate counter). ``dropped`` lists the position
     ranges left out; ``decisions`` says which policy did what.
+
+    ``stored_ids`` are the ids of the new messages this prepare stored (a message
+    already stored, a retry's, is not among them) and ``state_token`` the session's
+    state token its write left ('' when it stored nothing, or cannot say: a repeated
+    commit). A caller that must take the request back (the server refused it) retracts
+    ``len(stored_ids)`` messages with ``expected_state=state_token``: refused, nothing
+    written, when another write came between.
     """
 
     session_id: str
@@ -36,6 +43,8 @@ class PreparedRequest:
     counter: str = ""
     sent_seqs: tuple[int, ...] = field(default=())
     pending_audit: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    stored_ids: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    state_token: str = field(default="", repr=False, compare=False)
 
     @property
     def prompt_budget(self) -> int:

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ctxguard import Guard, PreparedRequest
-from ctxguard.errors import (
-    CtxGuardError,
-)
+from ctxguard.errors import ConflictError, CtxGuardError
 from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.forward import bad_reply, encode_json, post_json, send_upstream
@@ -31,7 +29,12 @@ from ctxguard.serve.gateway import Gateway, stored_anchor
 from ctxguard.serve.idempotency import DIGEST_FIELD, KEY_FIELD, KeyLease, body_digest, wait_for_key
 from ctxguard.serve.inbound import ChatRequest, check_storable, parse_chat, read_json
 from ctxguard.serve.openai_errors import from_ctxguard
-from ctxguard.serve.outcomes import reply_not_stored, upstream_api_error, usable_usage
+from ctxguard.serve.outcomes import (
+    refuses_request,
+    reply_not_stored,
+    upstream_api_error,
+    usable_usage,
+)
 from ctxguard.serve.relay import StreamRelay, relay_response
 from ctxguard.serve.replay import replay_response
 from ctxguard.serve.sse import finish_of, reply_of
@@ -40,6 +43,7 @@ CHAT_PATH = "/v1/chat/completions"
 log = logging.getLogger("ctxguard.serve")
 PREPARE_ATTEMPTS = 4
 Reply = Callable[[], tuple[dict[str, Any], dict[str, Any] | None]]  # reply message, usage
+T = TypeVar("T")
 
 
 class NoReply(Exception):
@@ -174,6 +178,48 @@ class Turn:
             config.ttl_seconds or 0,
         )
 
+    async def sent(self, call: Awaitable[T]) -> T:
+        """``call`` (the upstream request); when the upstream refuses the request itself
+        (``outcomes.refuses_request``: a 400, 404, 413, 415, 422 ...), what this request
+        stored is taken back (:meth:`take_back`) before the refusal goes on."""
+        try:
+            return await call
+        except Exception as exc:
+            if refuses_request(exc):
+                await self.take_back()
+            raise
+
+    async def take_back(self) -> None:
+        """Take back the new messages this request's prepare stored, in one atomic, audited
+        ``store.retract`` checked against the state token that write left: the client got
+        an error and may never send the request again, so the session must not keep a user
+        turn with no reply. Another write since (another request's turn): nothing is taken
+        back (the checked retract refuses, nothing written), logged. A store that fails is
+        logged; the client gets the upstream's answer either way."""
+        prepared = self.prepared
+        if not self.stored or prepared is None or not prepared.stored_ids:
+            return
+        self.prepared = None  # (taken back once)
+        count, token = len(prepared.stored_ids), prepared.state_token
+        ttl = self.guard.config.ttl_seconds or 0
+        try:
+            await self.gateway.run(
+                self.guard.store.retract, self.session_id, count, None, ttl, token
+            )
+        except ConflictError:
+            log.info(
+                "the model server refused a request, but its session changed since the "
+                "request was stored: its %d message(s) stay stored",
+                count,
+            )
+        except CtxGuardError as exc:
+            log.warning(
+                "the model server refused a request; taking back its %d stored message(s) "
+                "failed (%s): they stay stored",
+                count,
+                type(exc).__name__,
+            )
+
     def release(self) -> None:
         if self.lease is not None:
             self.lease.release()
@@ -268,11 +314,11 @@ async def _fit_and_forward(
     }
     url = f"{gw.upstream}{CHAT_PATH}"
     if chat.stream:
-        upstream = await send_upstream(gw, url, content, stream=True)
+        upstream = await turn.sent(send_upstream(gw, url, content, stream=True))
         relay = StreamRelay(upstream, drop_usage, gw.scrub, gw.config.upstream_timeout)
         return relay_response(relay, lambda reason: _finish_stream(turn, relay, reason), headers)
     try:
-        data, raw = await post_json(gw, url, content)
+        data, raw = await turn.sent(post_json(gw, url, content))
         try:
             reply = reply_of(data)
         except ValueError:

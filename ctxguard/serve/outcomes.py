@@ -70,6 +70,25 @@ def retry_advice(exc: CtxGuardError, keyed: bool) -> str:
     return "retrying the request is safe"
 
 
+# an upstream 4xx that may pass on a retry of the same request: a timeout, a conflict,
+# too early, too many requests (the gateway's own credentials refused, 401/403, is an
+# ``upstream_auth`` 502: the operator's to fix, and then the same request passes)
+TRANSIENT_4XX = frozenset({408, 409, 425, 429})
+
+
+def refuses_request(exc: Exception) -> bool:
+    """Whether ``exc`` is the upstream saying the request itself is wrong (a 4xx passed
+    on as ``upstream_rejected``, 400, 404, 413, 415, 422 ..., not a
+    :data:`TRANSIENT_4XX`): the same request would be refused again, so what it stored
+    is taken back (``chat.Turn.take_back``)."""
+    return (
+        isinstance(exc, ApiError)
+        and exc.code == "upstream_rejected"
+        and 400 <= exc.status < 500
+        and exc.status not in TRANSIENT_4XX
+    )
+
+
 def upstream_api_error(status: int, message: str, code: str) -> ApiError:
     """The answer for what the upstream did (OpenAI error type ``upstream_error``)."""
     return ApiError(status, message, type="upstream_error", code=code)

@@ -234,7 +234,7 @@ async def _forward(
     response_format = chat_response_format(body.get("text"))
     if response_format is not None:
         out["response_format"] = response_format
-    data, _ = await post_json(gw, f"{gw.upstream}{CHAT_PATH}", out)
+    data, _ = await turn.sent(post_json(gw, f"{gw.upstream}{CHAT_PATH}", out))
     try:
         reply = reply_of(data)
     except ValueError:

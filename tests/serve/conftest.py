@@ -40,6 +40,7 @@ def vllm(vllm_server: FakeVLLM) -> Iterator[FakeVLLM]:
     vllm_server.slow_seconds = 3.0
     vllm_server.stall_started.clear()
     vllm_server.fail_status = None
+    vllm_server.on_request = None
     vllm_server.first_tool_arguments = None
     vllm_server.stall_enabled = True
     vllm_server.hold = None

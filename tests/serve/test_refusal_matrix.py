@@ -1,8 +1,9 @@
 """Every refused gateway request changes nothing stored on Redis but one ``refused`` audit
 record (tests/store_diff.py compares every key of the namespace, leases included): on
 /v1/chat/completions and /v1/responses with a conversation, with and without an
-Idempotency-Key, streamed or not. (The user message of a request the upstream refuses
-stays stored by design: tests/serve/test_upstream_edges.py.)"""
+Idempotency-Key, streamed or not. (A request the upstream refuses, 400/422..., is taken
+back: tests/serve/test_upstream_refusal.py; after a transient 4xx, 429, its user message
+stays stored once.)"""
 
 from __future__ import annotations
 
@@ -171,14 +172,15 @@ def test_a_key_reused_with_another_body_stores_nothing(
 
 
 @pytest.mark.parametrize("path", [CHAT, RESPONSES], ids=["chat", "responses"])
-def test_an_upstream_refusal_stores_the_new_message_only(
+def test_a_transient_upstream_refusal_stores_the_new_message_only(
     start_gateway: Start, vllm: FakeVLLM, redis_url: str, namespace: str, path: str
 ) -> None:
-    """The upstream answers 400: the new user message stays stored (by design: the
-    request was sent), with its request record; no reply, no lease left behind."""
+    """The upstream answers 429 (busy: a retry may pass): the new user message stays
+    stored once (the request was sent; a retry stores nothing twice), with its request
+    record; no reply, no lease left behind."""
     with _seeded(start_gateway, redis_url, namespace, path) as (gateway, store):
         before = [s.message.role for s in store.read("s1")]
-        vllm.fail_status = 400
+        vllm.fail_status = 429
         try:
             answer = _post(
                 gateway, path, _body(path, [{"role": "user", "content": "next"}], {}, False), "k"

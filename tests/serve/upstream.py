@@ -11,7 +11,8 @@ reached the "GPU" fit. What the reply does is scripted by the last user message:
   models number their calls
 - with ``first_tool_arguments`` set, a user message on a request that offers tools -> a
   call of the request's first tool with those arguments (a tool result is then echoed)
-- ``FAIL500``   -> HTTP 500
+- ``FAIL500``   -> HTTP 500 (and with ``fail_status`` set, every request: that status;
+  ``on_request``, if set, is called with each body first)
 - ``SLOW``      -> waits ``slow_seconds`` before answering (timeouts), or, with ``hold``
   set to an Event, until the test sets it
 - ``STALL``     -> streams two chunks, then waits until the client goes away
@@ -32,7 +33,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import uvicorn
@@ -73,6 +74,8 @@ class FakeVLLM:
         self.stall_enabled = True  # False: STALL streams like any other reply
         self.first_tool_arguments: dict[str, Any] | None = None  # call the first tool offered
         self.authorizations: list[str | None] = []  # each chat request's Authorization
+        # called (in a worker thread) with each chat request's body before it is answered
+        self.on_request: Callable[[dict[str, Any]], None] | None = None
         self._lock = threading.Lock()
         self.stall_started = threading.Event()
         self.app = Starlette(
@@ -132,6 +135,8 @@ class FakeVLLM:
             return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
         last = next((m for m in reversed(body["messages"]) if m["role"] in ("user", "tool")), {})
         text = str(last.get("content") or "")
+        if self.on_request is not None:
+            await asyncio.to_thread(self.on_request, body)
         if self.fail_status is not None:
             error = {"object": "error", "message": "engine unavailable", "code": self.fail_status}
             return JSONResponse(error, self.fail_status)
