@@ -191,6 +191,7 @@ DEFAULTS: list[tuple[str, Callable[[], object]]] = [
     (r"Upstream down or failing: \d+, timing out: (\d+)", lambda: _upstream_status("slow")),
     (r"Redis down: (\d+), nothing forwarded", lambda: _store_down_status()),
     (r"transient\s+4xx \(([\d, ]+)\)", lambda: _transient_4xx()),
+    (r"`upstream_auth`[^;]*at most one line a (minute) per route", lambda: _gateway_log_every()),
     (r"after the model answered is a (\d+) when the store failed", lambda: _not_stored("store")),
     (r"and a (\d+) when the gateway refuses the reply itself", lambda: _not_stored("refused")),
     (
@@ -198,6 +199,13 @@ DEFAULTS: list[tuple[str, Callable[[], object]]] = [
         lambda: _not_stored("refused"),
     ),
 ]
+
+
+def _gateway_log_every() -> object:
+    pytest.importorskip("httpx")
+    from ctxguard.serve.outcomes import LOG_EVERY
+
+    return "minute" if LOG_EVERY == 60 else LOG_EVERY
 
 
 def _transient_4xx() -> object:

@@ -115,7 +115,7 @@ async def _call(gw: Gateway, method: str, path: str, body: Any = None) -> bytes:
             request = gw.client.build_request(method, gw.upstream + path, json=body)
             response = await gw.client.send(request, stream=True)
             if response.status_code != 200:
-                raise await upstream_error(gw, response)
+                raise await upstream_error(gw, response, path)
             return await read_capped(gw, response)
     except TimeoutError:
         raise timed_out(gw) from None

@@ -22,7 +22,7 @@ import httpx
 from ctxguard._http import MAX_BODY
 from ctxguard.serve.gateway import Gateway
 from ctxguard.serve.openai_errors import ApiError, what_failed
-from ctxguard.serve.outcomes import upstream_api_error
+from ctxguard.serve.outcomes import AUTH_STATUSES, upstream_api_error, upstream_auth
 from ctxguard.serve.sse import error_of
 
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -69,7 +69,8 @@ async def send_upstream(
     if response.status_code == 200:
         gw.observe_upstream("ok", started)
         return response
-    rejected = 400 <= response.status_code < 500 and response.status_code != 408
+    status = response.status_code
+    rejected = 400 <= status < 500 and status != 408 and status not in AUTH_STATUSES
     gw.observe_upstream("rejected" if rejected else "error", started)
     raise await upstream_error(gw, response)
 
@@ -99,6 +100,8 @@ def error_in_reply(gw: Gateway, data: dict[str, Any], raw: bytes) -> ApiError:
     error = data.get("error")
     code = (error if isinstance(error, dict) else data).get("code")
     status = code if type(code) is int and 400 <= code < 600 else 502
+    if status in AUTH_STATUSES:
+        return upstream_auth(status, gw.shown_upstream, "chat", gw.log_throttle)
     detail = _upstream_message(gw, raw).strip() or "(no message)"
     if 400 <= status < 500 and status != 408:
         return ApiError(status, detail, code="upstream_rejected")
@@ -159,11 +162,15 @@ def timed_out(gw: Gateway) -> ApiError:
     return upstream_api_error(504, message, "upstream_timeout")
 
 
-async def upstream_error(gw: Gateway, response: httpx.Response) -> ApiError:
-    """The OpenAI-shaped error for a non-200 ``response`` (read at most 64 KiB within
-    ``--upstream-timeout``, closed):
-    a 4xx passes through with the upstream's own message, anything else is a 502;
-    either message scrubbed of credentials."""
+async def upstream_error(gw: Gateway, response: httpx.Response, what: str = "chat") -> ApiError:
+    """The OpenAI-shaped error for a non-200 ``response`` to the call ``what`` (read at
+    most 64 KiB within ``--upstream-timeout``, closed): a 4xx passes through with the
+    upstream's own message, anything else is a 502; either message scrubbed of
+    credentials. A 401/403 (the gateway's own credentials refused) is a 502
+    ``upstream_auth`` saying so (``outcomes.upstream_auth``), none of the upstream's text."""
+    if response.status_code in AUTH_STATUSES:
+        await response.aclose()
+        return upstream_auth(response.status_code, gw.shown_upstream, what, gw.log_throttle)
     raw = b""
     try:  # (within one deadline: a streaming call has none of its own around this)
         async with asyncio.timeout(gw.config.upstream_timeout):

@@ -47,7 +47,12 @@ from ctxguard.serve import identity
 from ctxguard.serve.config import ServeConfig
 from ctxguard.serve.metrics import make_metrics
 from ctxguard.serve.openai_errors import ApiError
-from ctxguard.serve.outcomes import upstream_api_error, upstream_failure, usable_usage
+from ctxguard.serve.outcomes import (
+    LogThrottle,
+    upstream_api_error,
+    upstream_failure,
+    usable_usage,
+)
 from ctxguard.stores import MemoryStore, SessionStore
 from ctxguard.stores.urls import redact_url
 
@@ -99,6 +104,7 @@ class Gateway:
         )
         self.upstream = bare
         self._background: set[asyncio.Task[None]] = set()
+        self.log_throttle = LogThrottle()  # log lines a flood of failures would repeat
         self.metrics = make_metrics(config.metrics)
         self.observer = None if self.metrics is None else self.metrics.observer
         self._session_locks: weakref.WeakValueDictionary[tuple[int, str], asyncio.Lock] = (

@@ -1,12 +1,17 @@
 """What a turn's failures are answered with: the model's reply not stored (503 when the
 store failed, 502 when the reply is refused, and whether a retry is safe), what the
-upstream did (httpx failures in HTTP's words), and the upstream's usage kept only when
-:meth:`Guard.complete` takes it. Pure functions over the error tree; no gateway state.
+upstream did (httpx failures in HTTP's words, its refusal of the gateway's own
+credentials), and the upstream's usage kept only when :meth:`Guard.complete` takes it.
+Pure functions over the error tree, and :class:`LogThrottle` (each gateway holds one) for
+the log lines a flood of failing requests would repeat.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Hashable
 from typing import Any
 
 import httpx
@@ -22,6 +27,8 @@ from ctxguard.errors import (
 from ctxguard.serve.openai_errors import ApiError, what_failed
 
 log = logging.getLogger("ctxguard.serve")
+LOG_EVERY = 60.0  # seconds between two log lines of one kind of failure (the first at once)
+AUTH_STATUSES = frozenset({401, 403})  # the model server refused the gateway's credentials
 
 
 def reply_not_stored(exc: CtxGuardError, keyed: bool, cut: str | None = None) -> ApiError:
@@ -86,6 +93,54 @@ def refuses_request(exc: Exception) -> bool:
         and exc.code == "upstream_rejected"
         and 400 <= exc.status < 500
         and exc.status not in TRANSIENT_4XX
+    )
+
+
+class LogThrottle:
+    """At most one log line per kind of failure each :data:`LOG_EVERY` seconds: the first
+    at once, the next saying how many were not logged meanwhile (a refused credential
+    fails every request: one line each would flood the log)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next: dict[Hashable, float] = {}
+        self._missed: dict[Hashable, int] = {}
+
+    def due(self, kind: Hashable) -> int | None:
+        """How many of ``kind`` went unlogged before this one, which is to be logged; None
+        when it is not (counted for the next line)."""
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next.get(kind, float("-inf")):
+                self._missed[kind] = self._missed.get(kind, 0) + 1
+                return None
+            self._next[kind] = now + LOG_EVERY
+            return self._missed.pop(kind, 0)
+
+
+def upstream_auth(status: int, where: str, what: str, throttle: LogThrottle) -> ApiError:
+    """The answer when the model server ``where`` refused the gateway's own credentials
+    (HTTP ``status``, 401 or 403, on ``what``: "chat", "/v1/models", "/tokenize"): a 502
+    ``upstream_auth`` (not the upstream's 401/403, which would tell the client that its own
+    key is wrong), whose one line says the gateway's operator must fix them; nothing the
+    upstream said is passed on (it may quote the key). Logged at ERROR, throttled."""
+    missed = throttle.due((status, what))
+    if missed is not None:
+        log.error(
+            "the model server %s refused the gateway's credentials (HTTP %d on %s): set the "
+            "upstream API key (CTXGUARD_SERVE_UPSTREAM_API_KEY / upstream_api_key) or the "
+            "user and password of the upstream URL%s",
+            where,
+            status,
+            what,
+            f"; {missed} more since the last such line" if missed else "",
+        )
+    return upstream_api_error(
+        502,
+        f"the model server refused the gateway's credentials (HTTP {status}): the gateway's "
+        "upstream API key or upstream URL password is wrong or lacks access; its operator "
+        "must fix it (the key this request sent is not the cause)",
+        "upstream_auth",
     )
 
 

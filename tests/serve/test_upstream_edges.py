@@ -56,6 +56,8 @@ class Hostile:
         mode = self.mode
         if mode in ("echo500", "echo401"):
             return self.echo(request, 500 if mode == "echo500" else 401)
+        if mode in ("auth401", "auth403"):
+            return self.echo(request, int(mode[4:]))
         if mode == "echo_html":
             auth = request.headers.get("authorization", "")
             return Response(f"<h1>bad gateway</h1><p>{auth}</p>", 502, media_type="text/html")
@@ -144,6 +146,8 @@ class Hostile:
     async def models(self, request: Request) -> Response:
         if self.mode == "echo401":
             return self.echo(request, 401)
+        if self.mode in ("auth401", "auth403"):
+            return self.echo(request, int(self.mode[4:]))
         if self.mode.startswith("shape:"):
             return Response(self.mode[6:], 200, media_type="application/json")
         return JSONResponse({"data": [{"id": "m", "max_model_len": 4096}]})
@@ -151,6 +155,8 @@ class Hostile:
     async def tokenize(self, request: Request) -> Response:
         if self.mode == "echo401":
             return self.echo(request, 401)
+        if self.mode in ("auth401", "auth403"):
+            return self.echo(request, int(self.mode[4:]))
         return JSONResponse({"tokens": [1, 2], "count": 2})
 
 
@@ -208,13 +214,13 @@ def api_error(response: httpx.Response, status: int, code: str | None) -> dict[s
     ("mode", "route", "status", "code"),
     [
         ("echo500", "chat", 502, "upstream_error"),
-        ("echo401", "chat", 401, "upstream_rejected"),
+        ("echo401", "chat", 502, "upstream_auth"),
         ("echo_html", "chat", 502, "upstream_error"),
         ("echo500", "stream", 502, "upstream_error"),
-        ("echo401", "stream", 401, "upstream_rejected"),
+        ("echo401", "stream", 502, "upstream_auth"),
         ("echo500", "responses", 502, "upstream_error"),
-        ("echo401", "tokenize", 401, "upstream_rejected"),
-        ("echo401", "models", 401, "upstream_rejected"),
+        ("echo401", "tokenize", 502, "upstream_auth"),
+        ("echo401", "models", 502, "upstream_auth"),
     ],
 )
 def test_an_upstream_that_echoes_the_credential_never_shows_it_to_the_client(
@@ -233,6 +239,43 @@ def test_an_upstream_that_echoes_the_credential_never_shows_it_to_the_client(
     api_error(response, status, code)  # (a rejected model list was a 200 before)
     secret_free(response.text)
     secret_free(str(response.headers))
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_the_upstream_refusing_the_gateways_credentials_is_a_502_for_the_operator(
+    start: Callable[..., str],
+    hostile: Hostile,
+    caplog: pytest.LogCaptureFixture,
+    status: int,
+) -> None:
+    """Not the upstream's 401/403 passed on (which tells a client its own key is wrong):
+    a 502 ``upstream_auth`` saying the gateway's credentials were refused, on every route,
+    none of the upstream's text (it quotes the key); one ERROR line per route however many
+    requests fail (the rest counted into the next line, a minute later)."""
+    gw = start()
+    hostile.mode = f"auth{status}"
+    with caplog.at_level(logging.ERROR, logger="ctxguard.serve"):
+        answers = [
+            chat(gw),
+            chat(gw),
+            chat(gw, stream=True),
+            httpx.post(gw + "/v1/responses", json={"model": "m", "input": "hi"}, timeout=30),
+            httpx.post(gw + "/tokenize", json={"prompt": "hi"}, timeout=30),
+            httpx.post(gw + "/tokenize", json={"prompt": "hi"}, timeout=30),
+            httpx.get(gw + "/v1/models", timeout=30),
+        ]
+    for response in answers:
+        error = api_error(response, 502, "upstream_auth")
+        assert f"refused the gateway's credentials (HTTP {status})" in error["message"]
+        assert "operator" in error["message"] and "denied" not in error["message"]
+        secret_free(response.text)
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    auth = [line for line in lines if "refused the gateway's credentials" in line]
+    assert len(auth) == 3, lines  # chat, /tokenize, /v1/models: once each
+    joined = " | ".join(auth)
+    assert all(f"HTTP {status} on {what}" in joined for what in ("chat", "/tokenize", "/v1/models"))
+    for line in auth:
+        secret_free(line)
 
 
 def test_nan_and_infinity_are_refused_before_anything_is_stored(
@@ -544,6 +587,7 @@ def test_a_reply_with_usage_no_server_could_report_is_stored_without_it(
         ({"object": "error", "message": "engine died", "code": 500}, 502, "upstream_error"),
         ({"object": "error", "message": "no code"}, 502, "upstream_error"),
         ({"error": {"message": "bad prompt", "code": 422}}, 422, "upstream_rejected"),
+        ({"object": "error", "message": "bad key", "code": 401}, 502, "upstream_auth"),
     ],
 )
 @pytest.mark.parametrize("route", ["chat", "responses"])
@@ -581,7 +625,10 @@ def test_an_error_answered_with_http_200_is_that_error_and_stores_nothing(
             timeout=30,
         )
     body = api_error(response, status, code)
-    assert said.split(":")[0] in body["message"] and "unreadable" not in body["message"]
+    if code == "upstream_auth":  # (the gateway's credentials: none of the upstream's text)
+        assert "refused the gateway's credentials (HTTP 401)" in body["message"]
+    else:
+        assert said.split(":")[0] in body["message"] and "unreadable" not in body["message"]
     assert len(body["message"]) < 400  # cut to one short line
     secret_free(response.text)
     # no reply stored; a request the upstream refuses as wrong is taken back whole
