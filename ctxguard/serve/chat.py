@@ -98,13 +98,19 @@ class Turn:
     async def complete_stream(self, relay: StreamRelay) -> None:
         """:meth:`complete` with the reply assembled from the relayed events, in the same
         worker-thread call (the event loop parses no chunk); :class:`NoReply` when the
-        events held no reply (``[DONE]`` and nothing before it that a choice said)."""
+        events held no reply (``[DONE]`` and nothing before it that a choice said), with a
+        session or without (a client must not take an empty stream for a whole reply, as a
+        non-streaming answer without a choice is a 502)."""
 
         def build() -> tuple[dict[str, Any], dict[str, Any] | None]:
             if not relay.assembler.replied:
                 raise NoReply
             return relay.assembler.message(), relay.assembler.usage
 
+        if not self.stored:  # nothing to store, but an empty stream is no reply either
+            if not await self.gateway.run(lambda: relay.assembler.replied):
+                raise NoReply
+            return
         await self._complete(build, None)
 
     async def _complete(self, build: Reply, metadata: dict[str, Any] | None) -> None:

@@ -157,9 +157,8 @@ def _stream_once(
         max_tokens=256,
     )
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-    return httpx.post(
-        gw + "/v1/chat/completions", json=body, headers={"X-Session-Id": session}, timeout=30
-    )
+    headers = {"X-Session-Id": session} if session else {}
+    return httpx.post(gw + "/v1/chat/completions", json=body, headers=headers, timeout=30)
 
 
 @pytest.mark.parametrize("mode", sorted(EMPTY))
@@ -183,6 +182,25 @@ def test_a_stream_that_finishes_with_no_reply_in_it_is_not_stored(
     assert [r["reason"] for r in audit if r.get("kind") == "partial_reply"] == [
         "upstream_bad_reply"
     ]
+
+
+@pytest.mark.parametrize("mode", sorted(EMPTY))
+def test_a_stateless_stream_with_no_reply_in_it_ends_with_an_error_too(
+    start_gateway: Start,
+    endless_server: tuple[Endless, str],
+    redis_url: str,
+    namespace: str,
+    mode: str,
+) -> None:
+    """(without a session the stream ended with ``[DONE]``: a client took the empty stream
+    for a whole, empty reply, where the same answer not streamed is a 502, and streamed
+    with a session an error event)"""
+    response = _stream_once(start_gateway, endless_server, mode, redis_url, namespace, "")
+    assert response.status_code == 200
+    last = json.loads(response.text.strip().split("\n\n")[-1].removeprefix("data: "))
+    assert last["error"]["code"] == "upstream_bad_reply"
+    assert "no reply" in last["error"]["message"]
+    assert "[DONE]" not in response.text
 
 
 def _stream_from_drip(start_gateway: Start, mode: str) -> httpx.Response:
