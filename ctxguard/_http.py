@@ -19,11 +19,12 @@ bytes, so a server streaming fast without end cannot exhaust memory.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextvars
 import json
 import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,6 +186,27 @@ class _Body:
 
 # a connection that broke under a request: the server may never have read it
 _BROKEN = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def known_secrets(base_url: str, headers: Mapping[str, str] | None) -> list[str]:
+    """What a server must not echo back into our errors: the headers we send (an API
+    key, raw and after its scheme) and the URL's password, raw (as written and decoded)
+    and as the Basic credential it goes as, with the ``user:password`` pair; each also
+    JSON-escaped; longest first (one under 4 characters is left to the redaction by
+    form)."""
+    values = {v for v in (headers or {}).values() if isinstance(v, str)}
+    values |= {v.split(None, 1)[-1] for v in values if v.strip()}
+    try:
+        url = httpx.URL(base_url)
+        user, password = url.username, url.password
+        written = url.userinfo.decode("ascii", "replace").partition(":")[2]
+    except Exception:  # (checked before: a URL httpx takes)
+        user, password, written = "", "", ""
+    if password:
+        pair = f"{user}:{password}"
+        values |= {password, written, pair, base64.b64encode(pair.encode()).decode()}
+    values |= {json.dumps(v)[1:-1] for v in values}  # as an error body quotes them
+    return sorted((v for v in values if len(v) >= 4), key=len, reverse=True)
 
 
 def without_userinfo(url: str) -> tuple[str, httpx.BasicAuth | None]:

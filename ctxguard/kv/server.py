@@ -10,7 +10,6 @@ so the sync and async readers share every line of logic and only do the GETs.
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import re
@@ -21,6 +20,7 @@ from typing import Any
 import httpx
 
 from ctxguard import _http
+from ctxguard._http import known_secrets
 from ctxguard._secrets import forget, redact_text
 from ctxguard._validate import check_http_options
 from ctxguard.errors import ConfigError
@@ -72,23 +72,6 @@ def redact(url: str) -> str:
     """Drop user:password and the query string, which may hold keys, before showing a URL."""
     scheme, sep, rest = redact_url(url).partition("?")[0].partition("://")
     return f"{scheme}{sep}{rest.rpartition('@')[2]}".rstrip("/")
-
-
-def known_secrets(base_url: str, headers: Mapping[str, str] | None) -> list[str]:
-    """What a server must not echo back into our errors: the headers we send (an API
-    key, raw and after its scheme) and the URL's password, raw and as the Basic
-    credential it goes as; longest first."""
-    values = {v for v in (headers or {}).values() if isinstance(v, str)}
-    values |= {v.split(None, 1)[-1] for v in values if v.strip()}
-    try:
-        url = httpx.URL(base_url)
-        user, password = url.username, url.password
-    except Exception:  # (checked before: a URL httpx takes)
-        user, password = "", ""
-    if password:
-        pair = f"{user}:{password}".encode()
-        values |= {password, base64.b64encode(pair).decode()}
-    return sorted((v for v in values if len(v) >= 4), key=len, reverse=True)
 
 
 def _said(text: object, secrets: Sequence[str]) -> str:

@@ -17,10 +17,11 @@ import time
 import httpx
 
 from ctxguard import _http
+from ctxguard._http import known_secrets
 from ctxguard._nocopy import NotCopyable
 from ctxguard._secrets import forget, redact_text
 from ctxguard.errors import ConfigError
-from ctxguard.kv.server import known_secrets, redact
+from ctxguard.kv.server import redact
 from ctxguard.observe.pressure_metrics import KV_USAGE, WAITING, Page, Pressure, read_page
 
 log = logging.getLogger("ctxguard.observe")

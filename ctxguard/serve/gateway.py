@@ -34,7 +34,7 @@ from ctxguard import (
     load_counter,
     open_store,
 )
-from ctxguard._http import KEEPALIVE_EXPIRY, without_userinfo
+from ctxguard._http import KEEPALIVE_EXPIRY, known_secrets, without_userinfo
 from ctxguard._secrets import redact_text
 from ctxguard.errors import (
     ConfigError,
@@ -75,6 +75,12 @@ class Gateway:
         # the user and password of the upstream's URL go as Basic auth (what httpx sends for
         # them), never in a request's URL: httpx logs each one's URL at INFO
         bare, auth = without_userinfo(self.upstream)
+        # what the upstream must not echo into an error a client or the log sees: the key
+        # and the URL's password (raw, decoded, as the Basic credential it goes as), each
+        # also JSON-escaped (an error body quotes them so); longest first
+        key = config.upstream_api_key
+        keys = {key, json.dumps(key)[1:-1]} if key else set()
+        self._secrets = sorted({*known_secrets(self.upstream, None), *keys}, key=len, reverse=True)
         self._lock = threading.Lock()
         self._counter: TokenCounter | None = None
         self._guards: dict[str | None, Guard] = {}
@@ -137,12 +143,11 @@ class Gateway:
         return upstream_api_error(status, self.scrub(message), code)
 
     def scrub(self, text: str) -> str:
-        """``text`` (anything the upstream said) without the upstream API key, raw or
-        JSON-escaped, any bearer credential or any URL's password."""
-        key = self.config.upstream_api_key
-        if key:
-            for form in {key, json.dumps(key)[1:-1]}:
-                text = text.replace(form, "***")
+        """``text`` (anything the upstream said) without the upstream API key or the
+        upstream URL's password, raw or JSON-escaped, any bearer credential or any URL's
+        password."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
         return redact_text(text)
 
     def upstream_headers(self) -> dict[str, str]:

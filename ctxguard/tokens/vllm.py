@@ -52,10 +52,8 @@ class VLLMRenderer:
         self.timeout = timeout
         self._client = _http.client(timeout=timeout, headers=dict(headers or {}))
         # what the server's answers must not echo back into an error: the headers we send
-        # (an API key, raw and after its scheme), longest first
-        values = {v for v in (headers or {}).values() if isinstance(v, str)}
-        values |= {v.split(None, 1)[-1] for v in values}
-        self._secrets = sorted((v for v in values if len(v) >= 4), key=len, reverse=True)
+        # (an API key, raw and after its scheme) and the URL's password, longest first
+        self._secrets = _http.known_secrets(base_url, headers)
 
     def render(self, conversation: Sequence[dict[str, Any]], tools: Tools | None = None) -> int:
         body: dict[str, Any] = {"messages": list(conversation), "add_generation_prompt": True}

@@ -6,12 +6,14 @@ events, never a stored message for a request that is refused."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -50,10 +52,22 @@ class Hostile:
         text = f"denied: {auth} {padding} (key {KEY}) json {json.dumps(KEY)}"
         return JSONResponse({"error": {"message": text}}, status)
 
+    def echo_basic(self, request: Request) -> Response | None:
+        """Mode ``basic:<status>``: an error quoting the Basic credential decoded (the
+        user and password of the upstream URL), raw and JSON-escaped, on every route."""
+        if not self.mode.startswith("basic:"):
+            return None
+        auth = request.headers.get("authorization", "").split()[-1]
+        pair = base64.b64decode(auth).decode()
+        text = f"bad credentials {pair} (password {pair.partition(':')[2]}) {json.dumps(pair)}"
+        return JSONResponse({"error": {"message": text}}, int(self.mode[6:]))
+
     async def chat(self, request: Request) -> Response:
         body = await request.json()
         self.accept_encoding.append(request.headers.get("accept-encoding", ""))
         mode = self.mode
+        if (echoed := self.echo_basic(request)) is not None:
+            return echoed
         if mode in ("echo500", "echo401"):
             return self.echo(request, 500 if mode == "echo500" else 401)
         if mode in ("auth401", "auth403"):
@@ -144,6 +158,8 @@ class Hostile:
         return JSONResponse({"choices": [{"index": 0, "message": reply}], "usage": {}})
 
     async def models(self, request: Request) -> Response:
+        if (echoed := self.echo_basic(request)) is not None:
+            return echoed
         if self.mode == "echo401":
             return self.echo(request, 401)
         if self.mode in ("auth401", "auth403"):
@@ -153,6 +169,8 @@ class Hostile:
         return JSONResponse({"data": [{"id": "m", "max_model_len": 4096}]})
 
     async def tokenize(self, request: Request) -> Response:
+        if (echoed := self.echo_basic(request)) is not None:
+            return echoed
         if self.mode == "echo401":
             return self.echo(request, 401)
         if self.mode in ("auth401", "auth403"):
@@ -276,6 +294,52 @@ def test_the_upstream_refusing_the_gateways_credentials_is_a_502_for_the_operato
     assert all(f"HTTP {status} on {what}" in joined for what in ("chat", "/tokenize", "/v1/models"))
     for line in auth:
         secret_free(line)
+
+
+PASSWORD = 'UPW-s3cr\\et"pw'  # (a backslash and a quote: JSON escapes them)
+
+
+@pytest.mark.parametrize("status", [400, 500])
+@pytest.mark.parametrize("counter", ["tiktoken:cl100k_base", None], ids=["tiktoken", "vllm"])
+def test_an_upstream_that_echoes_the_url_password_never_shows_it(
+    start_gateway: Start,
+    hostile_server: tuple[Hostile, str],
+    caplog: pytest.LogCaptureFixture,
+    status: int,
+    counter: str | None,
+) -> None:
+    """The upstream URL's user and password go as Basic auth; an upstream that quotes
+    them decoded (raw or JSON-escaped) had the password reach the client: only the
+    upstream API key was taken out by value (the gateway's scrub and the vllm: counter's
+    errors alike)."""
+    hostile, url = hostile_server
+    hostile.mode = f"basic:{status}"
+    host = url.removeprefix("http://")
+    settings: dict[str, Any] = {"counter": counter} if counter else {}
+    gw = start_gateway(
+        upstream=f"http://user:{quote(PASSWORD, safe='')}@{host}",
+        url=private_memory_url(),
+        upstream_api_key=KEY,
+        limit=4096,
+        max_tokens=256,
+        **settings,
+    )
+    with caplog.at_level(logging.DEBUG):
+        answers = [
+            chat(gw),
+            chat(gw, stream=True),
+            httpx.post(gw + "/v1/responses", json={"model": "m", "input": "hi"}, timeout=30),
+            httpx.post(gw + "/tokenize", json={"prompt": "hi"}, timeout=30),
+            httpx.get(gw + "/v1/models", timeout=30),
+        ]
+    hostile.mode = "ok"
+    for response in answers:
+        assert response.status_code >= 400, response.text
+        assert "bad credentials" in response.text  # (the upstream's text, scrubbed)
+        for fragment in ("s3cr", quote(PASSWORD, safe="")):
+            assert fragment not in response.text
+        secret_free(response.text)
+    assert "s3cr" not in caplog.text
 
 
 def test_nan_and_infinity_are_refused_before_anything_is_stored(
