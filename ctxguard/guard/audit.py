@@ -18,7 +18,7 @@ from ctxguard.guard.plan import Budget, Plan, Sent, SummaryRequest
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.guard.sent import sent_fields
 from ctxguard.ids import new_message_id
-from ctxguard.stores.base import NewMessage, Summary, WindowFetch
+from ctxguard.stores.base import NewMessage, Summary, WindowFetch, WindowHit
 
 if TYPE_CHECKING:
     from ctxguard.guard.config import GuardConfig
@@ -165,8 +165,16 @@ class AuditRecords:
         budget: Budget,
         tools: Tools | None,
         pending: Mapping[str, Any] | None = None,
+        *,
+        write: WindowHit | None = None,
     ) -> PreparedRequest:
+        """``write``: the commit that stored the request, whose new messages' ids and
+        state token the request carries (none when the store answered a repeated
+        commit: its token is '')."""
+        stored = write.appended.stored if write is not None and write.token else ()
         return PreparedRequest(
+            stored_ids=tuple(stored),
+            state_token=write.token if stored and write is not None else "",
             pending_audit=pending,
             session_id=session_id,
             turn=turn,

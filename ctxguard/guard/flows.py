@@ -13,7 +13,6 @@ a shell can take is in one file.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import random
 import time
 from collections.abc import Generator, Iterable, Mapping, Sequence
@@ -248,10 +247,12 @@ def _prepare(
             yield StartBackground(session_id, summary_started)
         if with_reply:
             core.hold(session_id, record)
-            prepared = core.prepared(session_id, 0, plan, sent, total, budget, tools, record)
-        else:
-            prepared = core.prepared(session_id, committed.turn, plan, sent, total, budget, tools)
-        return _with_write(prepared, committed)
+            return core.prepared(
+                session_id, 0, plan, sent, total, budget, tools, record, write=committed
+            )
+        return core.prepared(
+            session_id, committed.turn, plan, sent, total, budget, tools, write=committed
+        )
     raise ConflictError(
         f"session {session_id!r} changed under {MAX_COMMITS} attempts to commit this request "
         "(other writers); nothing was stored: retry the prepare"
@@ -315,23 +316,12 @@ def _committed(
     core.prefix.committed(session_id, fast.record["rid"])
     if core.config.audit_mode == "with_reply":
         core.hold(session_id, fast.record)
-        prepared = core.prepared(
-            session_id, 0, fast.plan, fast.sent, fast.total, budget, tools, fast.record
+        return core.prepared(
+            session_id, 0, fast.plan, fast.sent, fast.total, budget, tools, fast.record, write=hit
         )
-    else:
-        prepared = core.prepared(
-            session_id, hit.turn, fast.plan, fast.sent, fast.total, budget, tools
-        )
-    return _with_write(prepared, hit)
-
-
-def _with_write(prepared: PreparedRequest, hit: WindowHit) -> PreparedRequest:
-    """``prepared`` with what its commit stored and the state token it left (none when
-    the store answered a repeated commit: its token is '')."""
-    stored = hit.appended.stored if hit.token else ()
-    if not stored:
-        return prepared
-    return dataclasses.replace(prepared, stored_ids=tuple(stored), state_token=hit.token)
+    return core.prepared(
+        session_id, hit.turn, fast.plan, fast.sent, fast.total, budget, tools, write=hit
+    )
 
 
 def flush(core: GuardCore, session_id: str | None = None) -> Flow[None]:
