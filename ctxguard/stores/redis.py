@@ -15,7 +15,7 @@ operation that is safe to repeat is sent again with backoff (:class:`RetryPolicy
 4 attempts, 50 ms doubling to at most 1 s), the same on the sync and async
 stores, standalone and cluster; when the attempts are used up, or the next one would
 start past the operation's deadline (connect timeout plus read timeout, which also
-bounds every connect and reply of it: ``redis_deadline.operation``), it raises
+bounds every connect and reply of it: ``redis_deadline.OPERATION``), it raises
 :class:`~ctxguard.errors.StoreConnectionError`. Safe to repeat means a repeat
 after a lost reply changes nothing more and answers as the first attempt would
 have:
@@ -89,7 +89,7 @@ from ctxguard.stores.redis_clients import (
     retry_delay,
     sync_client,
 )
-from ctxguard.stores.redis_deadline import operation
+from ctxguard.stores.redis_deadline import OPERATION
 from ctxguard.stores.redis_errors import (
     CLIENT_INTERNAL_ERRORS,
     RETRYABLE,
@@ -127,7 +127,9 @@ class RedisStore(RedisStoreBase):
         sent: RedisError | None = None  # the last attempt that may have run, if any
         attempts = 0
         end = time.monotonic() + self.url.connect_timeout + self.url.read_timeout
-        with operation(end):  # every attempt, connection and reply within one deadline
+        outer = OPERATION.end  # every attempt, connection and reply within one deadline
+        OPERATION.end = end if outer is None or end < outer else outer
+        try:
             while True:
                 attempts += 1
                 try:
@@ -149,6 +151,8 @@ class RedisStore(RedisStoreBase):
                     if delay is None:
                         raise client_failure(exc, what, self.where) from exc
                     time.sleep(delay)
+        finally:
+            OPERATION.end = outer
 
     def _run(self, call: Call, idempotent: bool = True) -> Any:
         script = self._scripts[call.script]

@@ -9,7 +9,7 @@ began, and past it the read fails as a timeout (the connection is then dropped, 
 redis-py drops it on any timeout).
 
 An operation of the store (every attempt of it, each connection's handshake and every
-reply it reads) also has one deadline (:func:`operation`, set by ``RedisStore._io``):
+reply it reads) also has one deadline (:data:`OPERATION`, set by ``RedisStore._io``):
 connecting and reading never wait past it. So a server that accepts connections and
 never answers fails an operation once, within the connect timeout plus the read timeout,
 not once per handshake reply and per retry (4 attempts of a 10 s read timeout were 42 s).
@@ -23,31 +23,27 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from redis.connection import Connection, SSLConnection
 
-_operation = threading.local()  # .end: the deadline of the operation this thread runs
+
+class _Operation(threading.local):
+    """Per thread: ``end``, the deadline (``time.monotonic()``) of the store operation the
+    thread runs, None outside one. ``RedisStore._io`` sets it and puts the enclosing
+    value back in a ``finally`` (keeping an enclosing operation's earlier deadline):
+    two attribute stores a call, where a ``@contextmanager`` cost a generator and its
+    two steps on every store operation (the warm turn's hot path)."""
+
+    end: float | None = None
+
+
+OPERATION = _Operation()
 
 
 def operation_end() -> float | None:
     """The deadline of the store operation this thread runs, if any."""
-    end: float | None = getattr(_operation, "end", None)
-    return end
-
-
-@contextmanager
-def operation(end: float) -> Iterator[None]:
-    """Connections used by this thread inside the block never wait past ``end``
-    (``time.monotonic()``); an enclosing operation's earlier deadline is kept."""
-    outer = operation_end()
-    _operation.end = end if outer is None else min(outer, end)
-    try:
-        yield
-    finally:
-        _operation.end = outer
+    return OPERATION.end
 
 
 class _DeadlineSocket:
@@ -156,7 +152,7 @@ class _Deadline:
         if limit is None or "timeout" in kwargs:
             return super().read_response(*args, **kwargs)  # type: ignore[misc]
         end = time.monotonic() + limit
-        op_end = getattr(_operation, "end", None)
+        op_end = OPERATION.end
         self.reply_deadline = end if op_end is None or op_end > end else op_end
         try:
             return super().read_response(*args, **kwargs)  # type: ignore[misc]
