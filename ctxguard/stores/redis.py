@@ -15,7 +15,8 @@ operation that is safe to repeat is sent again with backoff (:class:`RetryPolicy
 4 attempts, 50 ms doubling to at most 1 s), the same on the sync and async
 stores, standalone and cluster; when the attempts are used up, or the next one would
 start past the operation's deadline (connect timeout plus read timeout, which also
-bounds every connect and reply of it: ``redis_deadline.OPERATION``), it raises
+bounds every connect and reply of it: ``redis_deadline.OPERATION`` on the sync store,
+``redis_async_deadline`` on the async one), it raises
 :class:`~ctxguard.errors.StoreConnectionError`. Safe to repeat means a repeat
 after a lost reply changes nothing more and answers as the first attempt would
 have:

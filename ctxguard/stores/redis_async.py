@@ -4,6 +4,16 @@ Each method mirrors :class:`~ctxguard.stores.redis.RedisStore` line for line
 (the retry rules in that module's docstring hold here unchanged); keep the two
 in step. Imported as ``from ctxguard.stores.redis import AsyncRedisStore``. Past ~400
 lines for the reason its twin gives: one class, one short method per operation.
+
+The operation's deadline (connect timeout plus read timeout) bounds all of it: retries,
+the attempt under way, its connection's handshake and replies; past it the task is
+cancelled where it waits (:mod:`.redis_async_deadline`, ``asyncio.timeout``'s way at a
+fraction of its cost). What it cuts, redis-py cleans up as it does any cancelled call: a
+connection whose command or handshake was cancelled is disconnected (``read_response``,
+``send_packed_command`` and the connect drop it on any BaseException: redis-py's fix of
+its issues 2624/2665, merged May 2023, before 5.0, ctxguard's floor; ``_evalsha`` and
+``_multi`` here do too), so no pooled connection keeps a reply that a later command
+would read as its own (tests/faults/test_operation_deadline.py).
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from ctxguard.stores.base import (
 )
 from ctxguard.stores.integrity import RawSession, RepairPlan
 from ctxguard.stores.leases import check_lease, lease_call
+from ctxguard.stores.redis_async_deadline import OperationDeadlines
 from ctxguard.stores.redis_clients import (
     AsyncConnectionShelf,
     RedisStoreBase,
@@ -59,6 +70,7 @@ from ctxguard.stores.redis_errors import (
     RETRYABLE,
     client_failure,
     connection_phase,
+    deadline_error,
     raised_in_client,
     wrap_error,
 )
@@ -81,6 +93,8 @@ class AsyncRedisStore(RedisStoreBase):
         self._use(client if client is not None else async_client(url))
         self._rows = RowsHint()  # how many records a window read takes first
         self._binding = LoopBinding()  # the event loop its connections belong to
+        self._limit = url.connect_timeout + url.read_timeout  # an operation's deadline
+        self._deadlines = OperationDeadlines(None)  # (its loop's, once claimed)
 
     def _use(self, client: Any) -> None:
         self.client = client
@@ -97,6 +111,7 @@ class AsyncRedisStore(RedisStoreBase):
             if self._owns_client:
                 self._use(async_client(self.url))
             abandon(old)  # (a caller's client reconnects on this loop as it is used)
+        self._deadlines = OperationDeadlines(self._binding.loop)
 
     async def _io(
         self,
@@ -110,36 +125,47 @@ class AsyncRedisStore(RedisStoreBase):
         delays = self.retry_policy.delays() if idempotent else iter(())
         sent: RedisError | None = None  # the last attempt that may have run, if any
         attempts = 0
-        end = time.monotonic() + self.url.connect_timeout + self.url.read_timeout  # no retry past
-        while True:
-            attempts += 1
-            try:
-                if self._cluster:
-                    # Learn the slot map before sending: redis-py routes a keyed
-                    # command sent while it knows no node (first use, or after it
-                    # reset itself) to a random node; concurrent tasks then meet
-                    # MOVED, and every 5th MOVED makes redis-py close all its
-                    # connections, including those other tasks are writing on.
-                    # A no-op once the client knows the cluster.
-                    await self.client.initialize()
-                return await fn()
-            except AuthenticationError as exc:
-                raise wrap_error(exc, what, self.where, self.url) from exc
-            except RETRYABLE as exc:
-                sent = exc if connection_phase(exc) in ("write", "read", "lost") else sent
-                delay = retry_delay(delays, end)
-                if delay is None:  # report an attempt that may have run over a later refusal
-                    raise wrap_error(sent or exc, what, self.where, self.url, attempts) from exc
-                await asyncio.sleep(delay)
-            except (RedisError, RedisClusterException) as exc:
-                raise self._error(exc, what, keys) from exc
-            except CLIENT_INTERNAL_ERRORS as exc:
-                if not raised_in_client(exc):
-                    raise  # our own bug: never disguised as a connection problem
-                delay = retry_delay(delays, end)
-                if delay is None:
-                    raise client_failure(exc, what, self.where) from exc
-                await asyncio.sleep(delay)
+        end = time.monotonic() + self._limit  # no retry starts past it
+        deadlines = self._deadlines  # nor runs the attempt under way, handshake and all
+        entry = deadlines.start(end)
+        try:
+            while True:
+                attempts += 1
+                try:
+                    if self._cluster:
+                        # Learn the slot map before sending: redis-py routes a keyed
+                        # command sent while it knows no node (first use, or after it
+                        # reset itself) to a random node; concurrent tasks then meet
+                        # MOVED, and every 5th MOVED makes redis-py close all its
+                        # connections, including those other tasks are writing on.
+                        # A no-op once the client knows the cluster.
+                        await self.client.initialize()
+                    return await fn()
+                except AuthenticationError as exc:
+                    raise wrap_error(exc, what, self.where, self.url) from exc
+                except RETRYABLE as exc:
+                    sent = exc if connection_phase(exc) in ("write", "read", "lost") else sent
+                    delay = retry_delay(delays, end)
+                    if delay is None:  # report an attempt that may have run over a refusal
+                        raise wrap_error(sent or exc, what, self.where, self.url, attempts) from exc
+                    await asyncio.sleep(delay)
+                except (RedisError, RedisClusterException) as exc:
+                    raise self._error(exc, what, keys) from exc
+                except CLIENT_INTERNAL_ERRORS as exc:
+                    if not raised_in_client(exc):
+                        raise  # our own bug: never disguised as a connection problem
+                    delay = retry_delay(delays, end)
+                    if delay is None:
+                        raise client_failure(exc, what, self.where) from exc
+                    await asyncio.sleep(delay)
+        except asyncio.CancelledError as exc:
+            if not deadlines.cut(entry):
+                raise  # the caller's cancellation
+            cut = deadline_error(exc, self.where)  # (redis-py dropped the connection it cut)
+            sent = cut if connection_phase(cut) in ("write", "read", "lost") else sent
+            raise wrap_error(sent or cut, what, self.where, self.url, attempts) from cut
+        finally:
+            deadlines.end(entry)
 
     async def _run(self, call: Call, idempotent: bool = True) -> Any:
         attempts: list[Call] = []

@@ -73,6 +73,24 @@ _CONNECT_FRAMES = frozenset({"connect_check_health", "on_connect_check_health", 
 _TLS_FRAMES = frozenset({"_wrap_socket_with_ssl", "do_handshake", "wrap_socket"})
 
 
+def deadline_error(cut: BaseException, where: str) -> redis.TimeoutError:
+    """The async store's operation deadline (``asyncio.timeout``) cut an attempt short:
+    what redis-py would have said of it, the cut (``cut``, its cancellation and the frames
+    it went through) as its cause, so that :func:`connection_phase` tells where it was.
+    redis-py disconnects a connection whose command or handshake was cancelled, so no
+    reply is left on a pooled connection for a later command to read."""
+    frames = _frames(_chain(cut))
+    connecting = "_connect" in frames and not frames & _HANDSHAKE_FRAMES
+    said = "Timeout connecting to server" if connecting else f"Timeout reading from {where}"
+    error = redis.TimeoutError(said)
+    error.__cause__ = cut
+    return error
+
+
+# where redis-py reads the handshake's replies (5.x: on_connect; 6 on: on_connect_check_health)
+_HANDSHAKE_FRAMES = frozenset({"on_connect", "on_connect_check_health"})
+
+
 def _chain(exc: BaseException) -> list[BaseException]:
     seen: list[BaseException] = []
     item: BaseException | None = exc

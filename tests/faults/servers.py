@@ -265,6 +265,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._rules: list[list[Any]] = []  # [match, mode, times left]
         self.fired: list[str] = []
+        self.reply_delay = 0.0
         self._stopping = threading.Event()
         self._sockets: set[socket.socket] = set()
         self._thread = threading.Thread(target=self._accept, daemon=True)
@@ -353,6 +354,8 @@ class FaultProxy:
             while chunk := upstream.recv(1 << 20):
                 if state["drop_reply"]:
                     break  # the server ran the command; its reply is lost
+                if self.reply_delay > 0 and self._stopping.wait(self.reply_delay):
+                    break
                 client.sendall(chunk)
         except OSError:
             pass
