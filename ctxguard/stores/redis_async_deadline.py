@@ -14,8 +14,9 @@ turn, +3.7% (benchmarks/bench_client_instr.py). Every operation of a store has t
 length, so their deadlines come in the order the operations began: a queue, its head's
 deadline the only timer, armed when the queue was empty, fired rarely (an operation
 ending takes itself off the queue's head). An operation costs a list, an append and a pop
-(~4.6k instructions): +6.8k per warm turn (two operations), +0.3%, within the spread of
-three runs of the same base (2,096.2 to 2,102.5k).
+(~4.6k instructions, callgrind): per warm turn (two operations) +6.8k and +13.3k in two
+A/B runs (2,102.4 -> 2,109.2k, 2,096.4 -> 2,109.7k), about +0.5%; four runs of the base
+alone spread 2,096.2 to 2,102.5k.
 """
 
 from __future__ import annotations
