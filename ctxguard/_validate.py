@@ -371,13 +371,14 @@ def check_range(start: object, stop: object) -> None:
 
 
 def check_prefix(prefix: object) -> None:
-    """A session id prefix: "" (every session) or text an id could start with."""
+    """A session id prefix: "" (every session) or text a stored id could start with (the
+    older rule: a listing finds what an older version stored too)."""
     if type(prefix) is not str:
         raise InvalidInputError(f"prefix must be a string, got {type_name(prefix)}")
     if prefix:
         from ctxguard.ids import validate_id  # (ids imports this module)
 
-        validate_id(prefix, "prefix")
+        validate_id(prefix, "prefix", stored=True)
 
 
 def check_new_messages(messages: object) -> None:

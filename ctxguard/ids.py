@@ -36,6 +36,12 @@ _REFUSED = {
     "Zp": "paragraph separator",
 }
 _STORED_REFUSED = ("Cc", "Cs")  # the rule before Cf/Zl/Zp: what stored records may hold
+# what a write under such a session id is told: the session it names may be one an older
+# version stored, which stays readable (KeySpace.session_keys(stored=True))
+_OLDER_SESSION = (
+    "; a session an older version stored under one can still be read and deleted "
+    "(ctxguard show/export/delete)"
+)
 
 _lock = threading.Lock()
 _last_ms = -1
@@ -46,8 +52,9 @@ _last_prefix = ""
 def validate_id(value: object, what: str = "id", *, stored: bool = False) -> str:
     """Return ``value`` if it is an acceptable id, else raise :class:`InvalidIdError`.
 
-    ``stored``: an id read back from a record an older version wrote, held to the rule
-    of that version (control characters only), so such a record still reads."""
+    ``stored``: an id read back from a record an older version wrote, or the id of a
+    session read or deleted, held to the rule of that version (control characters only),
+    so what it stored still reads and can be removed; every write uses the full rule."""
     if not isinstance(value, str):
         raise InvalidIdError(f"{what} must be a string, got {type(value).__name__}")
     if not value:
@@ -64,10 +71,12 @@ def validate_id(value: object, what: str = "id", *, stored: bool = False) -> str
     for index, char in enumerate(value):
         kind = unicodedata.category(char)
         if kind in _REFUSED and (not stored or kind in _STORED_REFUSED):
+            older = kind not in _STORED_REFUSED and what == "session id"
             raise InvalidIdError(
                 f"{what} contains {_REFUSED[kind]} {char!r} (U+{ord(char):04X}) at index "
                 f"{index}; ids must be printable text without control, format "
                 "(zero-width, bidi) or line/paragraph separator characters"
+                + (_OLDER_SESSION if older else "")
             )
     return value
 

@@ -31,6 +31,7 @@ from ctxguard.cli.common import (
     stdout,
     store_options,
 )
+from ctxguard.cli.quoting import shown_id
 from ctxguard.cli.snapshot import Snapshot, load_snapshot, require_snapshot, summary_version_of
 from ctxguard.guard.policies import tool_problems
 from ctxguard.messages import Message
@@ -304,7 +305,7 @@ def _summary_table(results: list[SessionAudit]) -> Table:
         count = len(r.violations)
         add_row(
             table,
-            r.session,
+            shown_id(r.session),
             str(r.requests),
             str(r.usage_records),
             "-" if r.drift_p50 is None else f"{r.drift_p50:g}",
@@ -321,5 +322,5 @@ def _violations_table(violations: list[Violation]) -> Table | str:
     for name in ("session", "check", "where", "detail"):
         table.add_column(name)
     for v in violations:
-        add_row(table, v.session, v.check, v.where, v.detail)
+        add_row(table, shown_id(v.session), v.check, v.where, v.detail)
     return table

@@ -12,7 +12,6 @@ import errno
 import functools
 import json
 import os
-import shlex
 import stat
 import sys
 import tempfile
@@ -223,16 +222,6 @@ class OutConsole(Console):
     def on_broken_pipe(self) -> None:
         self.quiet = True
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
-
-
-def suggest(command: str, session_id: str) -> str:
-    """``ctxguard <command> <session>`` as a shell line to copy: the session id quoted
-    (it is any text a client chose: spaces, ``;``, ``$(...)``), after ``--`` when it
-    begins with ``-`` (else it reads as an option)."""
-    words = command.split(" ", 1)
-    options = f" {words[1]}" if len(words) > 1 else ""
-    end = " --" if session_id.startswith("-") else ""
-    return f"ctxguard {words[0]}{options}{end} {shlex.quote(session_id)}"
 
 
 def fail(message: str, exit_code: int) -> NoReturn:

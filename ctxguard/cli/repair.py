@@ -29,9 +29,10 @@ from ctxguard.cli.common import (
     note,
     opened_store,
     store_options,
-    suggest,
 )
+from ctxguard.cli.quoting import suggest
 from ctxguard.errors import ConflictError, CorruptRecordError
+from ctxguard.ids import validate_id
 from ctxguard.stores.base import SessionStore
 from ctxguard.stores.integrity import RawSession, plan_repair
 
@@ -75,6 +76,10 @@ def repair_command(
     as_json: bool,
 ) -> None:
     """Rebuild a session's derived keys (counts, ids, pins, meta) from its messages."""
+    # a write: an id the rule refuses now (a session an older version stored under a
+    # format character) is refused before anything is read, --dry-run too (show, export
+    # and delete still take it)
+    validate_id(session, "session id")
     with opened_store(url, namespace, tenant) as store:
         if getattr(store, "repair", None) is None:
             fail(f"this store ({type(store).__name__}) cannot repair sessions", EXIT_BAD_INPUT)

@@ -32,6 +32,7 @@ from ctxguard.cli.common import (
     stdout,
     store_options,
 )
+from ctxguard.cli.quoting import shown_id
 from ctxguard.cli.snapshot import Snapshot, require_snapshot
 from ctxguard.errors import CtxGuardError
 from ctxguard.guard.replay import (
@@ -208,7 +209,7 @@ def turn_json(turn: ReplayedTurn) -> dict[str, Any]:
 
 
 def _table(session: str, turns: list[ReplayedTurn]) -> Table:
-    table = Table(title=f"replay of {session}")
+    table = Table(title=Text(f"replay of {shown_id(session)}"))
     names = ("turn", "sent", "replayed", "same", "added", "removed", "tokens", "starts on", "limit")
     for name in (*names, "reused", "prefilled"):
         table.add_column(name)

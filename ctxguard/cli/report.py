@@ -24,6 +24,7 @@ from ctxguard.cli.common import (
     store_options,
     writable_output,
 )
+from ctxguard.cli.quoting import shown_id
 from ctxguard.cli.report_prefix import PrefixColumns, PrefixRow, prefix_columns
 from ctxguard.cli.snapshot import Snapshot, dropped_ranges, format_ranges, require_snapshot
 from ctxguard.guard.sent import sent_count
@@ -129,8 +130,8 @@ def render_report(snap: Snapshot, columns: PrefixColumns | None = None) -> str:
         resources.files("ctxguard.cli").joinpath("report_template.html").read_text()
     )
     return template.substitute(
-        title=html.escape(f"ctxguard report: {snap.session_id}"),
-        session=html.escape(snap.session_id),
+        title=html.escape(f"ctxguard report: {shown_id(snap.session_id)}"),
+        session=html.escape(shown_id(snap.session_id)),
         summary_line=html.escape(line),
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%SZ"),
         chart=render_chart(points),

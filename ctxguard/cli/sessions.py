@@ -22,6 +22,7 @@ from ctxguard.cli.common import (
     stdout,
     store_options,
 )
+from ctxguard.cli.quoting import shown_id
 from ctxguard.stores.base import SessionInfo, SessionStore
 
 _EPILOG = f"""\b
@@ -95,7 +96,7 @@ def _table(infos: Iterable[SessionInfo]) -> Table:
     for info in infos:
         add_row(
             table,
-            info.session_id,
+            shown_id(info.session_id),
             str(info.message_count),
             str(info.token_total),
             info.counter or "-",

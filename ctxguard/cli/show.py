@@ -21,6 +21,7 @@ from ctxguard.cli.common import (
     stdout,
     store_options,
 )
+from ctxguard.cli.quoting import shown_id
 from ctxguard.cli.sessions import info_json
 from ctxguard.cli.snapshot import Snapshot, dropped_ranges, format_ranges, require_snapshot
 from ctxguard.guard.sent import sent_count
@@ -95,7 +96,7 @@ def _sections(snap: Snapshot, full: bool) -> list[RenderableType]:
     if spec and info.counter:
         counter = f"counter {spec}, fingerprint {info.counter}"
     head = (
-        f"[bold]{escape(snap.session_id)}[/]  {info.message_count} messages, "
+        f"[bold]{escape(shown_id(snap.session_id))}[/]  {info.message_count} messages, "
         f"{info.token_total} tokens "
         f"({escape(counter)}), summary v{info.summary_version}, "
         f"{info.audit_count} audit records"

@@ -44,7 +44,6 @@ from ctxguard.cli.common import (
     scrub,
     stdout,
     store_options,
-    suggest,
     writable_output,
 )
 from ctxguard.cli.import_file import (
@@ -55,6 +54,7 @@ from ctxguard.cli.import_file import (
     Incoming,
     read_import_file,
 )
+from ctxguard.cli.quoting import suggest
 from ctxguard.cli.repair import inspect_session
 from ctxguard.cli.show import message_json
 from ctxguard.cli.snapshot import Snapshot, read_messages, require_snapshot
@@ -153,7 +153,10 @@ def export_lines(snaps: Iterable[Snapshot]) -> Iterator[dict[str, Any]]:
 
 
 def json_lines(lines: Iterable[dict[str, Any]]) -> str:
-    return "".join(json_text(line, separators=(",", ":")) + "\n" for line in lines)
+    """One JSON text a line; U+2028/U+2029 (in a text: a session id an older version
+    took, a message's content) escaped, as many line readers end a line there."""
+    text = "".join(json_text(line, separators=(",", ":")) + "\n" for line in lines)
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
 # -- import -------------------------------------------------------------------

@@ -63,10 +63,17 @@ class KeySpace:
     def prefix(self) -> str:
         return f"{self.namespace}:{self.tenant}:"
 
-    def session_keys(self, session_id: str) -> list[str]:
-        """The nine keys of a session, in the order every script expects them."""
+    def session_keys(self, session_id: str, *, stored: bool = False) -> list[str]:
+        """The nine keys of a session, in the order every script expects them.
+
+        ``stored``: for a read or a delete of what is stored, the id held to the rule an
+        older version wrote under (a format character or U+2028/U+2029 allowed, see
+        :func:`~ctxguard.ids.validate_id`), so such a session can still be read, shown,
+        exported and deleted; every write derives its keys without it and refuses."""
         if not isinstance(session_id, str):  # (unhashable ones too: the typed error first)
             validate_id(session_id, "session id")
+        if stored:
+            return list(_stored_session_keys(f"{self.namespace}:{self.tenant}:", session_id))
         return list(_session_keys(f"{self.namespace}:{self.tenant}:", session_id))
 
     def lease_key(self, session_id: str, name: str) -> str:
@@ -109,5 +116,17 @@ def _session_keys(prefix: str, session_id: str) -> tuple[str, ...]:
     """Made once per session (every script call of a turn needs them; an id that
     fails validation raises, and nothing is kept for it)."""
     validate_id(session_id, "session id")
+    return _keys_of(prefix, session_id)
+
+
+@lru_cache(maxsize=256)
+def _stored_session_keys(prefix: str, session_id: str) -> tuple[str, ...]:
+    """:func:`_session_keys` for reads and deletes, under the older id rule. A cache of
+    its own: an id it takes is never in ``_session_keys``'s, so a write still refuses."""
+    validate_id(session_id, "session id", stored=True)
+    return _keys_of(prefix, session_id)
+
+
+def _keys_of(prefix: str, session_id: str) -> tuple[str, ...]:
     base = f"{prefix}{{{encode_session_id(session_id)}}}:"
     return tuple(base + suffix for suffix in SUFFIXES)

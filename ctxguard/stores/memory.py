@@ -90,8 +90,10 @@ class MemoryStore(NotCopyable):
 
     # -- helpers -------------------------------------------------------------
 
-    def _live(self, session_id: str) -> Session | None:
-        validate_id(session_id, "session id")
+    def _live(self, session_id: str, stored: bool = False) -> Session | None:
+        """The session, None if there is none or it expired. ``stored``: a read or delete
+        of what is stored, the id held to the older rule (see ``KeySpace.session_keys``)."""
+        validate_id(session_id, "session id", stored=stored)
         session = self._sessions.get(session_id)
         expires = None if session is None else session.expires_at
         if expires is not None and expires <= time.monotonic():
@@ -187,7 +189,7 @@ class MemoryStore(NotCopyable):
     def read(self, session_id: str, start: int = 0, stop: int | None = None) -> list[StoredMessage]:
         check_range(start, stop)
         with self._lock:
-            session = self._live(session_id)
+            session = self._live(session_id, stored=True)
             if session is None:
                 return []
             seqs = range(len(session.records))[start:stop]
@@ -199,7 +201,7 @@ class MemoryStore(NotCopyable):
         """:meth:`read` and the session's state token ('' = no session), together."""
         check_range(start, stop)
         with self._lock:
-            session = self._live(session_id)
+            session = self._live(session_id, stored=True)
             if session is None:
                 return [], ""
             seqs = range(len(session.records))[start:stop]
@@ -209,7 +211,7 @@ class MemoryStore(NotCopyable):
     def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
         check_count(count, "count")
         with self._lock:
-            session = self._live(session_id)
+            session = self._live(session_id, stored=True)
             if session is None or count == 0:
                 return []
             first = max(0, len(session.records) - count)
@@ -219,12 +221,12 @@ class MemoryStore(NotCopyable):
 
     def info(self, session_id: str) -> SessionInfo | None:
         with self._lock:
-            session = self._live(session_id)
+            session = self._live(session_id, stored=True)
             return None if session is None else session_info(session_id, session)
 
     def delete(self, session_id: str) -> bool:
         with self._lock:
-            existed = self._live(session_id) is not None
+            existed = self._live(session_id, stored=True) is not None
             self._sessions.pop(session_id, None)
             return existed
 
@@ -325,7 +327,7 @@ class MemoryStore(NotCopyable):
 
     def get_summary(self, session_id: str) -> Summary | None:
         with self._lock:
-            session = self._live(session_id)
+            session = self._live(session_id, stored=True)
             return None if session is None else decode_summary(session_id, session.summary)
 
     def retract(
@@ -552,14 +554,14 @@ class MemoryStore(NotCopyable):
         self, session_id: str, *, damaged: list[CorruptRecordError] | None = None
     ) -> list[dict[str, Any]]:
         with self._lock:
-            session = self._live(session_id)
+            session = self._live(session_id, stored=True)
             raw = [] if session is None else list(session.audit)
         return decode_audits(session_id, raw, damaged)
 
     def inspect(self, session_id: str) -> RawSession | None:
         """The session's state laid out as its Redis keys (see :mod:`.integrity`)."""
         with self._lock:
-            session = self._live(session_id)
+            session = self._live(session_id, stored=True)
             return None if session is None else raw_session(session)
 
     def repair(self, session_id: str, plan: RepairPlan, record: Mapping[str, Any]) -> bool:

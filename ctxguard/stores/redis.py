@@ -228,7 +228,7 @@ class RedisStore(RedisStoreBase):
         return self.read(session_id, -count, None)
 
     def info(self, session_id: str) -> SessionInfo | None:
-        keys = self.protocol.keys(session_id)
+        keys = self.protocol.keys(session_id, stored=True)
 
         def fetch() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
@@ -242,7 +242,7 @@ class RedisStore(RedisStoreBase):
         return self.protocol.parse_info(session_id, flat, ttl, int(audits))
 
     def delete(self, session_id: str) -> bool:
-        keys = self.protocol.keys(session_id)
+        keys = self.protocol.keys(session_id, stored=True)
         return bool(self._io("delete", lambda: self.client.delete(*keys), True))
 
     def list_sessions(self, prefix: str = "") -> Iterator[str]:
@@ -323,7 +323,7 @@ class RedisStore(RedisStoreBase):
         self._run(self.protocol.set_counts_call(session_id, counter, counts, ttl))
 
     def get_summary(self, session_id: str) -> Summary | None:
-        key = self.protocol.keys(session_id)[5]
+        key = self.protocol.keys(session_id, stored=True)[5]
         return decode_summary(
             session_id, self._io("get_summary", lambda: self.client.get(key), True, (key,))
         )
@@ -418,7 +418,7 @@ class RedisStore(RedisStoreBase):
     def read_audit(
         self, session_id: str, *, damaged: list[CorruptRecordError] | None = None
     ) -> list[dict[str, Any]]:
-        keys = self.protocol.keys(session_id)
+        keys = self.protocol.keys(session_id, stored=True)
 
         def fetch() -> list[Any]:
             # the trail, then the contexts its records name (only ever added, so read

@@ -232,7 +232,7 @@ class AsyncRedisStore(RedisStoreBase):
         return await self.read(session_id, -count, None)
 
     async def info(self, session_id: str) -> SessionInfo | None:
-        keys = self.protocol.keys(session_id)
+        keys = self.protocol.keys(session_id, stored=True)
 
         async def fetch() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
@@ -246,7 +246,7 @@ class AsyncRedisStore(RedisStoreBase):
         return self.protocol.parse_info(session_id, flat, ttl, int(audits))
 
     async def delete(self, session_id: str) -> bool:
-        keys = self.protocol.keys(session_id)
+        keys = self.protocol.keys(session_id, stored=True)
         return bool(await self._io("delete", lambda: self.client.delete(*keys), True))
 
     async def list_sessions(self, prefix: str = "") -> AsyncIterator[str]:
@@ -341,7 +341,7 @@ class AsyncRedisStore(RedisStoreBase):
         await self._run(self.protocol.set_counts_call(session_id, counter, counts, ttl))
 
     async def get_summary(self, session_id: str) -> Summary | None:
-        key = self.protocol.keys(session_id)[5]
+        key = self.protocol.keys(session_id, stored=True)[5]
         return decode_summary(
             session_id,
             await self._io("get_summary", lambda: self.client.get(key), True, (key,)),
@@ -431,7 +431,7 @@ class AsyncRedisStore(RedisStoreBase):
     async def read_audit(
         self, session_id: str, *, damaged: list[CorruptRecordError] | None = None
     ) -> list[dict[str, Any]]:
-        keys = self.protocol.keys(session_id)
+        keys = self.protocol.keys(session_id, stored=True)
 
         async def fetch() -> list[Any]:
             # the trail, then the contexts its records name (only ever added, so read

@@ -263,8 +263,9 @@ class RedisProtocol:
     def __init__(self, keyspace: KeySpace) -> None:
         self.keyspace = keyspace
 
-    def keys(self, session_id: str) -> list[str]:
-        return self.keyspace.session_keys(session_id)
+    def keys(self, session_id: str, *, stored: bool = False) -> list[str]:
+        """The session's keys; ``stored``: a read or delete (see ``KeySpace.session_keys``)."""
+        return self.keyspace.session_keys(session_id, stored=stored)
 
     # -- building ------------------------------------------------------------
 
@@ -340,7 +341,9 @@ class RedisProtocol:
         if not isinstance(start, int) or (stop is not None and not isinstance(stop, int)):
             raise InvalidInputError("start and stop must be ints")
         args: list[str | int] = [start, "" if stop is None else stop]
-        return Call("read", self.keys(session_id), [*args, "1"] if with_token else args)
+        return Call(
+            "read", self.keys(session_id, stored=True), [*args, "1"] if with_token else args
+        )
 
     def set_counts_call(
         self, session_id: str, counter: str, counts: Mapping[int, int], ttl: int
@@ -455,7 +458,7 @@ class RedisProtocol:
         return None
 
     def inspect_call(self, session_id: str) -> Call:
-        return Call("repair", self.keys(session_id), ["inspect"], "inspect")
+        return Call("repair", self.keys(session_id, stored=True), ["inspect"], "inspect")
 
     def parse_inspect(self, reply: Sequence[Any]) -> RawSession | None:
         types = dict(zip(SUFFIXES, (_text(t) for t in reply[0]), strict=True))
@@ -535,7 +538,7 @@ class RedisProtocol:
                 audit_count=audit_count,
             )
         except (ValueError, OverflowError, OSError) as exc:  # OSError: datetime out of range
-            key = self.keys(session_id)[0]
+            key = self.keys(session_id, stored=True)[0]
             raise CorruptRecordError(session_id, "meta", str(exc)[:200], key=key) from None
 
     def parse_window(
@@ -684,7 +687,7 @@ class RedisProtocol:
         (``contexts``: its HGETALL, or the error reading it); an undecodable record
         goes to ``damaged`` when that is a list (see ``decode_audits``)."""
         if isinstance(contexts, Exception):
-            key = self.keys(session_id)[8]
+            key = self.keys(session_id, stored=True)[8]
             detail = str(contexts).splitlines()[0][:200]
             raise CorruptRecordError(session_id, "ctx", detail, key=key) from None
         found = {_text(k): _text(v) for k, v in (contexts or {}).items()}
