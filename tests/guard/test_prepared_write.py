@@ -11,6 +11,7 @@ from ctxguard.errors import ConflictError
 from ctxguard.messages import Message
 from ctxguard.stores import NewMessage
 from ctxguard.stores.memory import MemoryStore
+from tests.conftest import private_memory_url
 
 
 @pytest.mark.parametrize("cache", [0, 64], ids=["fetched", "cached"])
@@ -47,7 +48,7 @@ def test_a_prepare_says_what_it_stored_and_the_token_its_write_left(
 
 
 async def test_the_async_guard_says_it_too() -> None:
-    guard = AsyncGuard("memory://", counter="approx", limit=400, max_tokens=60)
+    guard = AsyncGuard(private_memory_url(), counter="approx", limit=400, max_tokens=60)
     prepared = await guard.prepare("s-async", [Message(role="user", content="hi", id="u")])
     assert prepared.stored_ids == ("u",)
     assert prepared.state_token == (await guard.store.read_with_token("s-async"))[1]

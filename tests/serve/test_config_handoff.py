@@ -190,6 +190,7 @@ def _holders(pipe: str, pids: list[int]) -> list[int]:
     return held
 
 
+@pytest.mark.destructive  # (it kills the gateway it started, nothing of a shared server)
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
 def test_a_gateway_killed_by_sigkill_leaves_no_directory_behind(
     vllm: FakeVLLM,
