@@ -354,8 +354,13 @@ class FaultProxy:
             while chunk := upstream.recv(1 << 20):
                 if state["drop_reply"]:
                     break  # the server ran the command; its reply is lost
-                if self.reply_delay > 0 and self._stopping.wait(self.reply_delay):
-                    break
+                if self.reply_delay > 0:
+                    if self._stopping.wait(self.reply_delay):
+                        break
+                    # one delay per burst of replies: what arrived meanwhile (the rest of
+                    # a pipelined handshake's replies, in a second TCP read or not) goes
+                    # with this chunk, so a burst is never held twice
+                    chunk += _drained(upstream)
                 client.sendall(chunk)
         except OSError:
             pass
@@ -373,3 +378,21 @@ def _close(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
     sock.close()
+
+
+def _drained(sock: socket.socket) -> bytes:
+    """What ``sock`` holds now, without waiting for more."""
+    parts = []
+    sock.setblocking(False)
+    try:
+        while True:
+            try:
+                part = sock.recv(1 << 20)
+            except BlockingIOError:
+                break
+            if not part:
+                break
+            parts.append(part)
+    finally:
+        sock.setblocking(True)
+    return b"".join(parts)

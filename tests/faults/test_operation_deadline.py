@@ -164,11 +164,17 @@ def test_an_async_operation_cut_mid_reply_leaves_no_reply_for_the_next(
     private_redis: RedisServer,
 ) -> None:
     """The deadline cuts the append while its reply is on the way (a fresh connection:
-    handshake replies 0.9 s late, then the script's): redis-py drops that connection, so
+    handshake replies 2.5 s late, then the script's): redis-py drops that connection, so
     the late reply reaches no one, and the same store at once reads and writes what is
-    stored, each command reading its own reply."""
+    stored, each command reading its own reply.
+
+    The proxy holds each burst of replies once (the handshake's pipelined replies came
+    in two reads now and then and were held twice: cut in the handshake, 2 runs in 54
+    under load). The timings leave room for a loaded machine: the deadline is 4.2 s
+    (connect 0.2 + read 4); the handshake's one round trip ends at 2.5 s plus any delay
+    of the machine (1.7 s to spare), the script's reply at 5 s or later, past it."""
     proxy = FaultProxy(private_redis.port).start()
-    url = f"{proxy.url}?{SLOW}"
+    url = f"{proxy.url}?socket_timeout=4&socket_connect_timeout=0.2"
 
     async def scenario() -> tuple[StoreConnectionError, list[str], list[str], int]:
         warm = open_async_store(url)  # the scripts loaded: the append below is one EVALSHA
@@ -178,14 +184,14 @@ def test_an_async_operation_cut_mid_reply_leaves_no_reply_for_the_next(
             await warm.close()
         store = open_async_store(url)
         try:
-            proxy.reply_delay = 0.9
+            proxy.reply_delay = 2.5
             try:
                 await store.append("s", [new("x")])
             except StoreConnectionError as exc:
                 cut = exc
             else:
                 raise AssertionError("the append ended within its deadline")
-            proxy.reply_delay = 0  # (the append's reply is still held back 0.6 s: were its
+            proxy.reply_delay = 0  # (the append's reply is still held back 0.8 s: were its
             # connection reused now, the read's command would go out on it and read that)
             first = [m.message.content for m in await store.read("s")]
             await store.append("s", [new("y")])
