@@ -10,18 +10,22 @@ Catch the family you can act on::
     │   │   └── MessageIdReusedError a stored message's id given to another message
     │   ├── InvalidIdError           empty, over-long or control-character ids
     │   └── ConfigError              a bad URL, option or model configuration
+    │       └── ServerAuthError      the model server refused the limit lookup's credentials
     ├── StoreError                   the session store failed
     │   ├── StoreConnectionError     could not reach or lost the store (retryable)
     │   ├── CorruptRecordError       a stored record or key is not what ctxguard wrote
     │   ├── SessionFullError         the session holds its configured maximum
     │   └── ConflictError            a compare-and-set lost a race
     ├── TokenizerError               a tokenizer or chat template cannot be used
-    │   └── TemplateRefusedError     the chat template rejects this conversation
+    │   ├── TemplateRefusedError     the chat template rejects this conversation
+    │   └── TokenizerAuthError       the model server refused the vllm: counter's credentials
     ├── BudgetError                  the request cannot fit its token budget
     │   ├── MessageTooLongError      one message is over the per-message cap
     │   ├── OutputReserveError       the output reserve leaves no room for a prompt
     │   ├── ServerBusyError          the model server is past its pressure thresholds
     │   └── TenantBudgetError        the tenant spent its token budget for the window
+    ├── UpstreamAuthError            a model server refused ctxguard's credentials (401/403;
+    │                                ServerAuthError and TokenizerAuthError are also one)
     ├── SummarizerError              a summarizer failed (recorded, never content)
     ├── GuardClosedError             the guard was closed; nothing was stored
     ├── NotCopyableError             a guard, store or adapter copied or pickled
@@ -176,6 +180,29 @@ class TemplateRefusedError(TokenizerError):
     """The model's chat template rejects this conversation (it would on the server too)."""
 
 
+class UpstreamAuthError(CtxGuardError):
+    """A model server refused ctxguard's own credentials (HTTP 401 or 403) on a call
+    ctxguard makes itself: the limit lookup (:class:`ServerAuthError`, from
+    ``fetch_server_info`` / ``ServerLimit``) or the ``vllm:`` counter's ``/tokenize``
+    (:class:`TokenizerAuthError`). The API key (``headers``) or the URL's user and
+    password is wrong or lacks access; nothing the server said is in the message (it may
+    quote the key). ``status``: 401 or 403; ``path``: what was asked."""
+
+    def __init__(self, message: str, status: int, path: str) -> None:
+        self.status = status
+        self.path = path
+        super().__init__(message)
+
+
+class ServerAuthError(ConfigError, UpstreamAuthError):
+    """The model server refused the credentials of the limit lookup (a ``ConfigError``,
+    as any other unusable server answer there)."""
+
+
+class TokenizerAuthError(TokenizerError, UpstreamAuthError):
+    """The model server refused the ``vllm:`` counter's credentials on ``/tokenize``."""
+
+
 class BudgetError(CtxGuardError):
     """The request cannot be made to fit: the numbers say by how much."""
 
@@ -295,10 +322,13 @@ __all__ = [
     "MessageTooLongError",
     "MissingDependencyError",
     "NotCopyableError",
+    "ServerAuthError",
     "SessionFullError",
     "StoreConnectionError",
     "StoreError",
     "SummarizerError",
     "TemplateRefusedError",
+    "TokenizerAuthError",
     "TokenizerError",
+    "UpstreamAuthError",
 ]

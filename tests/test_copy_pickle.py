@@ -192,6 +192,9 @@ ERRORS: dict[str, Callable[[], CtxGuardError]] = {
     "GuardClosedError": lambda: GuardClosedError("Guard"),
     "MissingDependencyError": lambda: MissingDependencyError("the thing", "serve"),
     "NotCopyableError": lambda: NotCopyableError("Guard", "connections", "make another"),
+    "UpstreamAuthError": lambda: ctxguard.UpstreamAuthError("refused", 401, "/v1/models"),
+    "ServerAuthError": lambda: ctxguard.ServerAuthError("refused", 403, "/v1/models"),
+    "TokenizerAuthError": lambda: ctxguard.TokenizerAuthError("refused", 401, "/tokenize"),
 }
 
 

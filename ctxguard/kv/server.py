@@ -23,7 +23,7 @@ from ctxguard import _http
 from ctxguard._http import known_secrets
 from ctxguard._secrets import forget, redact_text
 from ctxguard._validate import check_http_options
-from ctxguard.errors import ConfigError
+from ctxguard.errors import ConfigError, ServerAuthError
 from ctxguard.stores.urls import redact_url
 
 Response = tuple[int, str]
@@ -82,9 +82,18 @@ def _said(text: object, secrets: Sequence[str]) -> str:
 
 def probe(base_url: str, model: str | None = None, secrets: Sequence[str] = ()) -> Probe:
     """Ask for /v1/models, /metrics and, when needed, SGLang's /get_server_info.
-    ``secrets`` (:func:`known_secrets`) are taken out of what the server says."""
+    ``secrets`` (:func:`known_secrets`) are taken out of what the server says. A 401/403
+    on /v1/models is :class:`ServerAuthError`; on /metrics or /get_server_info (which a
+    proxy may guard apart) it is, as any other status there, a figure not reported."""
     shown = redact(base_url)
     status, body = yield "/v1/models"
+    if status in (401, 403):
+        raise ServerAuthError(
+            f"{shown}/v1/models answered HTTP {status}: the server refused the credentials; "
+            "check the API key (headers=) or the user and password in the URL",
+            status,
+            "/v1/models",
+        )
     if status != 200:
         raise ConfigError(
             f"{shown}/v1/models answered HTTP {status}; check that this is an "

@@ -29,7 +29,7 @@ from ctxguard.serve.config import ServeConfig
 from ctxguard.serve.forward import bad_reply, decode_reply, read_capped, timed_out, upstream_error
 from ctxguard.serve.gateway import Gateway
 from ctxguard.serve.inbound import read_json
-from ctxguard.serve.openai_errors import ApiError, from_ctxguard
+from ctxguard.serve.openai_errors import ApiError
 from ctxguard.serve.responses import create_response, get_response
 
 log = logging.getLogger("ctxguard.serve")
@@ -130,7 +130,8 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 
 async def _ctxguard_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, CtxGuardError)
-    error = from_ctxguard(exc)
+    gw: Gateway = request.app.state.gateway
+    error = gw.answer(exc)
     return JSONResponse(error.body(), error.status)
 
 

@@ -28,7 +28,6 @@ from ctxguard.serve.forward import bad_reply, encode_json, post_json, send_upstr
 from ctxguard.serve.gateway import Gateway, stored_anchor
 from ctxguard.serve.idempotency import DIGEST_FIELD, KEY_FIELD, KeyLease, body_digest, wait_for_key
 from ctxguard.serve.inbound import ChatRequest, check_storable, parse_chat, read_json
-from ctxguard.serve.openai_errors import from_ctxguard
 from ctxguard.serve.outcomes import (
     refuses_request,
     reply_not_stored,
@@ -255,7 +254,7 @@ async def chat_completions(request: Request) -> Response:
             turn.release()
             raise
     except CtxGuardError as exc:
-        raise from_ctxguard(
+        raise gw.answer(
             exc,
             session_param=where or "X-Session-Id",
             output_param=chat.max_tokens_field,

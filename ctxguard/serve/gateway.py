@@ -39,17 +39,20 @@ from ctxguard._secrets import redact_text
 from ctxguard.errors import (
     ConfigError,
     ConflictError,
+    CtxGuardError,
     TemplateRefusedError,
     TokenizerError,
+    UpstreamAuthError,
 )
 from ctxguard.messages import Message
 from ctxguard.serve import identity
 from ctxguard.serve.config import ServeConfig
 from ctxguard.serve.metrics import make_metrics
-from ctxguard.serve.openai_errors import ApiError
+from ctxguard.serve.openai_errors import ApiError, from_ctxguard
 from ctxguard.serve.outcomes import (
     LogThrottle,
     upstream_api_error,
+    upstream_auth,
     upstream_failure,
     usable_usage,
 )
@@ -86,6 +89,7 @@ class Gateway:
         self._guards: dict[str | None, Guard] = {}
         self._stateless: Guard | None = None
         self._health: SessionStore | None = None
+        self.log_throttle = LogThrottle()  # log lines a flood of failures would repeat
         self.limit_source: LimitSource = (
             StaticLimit(config.limit)
             if config.limit is not None
@@ -95,7 +99,8 @@ class Gateway:
                     model=config.model,
                     timeout=config.connect_timeout,
                     headers=self.upstream_headers(),
-                )
+                ),
+                self.refused,
             )
         )
         self.client = httpx.AsyncClient(
@@ -110,7 +115,6 @@ class Gateway:
         )
         self.upstream = bare
         self._background: set[asyncio.Task[None]] = set()
-        self.log_throttle = LogThrottle()  # log lines a flood of failures would repeat
         self.metrics = make_metrics(config.metrics)
         self.observer = None if self.metrics is None else self.metrics.observer
         self._session_locks: weakref.WeakValueDictionary[tuple[int, str], asyncio.Lock] = (
@@ -136,6 +140,21 @@ class Gateway:
         """One upstream request's time (``time.perf_counter()`` at the start) by outcome."""
         if self.metrics is not None:
             self.metrics.upstream.labels(outcome).observe(time.perf_counter() - started)
+
+    def refused(self, exc: UpstreamAuthError) -> ApiError:
+        """The answer when the model server refused the gateway's credentials on a call
+        of its own (the limit lookup's /v1/models, the ``vllm:`` counter's /tokenize): the
+        same 502 ``upstream_auth`` and throttled ERROR line as on a forwarded request."""
+        what = f"{exc.path} ({'limit lookup' if exc.path == '/v1/models' else 'token counter'})"
+        return upstream_auth(exc.status, self.shown_upstream, what, self.log_throttle)
+
+    def answer(self, exc: CtxGuardError, **how: Any) -> ApiError:
+        """The HTTP answer for an error the Guard (or the store, counter, limit) raised:
+        :func:`from_ctxguard`'s, but :meth:`refused` for the upstream refusing the
+        gateway's credentials (``how``: from_ctxguard's keywords)."""
+        if isinstance(exc, UpstreamAuthError):
+            return self.refused(exc)
+        return from_ctxguard(exc, **how)
 
     def failed(self, exc: Exception) -> ApiError:
         """The answer for an httpx failure talking to the upstream, scrubbed."""
@@ -347,22 +366,29 @@ def stored_anchor(guard: Guard, session_id: str, window: int) -> str:
 
 class UpstreamLimit:
     """The upstream's ``/v1/models`` limit; an upstream that cannot say is a 502 (the
-    gateway's fault would be a 500), raised before anything is stored."""
+    gateway's fault would be a 500), raised before anything is stored; one that refuses
+    the gateway's credentials is ``refused``'s answer (``Gateway.refused``)."""
 
-    def __init__(self, inner: ServerLimit) -> None:
+    def __init__(
+        self, inner: ServerLimit, refused: Callable[[UpstreamAuthError], ApiError]
+    ) -> None:
         self.inner = inner
+        self.refused = refused
 
     def resolve(self) -> ContextLimit:
         try:
             return self.inner.resolve()
         except ConfigError as exc:
-            raise _limit_unknown(exc) from None
+            raise self._unknown(exc) from None
 
     async def aresolve(self) -> ContextLimit:
         try:
             return await self.inner.aresolve()
         except ConfigError as exc:
-            raise _limit_unknown(exc) from None
+            raise self._unknown(exc) from None
+
+    def _unknown(self, exc: ConfigError) -> ApiError:
+        return self.refused(exc) if isinstance(exc, UpstreamAuthError) else _limit_unknown(exc)
 
 
 def _limit_unknown(exc: ConfigError) -> ApiError:

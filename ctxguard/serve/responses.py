@@ -35,7 +35,7 @@ from ctxguard.serve.forward import bad_reply, post_json
 from ctxguard.serve.gateway import Gateway
 from ctxguard.serve.idempotency import body_digest
 from ctxguard.serve.inbound import ChatRequest, read_json
-from ctxguard.serve.openai_errors import ApiError, bad_request, from_ctxguard
+from ctxguard.serve.openai_errors import ApiError, bad_request
 from ctxguard.serve.outcomes import usable_usage
 from ctxguard.serve.responses_input import chat_response_format, chat_tools, input_messages
 from ctxguard.serve.sse import finish_of, reply_of
@@ -154,7 +154,7 @@ async def create_response(request: Request) -> Response:
         finally:
             turn.release()
     except CtxGuardError as exc:
-        raise from_ctxguard(
+        raise gw.answer(
             exc,
             session_param="conversation",
             output_param="max_output_tokens",
@@ -266,7 +266,7 @@ async def get_response(request: Request) -> Response:
         guard = await gw.guard_async(tenant)
         stored = await gw.run(guard.store.read, session)
     except CtxGuardError as exc:
-        raise from_ctxguard(exc) from None
+        raise gw.answer(exc) from None
     for item in reversed(stored):
         if item.message.id == reply and item.message.role == "assistant":
             return JSONResponse(response_object(item.message, value))

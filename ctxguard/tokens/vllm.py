@@ -9,8 +9,10 @@ and probes as the local template counters (:mod:`ctxguard.tokens._templated`).
 A 400 answer is the template (or the server's validation) refusing the
 conversation: :class:`~ctxguard.errors.TemplateRefusedError` with the server's
 message. An unreachable server is a :class:`~ctxguard.errors.TokenizerError`
-naming the URL without credentials. The server is the only judge of what it refuses,
-so on the additive path ``validate`` asks it too (one ``/tokenize`` call per request).
+naming the URL without credentials; a 401/403, the server refusing the credentials,
+a :class:`~ctxguard.errors.TokenizerAuthError` saying so (none of its text). The
+server is the only judge of what it refuses, so on the additive path ``validate`` asks
+it too (one ``/tokenize`` call per request).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import httpx
 from ctxguard import _http
 from ctxguard._secrets import redact_text
 from ctxguard._validate import check_arg_types, check_http_options, check_http_url
-from ctxguard.errors import TemplateRefusedError, TokenizerError
+from ctxguard.errors import TemplateRefusedError, TokenizerAuthError, TokenizerError
 from ctxguard.stores.urls import redact_url
 from ctxguard.tokens._protocol import Tools, fingerprint
 from ctxguard.tokens._templated import U0, U1, TemplateCounter, build
@@ -86,6 +88,14 @@ class VLLMRenderer:
         if response.status_code == 400:
             message = self._message(response)
             raise TemplateRefusedError(f"{self.where} refused the request: {message}")
+        if response.status_code in (401, 403):  # (none of its text: it may quote the key)
+            raise TokenizerAuthError(
+                f"{self.where}/tokenize answered HTTP {response.status_code}: the server "
+                "refused the counter's credentials; check the API key (headers=) or the "
+                "user and password in the URL",
+                response.status_code,
+                "/tokenize",
+            )
         if response.status_code != 200:
             raise TokenizerError(
                 f"{self.where}/tokenize answered HTTP {response.status_code}: "

@@ -44,6 +44,7 @@ def vllm(vllm_server: FakeVLLM) -> Iterator[FakeVLLM]:
     vllm_server.first_tool_arguments = None
     vllm_server.stall_enabled = True
     vllm_server.hold = None
+    vllm_server.refuse = {}
     yield vllm_server
     if vllm_server.hold is not None:  # a test that failed holding a request: let it go
         vllm_server.hold.set()

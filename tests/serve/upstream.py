@@ -22,6 +22,8 @@ reached the "GPU" fit. What the reply does is scripted by the last user message:
   Authorization header (as vLLM reports a failure mid-stream), then ``[DONE]``;
   ``ERROLDSTREAM`` the same with the older ``{"object": "error"}`` shape
 - ``JSONSTREAM`` -> answers a streaming request with a plain JSON completion
+- with ``refuse`` holding a path (``/v1/models``, ``/tokenize``, ``/metrics``): that
+  path answers its status (401, 403) with an error quoting the request's Authorization
 - anything else -> ``echo: <text>``, streamed word by word
 """
 
@@ -78,10 +80,12 @@ class FakeVLLM:
         self.on_request: Callable[[dict[str, Any]], None] | None = None
         self._lock = threading.Lock()
         self.stall_started = threading.Event()
+        self.refuse: dict[str, int] = {}  # path -> the status it answers (credentials refused)
         self.app = Starlette(
             routes=[
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/tokenize", self.tokenize, methods=["POST"]),
+                Route("/metrics", self.metrics, methods=["GET"]),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
             ]
         )
@@ -90,7 +94,22 @@ class FakeVLLM:
 
     # -- endpoints -------------------------------------------------------------------
 
+    def refused(self, request: Request) -> Response | None:
+        """The answer of a path in ``refuse``: its status, quoting the credential sent."""
+        status = self.refuse.get(request.url.path)
+        if status is None:
+            return None
+        auth = request.headers.get("authorization", "")
+        return JSONResponse({"object": "error", "message": f"denied: {auth}"}, status)
+
+    async def metrics(self, request: Request) -> Response:
+        if (refused := self.refused(request)) is not None:
+            return refused
+        return Response("# no cache gauge here\n", media_type="text/plain")
+
     async def models(self, request: Request) -> Response:
+        if (refused := self.refused(request)) is not None:
+            return refused
         model = {"id": MODEL, "object": "model", "max_model_len": self.max_model_len}
         return JSONResponse({"object": "list", "data": [model]})
 
@@ -111,6 +130,8 @@ class FakeVLLM:
 
     async def tokenize(self, request: Request) -> Response:
         body = await request.json()
+        if (refused := self.refused(request)) is not None:
+            return refused
         with self._lock:
             self.tokenize_calls += 1
         try:
