@@ -3,15 +3,16 @@
 ``take(store)`` reads every key a store holds under its namespace: on Redis and Redis
 Cluster each key's type, value and TTL (whole seconds: -1 none); on ``memory://``
 every session's fields as ``raw_session`` lays them out, plus its audit trail and
-expiry. ``assert_refused_only(before, after)`` passes when nothing changed, or when
-``refused=True`` and the only change is ONE new ``refused`` audit record at the end of
-one session's trail (with its rid and the TTL refresh that write makes: see
-``add_audit`` in docs/redis-keys.md and ``flows._refused``).
+expiry, and every live lease. ``assert_refused_only(before, after)`` passes when
+nothing changed, or when ``refused=True`` and the only change is ONE new ``refused``
+audit record at the end of one session's trail (with its rid and the TTL refresh that
+write makes: see ``add_audit`` in docs/redis-keys.md and ``flows._refused``).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from ctxguard.stores.memory_session import raw_session
@@ -60,6 +61,11 @@ def _memory(store: Any) -> Snapshot:
                 found[f"{sid}:audit"] = ("list", list(session.audit), ttl)
             if session.audit_rids:
                 found[f"{sid}:rids"] = ("hash", sorted(session.audit_rids.items()), ttl)
+    with store._leases._lock:  # (live ones: an expired lease is free, as on Redis)
+        now = time.monotonic()
+        for (sid, name), (holder, until) in sorted(store._leases._held.items()):
+            if until > now:
+                found[f"{sid}:lease:{name}"] = ("string", holder, 1)
     return found
 
 

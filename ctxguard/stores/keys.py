@@ -21,6 +21,8 @@ Beside them, short-lived and never read by a session script (not in ``SUFFIXES``
     <ns>:<tenant>:{<sid>}:lease:<name>  STRING  holder token, with a TTL (PX): who runs
                                         the request named ``<name>`` (percent-encoded)
                                         now; the gateway's Idempotency-Key in flight
+    <ns>:<tenant>:{<sid>}:leases  SET   the ``<name>`` of each lease taken, its TTL the
+                                        longest lease's: how ``delete`` finds them
 
 The ``{<sid>}`` hash tag puts all keys of a session in one cluster slot, so the
 same Lua scripts run unchanged on Redis Cluster.
@@ -80,6 +82,11 @@ class KeySpace:
         """A lease on ``name`` within the session (same hash slot as its keys)."""
         validate_id(name, "lease name")
         return f"{self.session_keys(session_id)[0][:-4]}lease:{encode_session_id(name)}"
+
+    def lease_names_key(self, session_id: str, *, stored: bool = False) -> str:
+        """The SET of the session's lease names (as in their keys), which ``delete``
+        reads to remove them with the session (``stored``: see :meth:`session_keys`)."""
+        return f"{self.session_keys(session_id, stored=stored)[0][:-4]}leases"
 
     def tenant_budget_key(self) -> str:
         """The tenant's token-budget key (a single key: any script on it is cluster-safe)."""

@@ -9,7 +9,11 @@ model again.
 
 On Redis a lease is one key beside the session's (``KeySpace.lease_key``: same hash
 slot, so one script call runs on a cluster) handled by ``lua/lease.lua``; both
-operations are safe to repeat after a lost reply. ``memory://`` keeps them in the
+operations are safe to repeat after a lost reply. Its name is also kept in the session's
+``leases`` SET (``KeySpace.lease_names_key``) so ``delete`` (``lua/delete.lua``) removes
+the session's leases in the same step as its keys: a key SCAN would be neither atomic nor
+one slot's work, and the names are the client's (Idempotency-Keys), so no fixed pattern
+derives them. ``memory://`` keeps them in the
 store's process (:class:`MemoryLeases`).
 """
 
@@ -55,9 +59,11 @@ def lease_call(
 
     check_lease(holder, seconds)
     key = keyspace.lease_key(session_id, name)
+    keys = [key, keyspace.lease_names_key(session_id)]
+    named = key.rpartition(":lease:")[2]
     if seconds is None:
-        return Call("lease", [key], ["release", holder, 0])
-    return Call("lease", [key], ["acquire", holder, max(1, round(seconds * 1000))])
+        return Call("lease", keys, ["release", holder, 0, named])
+    return Call("lease", keys, ["acquire", holder, max(1, round(seconds * 1000)), named])
 
 
 class MemoryLeases:
@@ -91,3 +97,9 @@ class MemoryLeases:
                 return False
             del self._held[(session_id, name)]
             return True
+
+    def drop(self, session_id: str) -> None:
+        """Forget every lease of the session (its ``delete``)."""
+        with self._lock:
+            for key in [k for k in self._held if k[0] == session_id]:
+                del self._held[key]

@@ -228,6 +228,7 @@ class MemoryStore(NotCopyable):
         with self._lock:
             existed = self._live(session_id, stored=True) is not None
             self._sessions.pop(session_id, None)
+            self._leases.drop(session_id)  # (under the store's lock: one step)
             return existed
 
     def list_sessions(self, prefix: str = "") -> Iterator[str]:

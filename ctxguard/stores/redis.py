@@ -243,7 +243,8 @@ class RedisStore(RedisStoreBase):
 
     def delete(self, session_id: str) -> bool:
         keys = self.protocol.keys(session_id, stored=True)
-        return bool(self._io("delete", lambda: self.client.delete(*keys), True))
+        leases = self.protocol.keyspace.lease_names_key(session_id, stored=True)
+        return bool(self._run(Call("delete", [*keys, leases], [])))  # with its leases
 
     def list_sessions(self, prefix: str = "") -> Iterator[str]:
         check_prefix(prefix)

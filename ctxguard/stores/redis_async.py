@@ -247,7 +247,8 @@ class AsyncRedisStore(RedisStoreBase):
 
     async def delete(self, session_id: str) -> bool:
         keys = self.protocol.keys(session_id, stored=True)
-        return bool(await self._io("delete", lambda: self.client.delete(*keys), True))
+        leases = self.protocol.keyspace.lease_names_key(session_id, stored=True)
+        return bool(await self._run(Call("delete", [*keys, leases], [])))  # with its leases
 
     async def list_sessions(self, prefix: str = "") -> AsyncIterator[str]:
         check_prefix(prefix)

@@ -80,6 +80,7 @@ SCRIPT_NAMES = (
     "restore",
     "repair",
     "lease",
+    "delete",
 )
 
 
