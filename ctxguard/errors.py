@@ -185,8 +185,10 @@ class UpstreamAuthError(CtxGuardError):
     ctxguard makes itself: the limit lookup (:class:`ServerAuthError`, from
     ``fetch_server_info`` / ``ServerLimit``) or the ``vllm:`` counter's ``/tokenize``
     (:class:`TokenizerAuthError`). The API key (``headers``) or the URL's user and
-    password is wrong or lacks access; nothing the server said is in the message (it may
-    quote the key). ``status``: 401 or 403; ``path``: what was asked."""
+    password is wrong or lacks access. The counter's message carries the server's reason
+    less any credential it echoes (ours by value, any other by form), as its other errors
+    do; the limit lookup's says nothing of the server's text; the gateway answers its
+    clients with neither. ``status``: 401 or 403; ``path``: what was asked."""
 
     def __init__(self, message: str, status: int, path: str) -> None:
         self.status = status

@@ -10,7 +10,8 @@ A 400 answer is the template (or the server's validation) refusing the
 conversation: :class:`~ctxguard.errors.TemplateRefusedError` with the server's
 message. An unreachable server is a :class:`~ctxguard.errors.TokenizerError`
 naming the URL without credentials; a 401/403, the server refusing the credentials,
-a :class:`~ctxguard.errors.TokenizerAuthError` saying so (none of its text). The
+a :class:`~ctxguard.errors.TokenizerAuthError` saying so, with the server's reason less
+any credential it echoes (the gateway answers its clients with none of it). The
 server is the only judge of what it refuses, so on the additive path ``validate`` asks
 it too (one ``/tokenize`` call per request).
 """
@@ -88,11 +89,11 @@ class VLLMRenderer:
         if response.status_code == 400:
             message = self._message(response)
             raise TemplateRefusedError(f"{self.where} refused the request: {message}")
-        if response.status_code in (401, 403):  # (none of its text: it may quote the key)
+        if response.status_code in (401, 403):  # its reason less any credential it echoes
             raise TokenizerAuthError(
                 f"{self.where}/tokenize answered HTTP {response.status_code}: the server "
                 "refused the counter's credentials; check the API key (headers=) or the "
-                "user and password in the URL",
+                f"user and password in the URL (it said: {self._message(response)})",
                 response.status_code,
                 "/tokenize",
             )
