@@ -34,6 +34,7 @@ from ctxguard.cli.common import (
 from ctxguard.cli.quoting import shown_id
 from ctxguard.cli.snapshot import Snapshot, load_snapshot, require_snapshot, summary_version_of
 from ctxguard.guard.policies import tool_problems
+from ctxguard.guard.sent import seen_by
 from ctxguard.messages import Message
 from ctxguard.stores.audit_context import CONTEXT_KEY
 from ctxguard.stores.base import SessionStore
@@ -243,7 +244,7 @@ def _newest_sent(snap: Snapshot, record: dict[str, Any]) -> list[Violation]:
     count = record.get("message_count")
     if not isinstance(count, int) or count <= 0:
         return []
-    seen = [s for s in snap.messages if s.seq < count]
+    seen = seen_by(record, snap.messages)  # (less another writer's, it did not see)
     if not seen or seen[-1].seq != count - 1:
         return []  # the newest message of the time does not decode: reported as corrupt
     sent = set(snap.sent_ids(record) or [])

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ctxguard._record_time import now_iso
 from ctxguard.errors import BudgetError, CtxGuardError, TemplateRefusedError
 from ctxguard.guard.plan import Budget, Plan, Sent, SummaryRequest
-from ctxguard.guard.prepared import PreparedRequest
+from ctxguard.guard.prepared import PreparedRequest, Unstored
 from ctxguard.guard.sent import sent_fields
 from ctxguard.ids import new_message_id
 from ctxguard.stores.base import NewMessage, Summary, WindowFetch, WindowHit
@@ -167,6 +167,7 @@ class AuditRecords:
         pending: Mapping[str, Any] | None = None,
         *,
         write: WindowHit | None = None,
+        unstored: Unstored | None = None,
     ) -> PreparedRequest:
         """``write``: the commit that stored the request, whose new messages' ids and
         state token the request carries (none when the store answered a repeated
@@ -176,6 +177,7 @@ class AuditRecords:
             stored_ids=tuple(stored),
             state_token=write.token if stored and write is not None else "",
             pending_audit=pending,
+            unstored=unstored,
             session_id=session_id,
             turn=turn,
             messages=sent.messages,

@@ -27,6 +27,17 @@ class GuardConfig:
     that ends in ``ConflictError``, leaves it held for its ``complete``), at its
     next complete or ``close()``, and lost only if the process dies first.
 
+    ``commit="with_reply"`` stores nothing at :meth:`prepare`: the new messages,
+    the reply and the request record (with the server's usage) are stored by
+    :meth:`complete` in one atomic step, given the :class:`PreparedRequest`
+    (``prepared=``). A warm turn is then one round trip, and a request that is never
+    completed (the model call failed, the client went away) leaves nothing stored.
+    When another writer changed the session between the two calls, the messages go
+    after what it wrote and the record names the window as it was sent (``unseen``:
+    the positions the request did not see). ``"prepare"`` (the default) stores the
+    new messages before the model is called. With ``"with_reply"``, ``audit_mode``
+    does not apply: the record always goes with the reply.
+
     ``window_cache_size`` is how many sessions' last windows the guard keeps
     in memory (0 turns it off), and ``window_cache_bytes`` about how much memory
     those copies may take together (64 MiB by default). With a
@@ -90,6 +101,7 @@ class GuardConfig:
     summary_max_tokens: int = 1024
     audit_retention: int = 1000
     audit_mode: Literal["sync", "with_reply"] = "sync"
+    commit: Literal["prepare", "with_reply"] = "prepare"
     window_cache_size: int = 1024
     window_cache_bytes: int = 64 << 20
     prefix_block_size: int | None = None
@@ -128,6 +140,8 @@ class GuardConfig:
             raise ConfigError(
                 f"audit_mode must be 'sync' or 'with_reply', got {show(self.audit_mode)}"
             )
+        if self.commit not in ("prepare", "with_reply"):
+            raise ConfigError(f"commit must be 'prepare' or 'with_reply', got {show(self.commit)}")
         if self.summary_role not in ("system", "user"):
             raise ConfigError(
                 f"summary_role must be 'system' or 'user', got {show(self.summary_role)}"

@@ -6,8 +6,9 @@ and receives the result; exceptions from that I/O are thrown back into it.
 :class:`~ctxguard.guard.aio.AsyncGuard` with awaits, so both execute the very
 same steps in the same order (the httpx auth-flow pattern).
 
-Kept whole at ~400 lines on purpose: one flow per public operation, so every I/O step
-a shell can take is in one file.
+Kept whole at ~480 lines on purpose: one flow per public operation, so every I/O step
+a shell can take is in one file (``commit="with_reply"``'s prepare ending and complete
+are in :mod:`ctxguard.guard.unstored`, which these flows hand over to).
 """
 
 from __future__ import annotations
@@ -15,24 +16,53 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Generator, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from ctxguard._frozen import fast_init
 from ctxguard._secrets import describe
 from ctxguard.errors import (
     BudgetError,
     ConflictError,
     CorruptRecordError,
     CtxGuardError,
+    InvalidInputError,
     InvalidMessageError,
     MessageTooLongError,
     StoreConnectionError,
     TemplateRefusedError,
 )
-from ctxguard.guard import events
+from ctxguard.guard import events, unstored
 from ctxguard.guard.core import GuardCore, Speculation, Tools, newest_sent
+from ctxguard.guard.ops import (  # (the shells take these from here)
+    FRESH_REPLANS as FRESH_REPLANS,
+)
+from ctxguard.guard.ops import (
+    MAX_COMMITS as MAX_COMMITS,
+)
+from ctxguard.guard.ops import (
+    CallSummarizer as CallSummarizer,
+)
+from ctxguard.guard.ops import (
+    Flow as Flow,
+)
+from ctxguard.guard.ops import (
+    Op as Op,
+)
+from ctxguard.guard.ops import (
+    ResolveLimit as ResolveLimit,
+)
+from ctxguard.guard.ops import (
+    Sleep as Sleep,
+)
+from ctxguard.guard.ops import (
+    StartBackground as StartBackground,
+)
+from ctxguard.guard.ops import (
+    StoreCall as StoreCall,
+)
+from ctxguard.guard.ops import (
+    T as T,
+)
 from ctxguard.guard.plan import Budget, Plan, SummaryRequest
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.kv.limit import ContextLimit
@@ -48,53 +78,9 @@ from ctxguard.stores.base import (
     WindowHit,
 )
 
-T = TypeVar("T")
 MAX_REFETCH = 3
-MAX_COMMITS = 64  # plans of one prepare before ConflictError (each after another writer's change)
-FRESH_REPLANS = 2  # plans on what a lost commit sent back, before waiting (then a fresh fetch)
 # refusals found while planning: audited, nothing stored
 REFUSALS = (BudgetError, TemplateRefusedError, InvalidMessageError)
-
-
-@fast_init
-@dataclass(frozen=True, slots=True)
-class StoreCall:
-    """Call ``store.<method>(*args)``."""
-
-    method: str
-    args: tuple[Any, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ResolveLimit:
-    """Ask the limit source for the current :class:`ContextLimit`."""
-
-
-@dataclass(frozen=True, slots=True)
-class CallSummarizer:
-    """Run the user's summarizer (with the configured timeout)."""
-
-    previous: str | None
-    messages: tuple[Any, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Sleep:
-    """Wait ``seconds`` (a jittered backoff while other writers hold the session)."""
-
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class StartBackground:
-    """Run :func:`summarize` for ``request`` without waiting for it."""
-
-    session_id: str
-    request: SummaryRequest
-
-
-Op = StoreCall | ResolveLimit | CallSummarizer | StartBackground | Sleep
-Flow = Generator[Op, Any, T]
 
 
 def append(core: GuardCore, session_id: str, values: Iterable[MessageLike]) -> Flow[AppendResult]:
@@ -165,6 +151,10 @@ def _prepare(
     options = core.write_options
     fast = core.speculate(session_id, new, budget, tools)
     fetch: WindowFetch
+    if fast is not None and core.config.commit == "with_reply":
+        if core.observer is not None:
+            events.note_cache("hit")
+        return unstored.prepared(core, session_id, fast, budget, tools, new)
     if fast is not None:
         token = fast.fetch.token
         outcome: WindowHit | WindowFetch = yield StoreCall(
@@ -216,6 +206,12 @@ def _prepare(
                     plan.decisions[:0] = [{"policy": "summary_committed", "version": version}]
         total, sent = core.finalize(plan, budget, tools, required)
         record = core.audit_record(plan, sent, total, budget, fetch, tools)
+        if core.config.commit == "with_reply":  # stored by complete, with the reply
+            if summary_started is not None:
+                yield StartBackground(session_id, summary_started)
+            late = Speculation(fetch, plan, sent, total, record, None, [])
+            keep = not (recounts or folded)
+            return unstored.prepared(core, session_id, late, budget, tools, new, recounts, keep)
         with_reply = core.config.audit_mode == "with_reply"
         write = core.write(recounts, None if with_reply else record)
         fresh = core.fresh(fetch, new)
@@ -432,6 +428,14 @@ def complete(
     """
     new = core.encode_new([reply], record=record)
     core.check_call_ids(new)
+    if prepared is not None and prepared.unstored is not None:
+        return (yield from unstored.complete(core, session_id, new[0], prepared, usage))
+    if prepared is None and core.config.commit == "with_reply":
+        raise InvalidInputError(
+            'complete() without prepared=: with commit="with_reply" the new messages are '
+            "stored with the reply; pass the PreparedRequest prepare() returned (nothing "
+            "was stored)"
+        )
     held = core.take(session_id, None if prepared is None else prepared.pending_audit)
     if held is not None:
         write = core.write({}, core.with_usage(held, usage))

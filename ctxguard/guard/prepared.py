@@ -8,6 +8,32 @@ from typing import Any
 
 from ctxguard._frozen import fast_init
 from ctxguard.messages import Message
+from ctxguard.stores.contract import NewMessage, WindowFetch
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class Unstored:
+    """What a ``commit="with_reply"`` prepare left for :meth:`Guard.complete` to store.
+
+    ``new``: the messages to store before the reply (those the state planned on did
+    not hold), ``min_messages``: how many the prepare was given (its walk's minimum),
+    ``prompt``: the prompt budget, ``fetch``: the window planned on, as if ``new`` were
+    appended (its ``token`` is the state planned on), ``record``: the request record,
+    ``counts``: recounted tokens to write with it, ``items`` / ``plain``: the plan's
+    items for the window cache (``None``: none kept), ``keep``: whether the window
+    cache may move on to the state the commit leaves (not after recounts or a summary).
+    """
+
+    new: tuple[NewMessage, ...]
+    min_messages: int
+    prompt: int
+    fetch: WindowFetch
+    record: Mapping[str, Any]
+    counts: Mapping[int, int]
+    items: tuple[Any, ...] | None
+    plain: bool
+    keep: bool
 
 
 @fast_init
@@ -25,6 +51,9 @@ class PreparedRequest:
     commit). A caller that must take the request back (the server refused it) retracts
     ``len(stored_ids)`` messages with ``expected_state=state_token``: refused, nothing
     written, when another write came between.
+
+    ``unstored`` (``commit="with_reply"``): what :meth:`Guard.complete` stores with the
+    reply, given this request (``prepared=``); ``None`` when the prepare stored it.
     """
 
     session_id: str
@@ -45,6 +74,7 @@ class PreparedRequest:
     pending_audit: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
     stored_ids: tuple[str, ...] = field(default=(), repr=False, compare=False)
     state_token: str = field(default="", repr=False, compare=False)
+    unstored: Unstored | None = field(default=None, repr=False, compare=False)
 
     @property
     def prompt_budget(self) -> int:

@@ -18,7 +18,7 @@ from ctxguard.errors import BudgetError
 from ctxguard.guard.config import GuardConfig
 from ctxguard.guard.core import GuardCore
 from ctxguard.guard.plan import Budget
-from ctxguard.guard.sent import sent_ids
+from ctxguard.guard.sent import seen_by, sent_ids
 from ctxguard.kv.prefix import DEFAULT_BLOCK_SIZE, PrefixCache
 from ctxguard.messages import Message
 from ctxguard.stores.base import SessionInfo, StoredMessage, Summary, WindowFetch
@@ -99,7 +99,11 @@ def replay_turn(
     overrides: ReplayOverrides,
 ) -> ReplayedTurn:
     """Re-run one recorded request against the history it saw."""
-    seen = [s for s in history if s.seq < int(record["message_count"])]
+    seen = (
+        seen_by(record, history)
+        if "unseen" in record
+        else [s for s in history if s.seq < int(record["message_count"])]
+    )
     same_counter = record.get("counter") == core.counter.fingerprint
     if not same_counter:
         seen = [replace(s, tokens=None) for s in seen]

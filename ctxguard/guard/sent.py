@@ -16,7 +16,15 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
+
+
+class _Positioned(Protocol):
+    @property
+    def seq(self) -> int: ...
+
+
+S = TypeVar("S", bound=_Positioned)
 
 SUMMARY_ID_PREFIX = "ctxguard-summary-v"
 
@@ -116,3 +124,22 @@ def sent_ids(record: Mapping[str, Any], id_at: Callable[[int], str | None]) -> l
     if record.get("sent_digest") != ids_digest(ids):
         return None
     return ids
+
+
+def unseen(record: Mapping[str, Any]) -> range:
+    """The positions a request did not see (``commit="with_reply"``: another writer's
+    messages stored between its prepare and its complete); empty when none."""
+    bounds = _ints(record.get("unseen"))
+    if bounds is None or len(bounds) != 2 or bounds[0] > bounds[1]:
+        return range(0)
+    return range(bounds[0], bounds[1])
+
+
+def seen_by(record: Mapping[str, Any], history: Sequence[S]) -> list[S]:
+    """The messages of ``history`` the request saw: before its ``message_count``, less
+    :func:`unseen` (``history`` is in seq order)."""
+    count = record.get("message_count")
+    if not isinstance(count, int):
+        return []
+    hidden = unseen(record)
+    return [s for s in history if s.seq < count and s.seq not in hidden]
