@@ -60,8 +60,10 @@ local function fast_append(at_audit, at_msg, n, expect)
     rid = string.match(arg, '^{"rid":"([%w_.:%-]+)"')
       or string.match(arg, '^{"turn":%-?%d+,"rid":"([%w_.:%-]+)"')
     if not rid or redis.pcall('HGET', KEYS[K_RIDS], rid) ~= false then return nil end
-    local t = redis.call('TYPE', KEYS[K_AUDIT])['ok']
-    if t ~= 'list' and t ~= 'none' then return nil end
+    if n == 1 then  -- (a batch checks the trail's type by its first write, the record's)
+      local t = redis.call('TYPE', KEYS[K_AUDIT])['ok']
+      if t ~= 'list' and t ~= 'none' then return nil end
+    end
     record = arg
     local nl = string.find(arg, '\n', 1, true)
     if nl then
@@ -70,28 +72,51 @@ local function fast_append(at_audit, at_msg, n, expect)
     end
     if string.sub(arg, 1, 10) == '{"turn":0,' then
       turn = tostring(tonumber(turns or '0') + 1)
+      record = '{"turn":' .. turn .. ',' .. string.sub(record, 11)
     end
   end
-  -- the ids after the first: none stored, none repeated in the batch (the first is
-  -- checked by its HSETNX below; ids' type by this lookup, else by that HSETNX)
-  for i = 1, n - 1 do
-    local id = ARGV[at_msg + 4 * i]
-    for j = 0, i - 1 do
-      if ARGV[at_msg + 4 * j] == id then return nil end
-    end
-    if redis.pcall('HEXISTS', KEYS[K_IDS], id) ~= 0 then return nil end
-  end
-  -- the first write, and ids' type check: a 0 or an error wrote nothing
-  if redis.pcall('HSETNX', KEYS[K_IDS], ARGV[at_msg], len) ~= 1 then return nil end
-  local flags = {}
-  for i = 0, n - 1 do
-    local at = at_msg + 4 * i
-    if i > 0 then redis.call('HSETNX', KEYS[K_IDS], ARGV[at], len + i) end
-    redis.call('RPUSH', KEYS[K_MSGS], ARGV[at + 1])
-    local toks = ARGV[at + 2]
+  local flags, alen = {}, nil
+  if n == 1 then
+    -- the first write, and ids' type check: a 0 or an error wrote nothing
+    if redis.pcall('HSETNX', KEYS[K_IDS], ARGV[at_msg], len) ~= 1 then return nil end
+    redis.call('RPUSH', KEYS[K_MSGS], ARGV[at_msg + 1])
+    local toks = ARGV[at_msg + 2]
     if counter == '' then toks = '-1' end
     redis.call('RPUSH', KEYS[K_TOKS], toks)
-    flags[i + 1] = 1
+    flags[1] = 1
+    if record then alen = redis.call('RPUSH', KEYS[K_AUDIT], record) end
+  else
+    -- a batch (the turn of commit="with_reply": the new messages and the reply): its ids
+    -- neither repeated nor stored, read in one HMGET (which checks ids' type too); then
+    -- the record's RPUSH as the first write (a trail of another type: an error, nothing
+    -- written), and each key written once
+    if n > 1000 then return nil end  -- (unpack's limit: a larger batch takes the general path)
+    local ids, pairs_, msgs, toks = {}, {}, {}, {}
+    for i = 0, n - 1 do
+      local at = at_msg + 4 * i
+      local id = ARGV[at]
+      for j = 1, i do
+        if ids[j] == id then return nil end
+      end
+      ids[i + 1] = id
+      pairs_[2 * i + 1] = id
+      pairs_[2 * i + 2] = len + i
+      msgs[i + 1] = ARGV[at + 1]
+      if counter == '' then toks[i + 1] = '-1' else toks[i + 1] = ARGV[at + 2] end
+      flags[i + 1] = 1
+    end
+    local found = redis.pcall('HMGET', KEYS[K_IDS], unpack(ids))
+    if found.err then return nil end
+    for i = 1, n do
+      if found[i] then return nil end
+    end
+    if record then
+      alen = redis.pcall('RPUSH', KEYS[K_AUDIT], record)
+      if type(alen) ~= 'number' then return nil end
+    end
+    redis.call('HSET', KEYS[K_IDS], unpack(pairs_))
+    redis.call('RPUSH', KEYS[K_MSGS], unpack(msgs))
+    redis.call('RPUSH', KEYS[K_TOKS], unpack(toks))
   end
   local total = tonumber(tokens or '0') + added
   local count, next_ver, now = len + n, tonumber(ver or '0') + 1, ARGV[at_audit + 2]
@@ -105,11 +130,7 @@ local function fast_append(at_audit, at_msg, n, expect)
   end
   local number, made = 0, false
   if record then
-    if turn then
-      record = '{"turn":' .. turn .. ',' .. string.sub(record, 11)
-      number = tonumber(turn)
-    end
-    local alen = redis.call('RPUSH', KEYS[K_AUDIT], record)
+    if turn then number = tonumber(turn) end
     redis.call('HSET', KEYS[K_RIDS], rid, turn or '0')
     made = alen == 1  -- the trail and its rid index were made by this call
     local keep = tonumber(ARGV[at_audit + 1])
