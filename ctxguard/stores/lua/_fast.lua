@@ -90,7 +90,6 @@ local function fast_append(at_audit, at_msg, n, expect)
     -- neither repeated nor stored, read in one HMGET (which checks ids' type too); then
     -- the record's RPUSH as the first write (a trail of another type: an error, nothing
     -- written), and each key written once
-    if n > 1000 then return nil end  -- (unpack's limit: a larger batch takes the general path)
     local ids, pairs_, msgs, toks = {}, {}, {}, {}
     for i = 0, n - 1 do
       local at = at_msg + 4 * i
