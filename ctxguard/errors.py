@@ -154,12 +154,19 @@ class CorruptRecordError(StoreError):
 class SessionFullError(StoreError):
     """The session holds ``max_stored_messages`` already; nothing of the batch was stored."""
 
-    def __init__(self, session_id: str, held: int) -> None:
+    def __init__(self, session_id: str, held: int, adding: int = 0, cap: int = 0) -> None:
         self.session_id = session_id
         self.held = held
+        if adding and cap:  # (commit="with_reply": a turn refused before the model is called)
+            what = (
+                f"session {session_id!r} holds {held} messages; this turn would store "
+                f"{adding} more (its reply included), over the configured maximum of {cap}"
+            )
+        else:
+            what = f"session {session_id!r} already holds {held} messages, the configured maximum"
         super().__init__(
-            f"session {session_id!r} already holds {held} messages, the configured maximum "
-            "(max_stored_messages); raise it, export and delete the session, or start a new one"
+            f"{what} (max_stored_messages); raise it, export and delete the session, or "
+            "start a new one"
         )
 
 

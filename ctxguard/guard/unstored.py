@@ -22,7 +22,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ctxguard.errors import ConflictError
+from ctxguard.errors import ConflictError, SessionFullError
 from ctxguard.guard.ops import FRESH_REPLANS, MAX_COMMITS, Flow, Sleep, StoreCall
 from ctxguard.guard.prepared import PreparedRequest, Unstored
 from ctxguard.guard.sent import sent_seqs, seq_ranges
@@ -50,8 +50,13 @@ def prepared(
     ``keep``: whether the window cache may move on to the state the commit leaves.
     """
     fetch = planned.fetch
+    fresh = core.fresh(fetch, new)
+    cap = core.write_options.max_messages
+    held = fetch.info.message_count - len(fresh)
+    if cap and held + len(fresh) + 1 > cap:  # the turn's messages and its reply must fit:
+        raise SessionFullError(session_id, held, len(fresh) + 1, cap)  # before the model call
     later = Unstored(
-        tuple(core.fresh(fetch, new)),
+        tuple(fresh),
         len(new),
         budget.prompt,
         fetch,
