@@ -18,6 +18,7 @@ no longer matches and readers say so (``guard/sent.py``).
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -81,6 +82,7 @@ def complete(
     later = request.unstored
     assert later is not None
     record = core.with_usage(later.record, usage)
+    record["rid"] = turn_rid(str(later.record["rid"]), reply.message.id)
     batch = [*later.new, reply]
     options = core.write_options
     token = later.fetch.token or ""
@@ -113,7 +115,7 @@ def complete(
                 _cache(core, session_id, later, reply, outcome)
             else:
                 core.cache.evict(session_id)
-            core.prefix.committed(session_id, str(record["rid"]))
+            core.prefix.committed(session_id, str(later.record["rid"]))
             core.replied(session_id, reply.message, outcome.appended)
             return outcome.appended
         fetch = outcome  # another writer came between: store after it, as sent
@@ -139,13 +141,31 @@ def as_sent(
     seqs = [moved.get(seq, seq) for seq in sent_seqs(record)]
     out = {**record, "sent": seq_ranges(seqs)}
     reply_at = at.get(reply.message.id)
-    out["message_count"] = reply_at if reply_at is not None else fetch.info.message_count
-    first = moved.get(base, out["message_count"])
-    if first > base:
-        out["unseen"] = [base, first]
+    count = out["message_count"] = reply_at if reply_at is not None else fetch.info.message_count
+    end = base + len(later.new)
+    # stored where planned (or no new message): another writer's messages came after them,
+    # before the reply; else they were stored after another writer's, the reply with them
+    stayed = all(moved[seq] == seq for seq in moved)
+    hidden = [end, count] if stayed else [base, moved[base]]
+    if hidden[1] > hidden[0]:
+        out["unseen"] = hidden
     else:
         out.pop("unseen", None)
     return out
+
+
+def turn_rid(rid: str, reply_id: str) -> str:
+    """The rid of the record stored with ``reply``: the request's ULID time, and 16
+    characters from both ids. A retried ``complete`` (the same reply) writes its record
+    once; another reply to the same request (a second ``complete``) is a turn of its own,
+    stored with its own record, as the default mode stores a second reply."""
+    joined = f"{rid}\n{reply_id}".encode("utf-8", "surrogatepass")
+    number = int.from_bytes(hashlib.blake2b(joined, digest_size=10).digest(), "big")
+    return rid[:10] + "".join(_CROCKFORD[(number >> shift) & 31] for shift in _SHIFTS)
+
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # (as ids.py: the rid stays a ULID)
+_SHIFTS = tuple(range(75, -1, -5))
 
 
 def _cache(
