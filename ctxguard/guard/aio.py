@@ -62,6 +62,8 @@ class AsyncGuard(GuardBase):
         self._owns_store = isinstance(store, str)  # a store passed in stays the caller's
         self._check_store(self.store, want_async=True)
         self._foreign_store = self._foreign(self.store)
+        if not self._foreign_store and callable(getattr(self.store, "state_token", None)):
+            self.core.token_read = "state_token"
         self._background: set[asyncio.Task[Any]] = set()
         self._calls: DaemonPool | None = None  # a sync summarizer's calls (daemon_pool.py)
         self._summarizing: set[str] = set()

@@ -30,7 +30,8 @@ class GuardConfig:
     ``commit="with_reply"`` stores nothing at :meth:`prepare`: the new messages,
     the reply and the request record (with the server's usage) are stored by
     :meth:`complete` in one atomic step, given the :class:`PreparedRequest`
-    (``prepared=``). A warm turn is then one round trip, and a request that is never
+    (``prepared=``). A warm turn is then one script call (and one plain read of the state
+    token, which says whether the cached window still holds), and a request that is never
     completed (the model call failed, the client went away) leaves nothing stored.
     When another writer changed the session between the two calls, the messages go
     after what it wrote and the record names the window as it was sent (``unseen``:

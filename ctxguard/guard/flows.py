@@ -152,9 +152,18 @@ def _prepare(
     fast = core.speculate(session_id, new, budget, tools)
     fetch: WindowFetch
     if fast is not None and core.config.commit == "with_reply":
-        if core.observer is not None:
-            events.note_cache("hit")
-        return unstored.prepared(core, session_id, fast, budget, tools, new)
+        # nothing is written before the request is sent, so no commit can say the cached
+        # window is stale: one plain read of the session's state token says it now
+        if core.token_read == "state_token":
+            current: str = yield StoreCall("state_token", (session_id,))
+        else:  # (a store the caller wrote: the contract's read, of nothing, with its token)
+            current = (yield StoreCall("read_with_token", (session_id, 0, 0)))[1]
+        if current == fast.fetch.token:
+            if core.observer is not None:
+                events.note_cache("hit")
+            return unstored.prepared(core, session_id, fast, budget, tools, new)
+        core.cache.evict(session_id)  # another writer came first: plan on a fetch
+        fast = None
     if fast is not None:
         token = fast.fetch.token
         outcome: WindowHit | WindowFetch = yield StoreCall(

@@ -4,7 +4,10 @@ The prepare plans as always (on the cached window, or on a fetch, which never
 writes) and hands its request back with what it did not store
 (:class:`~ctxguard.guard.prepared.Unstored`). :func:`complete` then stores the new
 messages, the reply and the request record (with the server's usage) in one
-``commit_if_unchanged``: on a warm window the whole turn is that one round trip.
+``commit_if_unchanged``. On a cached window the prepare first reads the session's state
+token (one plain read, no script): if another writer came first, it plans on a fetch, so
+the request it returns holds that writer's messages; a warm turn is that read and one
+script call.
 
 The request has been sent by then, so it cannot be planned again when another
 writer changed the session in between. The store answers such a commit with the

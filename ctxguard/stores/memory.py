@@ -219,6 +219,12 @@ class MemoryStore(NotCopyable):
                 stored_message(session_id, session, s) for s in range(first, len(session.records))
             ]
 
+    def state_token(self, session_id: str) -> str:
+        """The session's state token ('' = no session), as a commit would check it."""
+        with self._lock:
+            session = self._live(session_id, stored=True)
+            return "" if session is None else session.state_token
+
     def info(self, session_id: str) -> SessionInfo | None:
         with self._lock:
             session = self._live(session_id, stored=True)

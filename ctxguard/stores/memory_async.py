@@ -69,6 +69,9 @@ class AsyncMemoryStore(NotCopyable):
     ) -> tuple[list[StoredMessage], str]:
         return self.sync.read_with_token(session_id, start, stop)
 
+    async def state_token(self, session_id: str) -> str:
+        return self.sync.state_token(session_id)
+
     async def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
         return self.sync.read_last(session_id, count)
 

@@ -221,6 +221,15 @@ class RedisStore(RedisStoreBase):
         call = self.protocol.read_call(session_id, start, stop, with_token=True)
         return self.protocol.parse_read_with_token(session_id, self._run(call))
 
+    def state_token(self, session_id: str) -> str:
+        """The session's state token ('' = no session), as a commit would check it: one
+        plain read, no script (how ``commit="with_reply"`` checks a cached window)."""
+        commands = self.protocol.token_reads(session_id)
+        keys = (commands[0][1],)
+        return self.protocol.parse_token(
+            self._io("state_token", partial(self._multi, commands), True, keys)
+        )
+
     def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
         check_count(count, "count")
         if count == 0:

@@ -225,6 +225,13 @@ class AsyncRedisStore(RedisStoreBase):
         call = self.protocol.read_call(session_id, start, stop, with_token=True)
         return self.protocol.parse_read_with_token(session_id, await self._run(call))
 
+    async def state_token(self, session_id: str) -> str:
+        """The session's state token ('' = no session): see :meth:`RedisStore.state_token`."""
+        commands = self.protocol.token_reads(session_id)
+        keys = (commands[0][1],)
+        replies = await self._io("state_token", partial(self._multi, commands), True, keys)
+        return self.protocol.parse_token(replies)
+
     async def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
         check_count(count, "count")
         if count == 0:

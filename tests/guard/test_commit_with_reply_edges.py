@@ -1,4 +1,10 @@
-"""``commit="with_reply"`` at its edges: the cap, and one request completed twice.
+"""``commit="with_reply"`` at its edges: a cached window another writer moved on, the
+cap, and one request completed twice.
+
+A prepare that writes nothing has no commit to tell it that its cached window is stale:
+it reads the session's state token (one plain read on ctxguard's stores, the contract's
+``read_with_token`` on a store the caller wrote) and plans on a fetch when another writer
+came first, so the request it returns holds that writer's messages.
 
 With ``max_stored_messages``, a turn that could not store its reply is refused at
 ``prepare``, before the model is called, and stores nothing (the default mode stores the
@@ -12,14 +18,29 @@ the default mode stores a second reply, not dropped as a retry.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from ctxguard import Guard
+from ctxguard import AsyncGuard, Guard
 from ctxguard.errors import SessionFullError
 from ctxguard.guard.replay import replay_records
 from ctxguard.messages import Message
-from ctxguard.stores import open_store
+from ctxguard.stores import open_async_store, open_store
 from tests import store_diff
+from tests.conftest import private_memory_url
+
+
+class Foreign:
+    """A store the caller wrote (ctxguard's, behind a wrapper, without its token read)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "state_token":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
 
 
 def _turn(guard: Guard, index: int) -> None:
@@ -81,3 +102,53 @@ def test_a_request_completed_again_stores_a_new_reply_once_and_a_retry_not_at_al
     assert [t.recorded_ids for t in turns] == [("sys", "u0")] * 2
     assert all(t.replayed_ids == t.recorded_ids for t in turns)
     guard.close()
+
+
+def _message(role: str, name: str) -> Message:
+    return Message(role=role, content=f"{role} {name}", id=name)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("wrap", [False, True], ids=["own", "foreign"])
+def test_a_cached_window_another_writer_moved_on_is_not_sent(
+    backend: str, namespace: str, wrap: bool
+) -> None:
+    store = open_store(backend, namespace=namespace)
+    settings: dict[str, Any] = {"counter": "approx", "limit": 400, "max_tokens": 60}
+    mine = Guard(Foreign(store) if wrap else store, commit="with_reply", **settings)
+    other = Guard(store, commit="with_reply", **settings)  # (another process, its own cache)
+    _turn(mine, 0)
+    _turn(mine, 1)  # mine caches the session's window
+    request = other.prepare("s", [_message("user", "theirs")])
+    other.complete("s", _message("assistant", "their-reply"), prepared=request)
+    request = mine.prepare("s", [_message("user", "q2")])
+    assert [m.id for m in request.messages][-3:] == ["theirs", "their-reply", "q2"]
+    mine.complete("s", _message("assistant", "a2"), prepared=request)
+    newest = store.read_audit("s")[-1]
+    assert "unseen" not in newest and newest["message_count"] == 7
+    again = mine.prepare("s", [_message("user", "q3")])  # the fetch left a cache: a hit now
+    assert [m.id for m in again.messages][-3:] == ["q2", "a2", "q3"]
+    mine.close()
+    other.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["memory", pytest.param("redis", marks=pytest.mark.redis)],
+)
+async def test_async_a_cached_window_another_writer_moved_on_is_not_sent(
+    url: str, request: pytest.FixtureRequest, namespace: str
+) -> None:
+    where = private_memory_url() if url == "memory" else request.getfixturevalue("redis_url")
+    store = open_async_store(where, namespace=namespace)
+    settings: dict[str, Any] = {"counter": "approx", "limit": 400, "max_tokens": 60}
+    mine = AsyncGuard(store, commit="with_reply", **settings)
+    other = AsyncGuard(store, commit="with_reply", **settings)
+    for index in range(2):
+        asked = await mine.prepare("s", [_message("user", f"q{index}")])
+        await mine.complete("s", _message("assistant", f"a{index}"), prepared=asked)
+    asked = await other.prepare("s", [_message("user", "theirs")])
+    await other.complete("s", _message("assistant", "their-reply"), prepared=asked)
+    asked = await mine.prepare("s", [_message("user", "q2")])
+    assert [m.id for m in asked.messages][-3:] == ["theirs", "their-reply", "q2"]
+    await mine.aclose()
+    await other.aclose()

@@ -56,6 +56,29 @@ async def test_token_is_given_for_an_existing_session_only(store: StoreFacade) -
     assert created.token == await token_of(store)
 
 
+async def test_the_plain_token_read_is_the_token_a_commit_checks(store: StoreFacade) -> None:
+    """``state_token`` (one plain read: how commit="with_reply" checks a cached window)
+    says what a fetch says, after every kind of change, and '' for no session."""
+    assert await store.state_token("s") == ""
+    await store.append("s", [new("a", tokens=1)], COUNTED)
+    seen = [await token_of(store)]
+    assert await store.state_token("s") == seen[-1]
+    fetched = await store.fetch_window("s", BIG, COUNTED)
+    hit = await store.commit_if_unchanged(
+        "s", fetched.token, BIG, COUNTED, [new("b", tokens=1)], 1, request(1)
+    )
+    assert isinstance(hit, WindowHit) and await store.state_token("s") == hit.token
+    summary = Summary(version=1, text="so far", covers_to=1)
+    assert await store.commit_summary("s", summary, 0)
+    seen.append(await token_of(store))
+    assert await store.state_token("s") == seen[-1]
+    await store.retract("s", 1)
+    seen.append(await token_of(store))
+    assert await store.state_token("s") == seen[-1] and len(set(seen)) == 3
+    await store.delete("s")
+    assert await store.state_token("s") == ""
+
+
 async def test_token_is_stable_across_reads_and_writes_a_window_cannot_see(
     store: StoreFacade,
 ) -> None:
