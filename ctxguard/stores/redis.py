@@ -168,6 +168,22 @@ class RedisStore(RedisStoreBase):
 
         return self._io(call.what, send, idempotent, call.keys)
 
+    def _read(self, command: tuple[Any, ...]) -> Any:
+        """One read command, on a shelved connection (the cluster client routes it)."""
+        if not self._direct:
+            return self.client.execute_command(*command)
+        conn = self._shelf.take()
+        try:
+            conn.send_packed_command(pack(conn, *command))
+            return conn.read_response()
+        except ResponseError:
+            raise  # an error reply: the connection is in step
+        except BaseException:
+            conn.disconnect()  # a reply may be left unread: never reuse the connection
+            raise
+        finally:
+            self._shelf.give(conn)
+
     def _evalsha(self, script: Any, call: Call) -> Any:
         """EVALSHA on a shelved connection, without redis-py's per-command layers.
 
@@ -224,10 +240,10 @@ class RedisStore(RedisStoreBase):
     def state_token(self, session_id: str) -> str:
         """The session's state token ('' = no session), as a commit would check it: one
         plain read, no script (how ``commit="with_reply"`` checks a cached window)."""
-        commands = self.protocol.token_reads(session_id)
-        keys = (commands[0][1],)
+        command = self.protocol.token_read(session_id)
+        keys = (command[1],)
         return self.protocol.parse_token(
-            self._io("state_token", partial(self._multi, commands), True, keys)
+            self._io("state_token", partial(self._read, command), True, keys)
         )
 
     def read_last(self, session_id: str, count: int) -> list[StoredMessage]:

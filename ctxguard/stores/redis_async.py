@@ -180,6 +180,22 @@ class AsyncRedisStore(RedisStoreBase):
 
         return await self._io(call.what, send, idempotent, call.keys)
 
+    async def _read(self, command: tuple[Any, ...]) -> Any:
+        """One read command, on a shelved connection (see :meth:`RedisStore._read`)."""
+        if not self._direct:
+            return await self.client.execute_command(*command)
+        conn = await self._shelf.take()
+        try:
+            await asend(conn, pack(conn, *command))
+            return await conn.read_response()
+        except ResponseError:
+            raise
+        except BaseException:
+            await conn.disconnect()
+            raise
+        finally:
+            await self._shelf.give(conn)
+
     async def _evalsha(self, script: Any, call: Call) -> Any:
         """EVALSHA on a shelved connection (see :meth:`RedisStore._evalsha`)."""
         conn = await self._shelf.take()
@@ -227,10 +243,11 @@ class AsyncRedisStore(RedisStoreBase):
 
     async def state_token(self, session_id: str) -> str:
         """The session's state token ('' = no session): see :meth:`RedisStore.state_token`."""
-        commands = self.protocol.token_reads(session_id)
-        keys = (commands[0][1],)
-        replies = await self._io("state_token", partial(self._multi, commands), True, keys)
-        return self.protocol.parse_token(replies)
+        command = self.protocol.token_read(session_id)
+        keys = (command[1],)
+        return self.protocol.parse_token(
+            await self._io("state_token", partial(self._read, command), True, keys)
+        )
 
     async def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
         check_count(count, "count")

@@ -612,16 +612,14 @@ class RedisProtocol:
     def parse_read(self, session_id: str, reply: Sequence[Any]) -> list[StoredMessage]:
         return list(self._stored_run(session_id, int(reply[0]), reply[1], reply[2]))
 
-    def token_reads(self, session_id: str) -> list[tuple[Any, ...]]:
+    def token_read(self, session_id: str) -> tuple[Any, ...]:
         """The session's state token as one plain read (``state_token`` in _lib.lua):
         the meta fields it is made of, in one ``HMGET``."""
-        return [("HMGET", self.keys(session_id, stored=True)[0], "epoch", "ver", "stamp")]
+        return ("HMGET", self.keys(session_id, stored=True)[0], "epoch", "ver", "stamp")
 
     @staticmethod
-    def parse_token(replies: Sequence[Any]) -> str:
-        """The token :meth:`token_reads` read ('' = no session, or a meta that is not a
-        hash: a token no cached window holds, so the caller fetches and the fetch says)."""
-        fields = replies[0] if replies else None
+    def parse_token(fields: Any) -> str:
+        """The token :meth:`token_read` read ('' = no session)."""
         if not isinstance(fields, list) or len(fields) != 3 or not fields[0]:
             return ""
         epoch, ver, stamp = (_text(f) if f is not None else None for f in fields)
