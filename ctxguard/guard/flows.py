@@ -6,7 +6,7 @@ and receives the result; exceptions from that I/O are thrown back into it.
 :class:`~ctxguard.guard.aio.AsyncGuard` with awaits, so both execute the very
 same steps in the same order (the httpx auth-flow pattern).
 
-Kept whole at ~480 lines on purpose: one flow per public operation, so every I/O step
+Kept whole at ~460 lines on purpose: one flow per public operation, so every I/O step
 a shell can take is in one file (``commit="with_reply"``'s prepare ending and complete
 are in :mod:`ctxguard.guard.unstored`, which these flows hand over to).
 """
@@ -151,19 +151,13 @@ def _prepare(
     options = core.write_options
     fast = core.speculate(session_id, new, budget, tools)
     fetch: WindowFetch
+    stale = False
     if fast is not None and core.config.commit == "with_reply":
-        # nothing is written before the request is sent, so no commit can say the cached
-        # window is stale: one plain read of the session's state token says it now
-        if core.token_read == "state_token":
-            current: str = yield StoreCall("state_token", (session_id,))
-        else:  # (a store the caller wrote: the contract's read, of nothing, with its token)
-            current = (yield StoreCall("read_with_token", (session_id, 0, 0)))[1]
-        if current == fast.fetch.token:
+        if (yield from unstored.current(core, session_id, fast.fetch)):
             if core.observer is not None:
                 events.note_cache("hit")
             return unstored.prepared(core, session_id, fast, budget, tools, new)
-        core.cache.evict(session_id)  # another writer came first: plan on a fetch
-        fast = None
+        fast, stale = None, True  # another writer came first: plan on a fetch
     if fast is not None:
         token = fast.fetch.token
         outcome: WindowHit | WindowFetch = yield StoreCall(
@@ -180,7 +174,7 @@ def _prepare(
             events.note_cache("stale")
     else:
         if core.observer is not None:
-            events.note_cache("miss")
+            events.note_cache("stale" if stale else "miss")
         fetch = yield StoreCall("fetch_window", (session_id, budget.prompt, options, new, len(new)))
     folded = False
     required = newest_sent(new)

@@ -38,6 +38,20 @@ if TYPE_CHECKING:
     from ctxguard.guard.plan import Budget
 
 
+def current(core: GuardCore, session_id: str, cached: WindowFetch) -> Flow[bool]:
+    """Whether the session is still in the state of its ``cached`` window (else the copy
+    is dropped). Nothing is written before the request is sent, so no commit can say a
+    copy is stale: one plain read of the session's state token says it now."""
+    if core.token_read == "state_token":
+        token: str = yield StoreCall("state_token", (session_id,))
+    else:  # (a store the caller wrote: the contract's read, of nothing, with its token)
+        token = (yield StoreCall("read_with_token", (session_id, 0, 0)))[1]
+    if token == cached.token:
+        return True
+    core.cache.evict(session_id)
+    return False
+
+
 def prepared(
     core: GuardCore,
     session_id: str,

@@ -152,3 +152,30 @@ async def test_async_a_cached_window_another_writer_moved_on_is_not_sent(
     assert [m.id for m in asked.messages][-3:] == ["theirs", "their-reply", "q2"]
     await mine.aclose()
     await other.aclose()
+
+
+def test_a_warm_turn_is_a_token_read_and_one_commit_and_a_stale_copy_is_reported(
+    backend: str, namespace: str
+) -> None:
+    """What each operation sent to the store, as an observer sees it (one event each)."""
+    events: list[Any] = []
+    store = open_store(backend, namespace=namespace)
+    settings: dict[str, Any] = {"counter": "approx", "limit": 400, "max_tokens": 60}
+    mine = Guard(store, commit="with_reply", observer=events.append, **settings)
+    _turn(mine, 0)  # a fetch, then the commit
+    _turn(mine, 1)
+    calls = [(e.kind, e.cache, [c.method for c in e.store_calls]) for e in events]
+    assert calls == [
+        ("prepare", "miss", ["fetch_window"]),
+        ("complete", None, ["commit_if_unchanged"]),
+        ("prepare", "hit", ["state_token"]),
+        ("complete", None, ["commit_if_unchanged"]),
+    ]
+    Guard(store, **settings).append("s", [_message("user", "elsewhere")])
+    events.clear()
+    _turn(mine, 2)
+    assert [(e.kind, e.cache, [c.method for c in e.store_calls]) for e in events] == [
+        ("prepare", "stale", ["state_token", "fetch_window"]),
+        ("complete", None, ["commit_if_unchanged"]),
+    ]
+    mine.close()
