@@ -240,6 +240,9 @@ def _newest_sent(snap: Snapshot, record: dict[str, Any]) -> list[Violation]:
     The guard always sends the messages a prepare adds, so a request without
     them (for example only a summary that claims to cover them) is a violation.
     Requests followed by a retraction (or a replace) are skipped: their history is gone.
+    So are requests whose sent ids cannot be rebuilt (reported as ``unknown_sent_id``):
+    a ``commit="with_reply"`` record is written with the reply, after a retraction or a
+    replace that came between may have changed the history it was sent from.
     """
     count = record.get("message_count")
     if not isinstance(count, int) or count <= 0:
@@ -247,7 +250,10 @@ def _newest_sent(snap: Snapshot, record: dict[str, Any]) -> list[Violation]:
     seen = seen_by(record, snap.messages)  # (less another writer's, it did not see)
     if not seen or seen[-1].seq != count - 1:
         return []  # the newest message of the time does not decode: reported as corrupt
-    sent = set(snap.sent_ids(record) or [])
+    ids = snap.sent_ids(record)
+    if ids is None:
+        return []  # the history changed under it: _validity reports unknown_sent_id
+    sent = set(ids)
     where = f"turn {record.get('turn')}"
     found = []
     users = [s for s in seen if s.message.role == "user"]
