@@ -101,8 +101,8 @@ async def test_a_prepare_changes_nothing_stored(with_reply: Env, window: str) ->
 # -- 2. a warm turn is one store call, one round trip; a cold one a fetch and the commit ----
 
 
-async def test_a_warm_turn_is_one_store_call(with_reply: Env) -> None:
-    log = CallLog(with_reply.store())
+async def test_a_warm_turn_is_a_token_read_and_one_store_call(with_reply: Env) -> None:
+    log = CallLog(with_reply.store())  # (a store the caller wrote: the contract's read)
     guard = with_reply.guard(log)
     first = await guard.prepare(SID, [SYSTEM, user(1)])
     await guard.complete(SID, answer(1), prepared=first)
@@ -110,14 +110,14 @@ async def test_a_warm_turn_is_one_store_call(with_reply: Env) -> None:
     for i in (2, 3, 4):
         log.calls.clear()
         prepared = await guard.prepare(SID, [user(i)])
-        assert log.calls == []
+        assert log.calls == ["read_with_token"]  # is the cached window still the session?
         await guard.complete(SID, answer(i), prepared=prepared)
-        assert log.calls == ["commit_if_unchanged"], i
+        assert log.calls == ["read_with_token", "commit_if_unchanged"], i
         assert recorded_ids(with_reply.reader, SID, with_reply.requests()[-1]) == ids_of(prepared)
     assert with_reply.ids() == ["m-sys", "u1", "a1", "u2", "a2", "u3", "a3", "u4", "a4"]
 
 
-async def test_a_warm_turn_is_one_round_trip(
+async def test_a_warm_turn_is_a_token_read_and_one_script_call(
     with_reply: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if with_reply.backend == "memory":
@@ -126,8 +126,9 @@ async def test_a_warm_turn_is_one_round_trip(
     await turn(guard, 2)  # (connections opened, scripts loaded, slots known)
     packets = Packets(monkeypatch)
     prepared = await guard.prepare(SID, [user(3)])
+    assert packets.count == 1  # the state token's HMGET (ctxguard's own store)
     await guard.complete(SID, answer(3), prepared=prepared)
-    assert packets.count == 1
+    assert packets.count == 2
     assert with_reply.ids()[-2:] == ["u3", "a3"]
 
 

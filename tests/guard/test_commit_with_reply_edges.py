@@ -241,7 +241,7 @@ async def test_a_prepared_request_copies_with_what_it_did_not_store(
     await guard.complete(SID, answer(2), prepared=clone)
     assert with_reply.ids() == ["m-sys", "u1", "a1", "u2", "a2"]
     record = with_reply.requests()[-1]
-    assert record["rid"] == later.record["rid"]
+    assert record["rid"] == unstored.turn_rid(later.record["rid"], "a2")  # (the reply's turn)
     assert recorded_ids(with_reply.reader, SID, record) == ids_of(prepared)
 
 
