@@ -246,18 +246,18 @@ async def test_another_writer_between_a_prepare_of_no_new_message(with_reply: En
     assert found["ok"] is True and found["violations"] == [], found
 
 
-async def test_a_warm_prepare_does_not_see_a_write_since_the_last_turn(with_reply: Env) -> None:
-    """Pins the design: a warm prepare asks the store nothing, so what another writer
-    stored since this guard's last turn (not only between prepare and complete) is not
-    in the request; the record says so (``unseen``) and replay and audit agree."""
+async def test_a_warm_prepare_sees_a_write_since_the_last_turn(with_reply: Env) -> None:
+    """A warm prepare reads the session's state token: what another writer stored since
+    this guard's last turn is in the request (planned on a fetch), and the record has no
+    ``unseen``; replay and audit agree."""
     guard = await seeded(with_reply)
     with_reply.other().append(SID, [user("o")])  # before the prepare
     assert cached(guard)
     prepared = await guard.prepare(SID, [user(2)])
-    assert ids_of(prepared) == ["m-sys", "u1", "a1", "u2"]  # without uo
+    assert ids_of(prepared) == ["m-sys", "u1", "a1", "uo", "u2"]
     await guard.complete(SID, answer(2), prepared=prepared)
     assert with_reply.ids() == ["m-sys", "u1", "a1", "uo", "u2", "a2"]
     record = with_reply.requests()[-1]
-    assert record["unseen"] == [3, 4] and sent_seqs(record) == [0, 1, 2, 4]
+    assert "unseen" not in record and sent_seqs(record) == [0, 1, 2, 3, 4]
     assert replayed(with_reply, record["turn"])["same"]
     assert audited(with_reply)["ok"] is True
