@@ -100,10 +100,15 @@ def complete(
     assert later is not None
     record = core.with_usage(later.record, usage)
     record["rid"] = turn_rid(str(later.record["rid"]), reply.message.id)
-    batch = [*later.new, reply]
+    # counts made by this guard's counter only: a request another guard prepared (copied,
+    # pickled) by another counter stores its messages with their counts unknown (counted
+    # lazily by the next prepare that needs them) and writes none of its recounts
+    same = request.counter == core.counter.fingerprint
+    new = later.new if same else [NewMessage(n.message, None, n.record) for n in later.new]
+    batch = [*new, reply]
     options = core.write_options
     token = later.fetch.token or ""
-    write = core.write(later.counts, record)
+    write = core.write(later.counts if same else {}, record)
     todo: Sequence[NewMessage] = batch
     fetch: WindowFetch | None = None
     for attempt in range(MAX_COMMITS):

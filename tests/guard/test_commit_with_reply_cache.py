@@ -179,3 +179,32 @@ def test_a_warm_turn_is_a_token_read_and_one_commit_and_a_stale_copy_is_reported
         ("complete", None, ["commit_if_unchanged"]),
     ]
     mine.close()
+
+
+def test_a_request_another_counter_prepared_stores_none_of_its_counts(
+    backend: str, namespace: str
+) -> None:
+    """A ``PreparedRequest`` completed by a guard of another counter (copied, pickled):
+    its messages are stored with their counts unknown and its recounts are not written,
+    or the session would hold one counter's numbers under the other's name."""
+    store = open_store(backend, namespace=namespace)
+    approx = Guard(store, counter="approx", limit=100_000, max_tokens=60)
+    approx.append("s", [_message("user", f"m{i}") for i in range(3)])
+    before = [s.tokens for s in store.read("s")]
+    tiktoken = Guard(
+        store,
+        counter="tiktoken:cl100k_base",
+        limit=100_000,
+        max_tokens=60,
+        commit="with_reply",
+        window_cache_size=0,
+    )
+    request = tiktoken.prepare("s", [_message("user", "q")])
+    assert request.unstored is not None and request.unstored.counts  # (recounted)
+    approx.complete("s", _message("assistant", "r"), prepared=request)
+    stored = store.read("s")
+    assert [s.message.id for s in stored] == ["m0", "m1", "m2", "q", "r"]
+    assert [s.tokens for s in stored[:4]] == [*before, None]
+    assert stored[4].tokens == approx.core.counter.count_message(_message("assistant", "r"))
+    approx.close()
+    tiktoken.close()
