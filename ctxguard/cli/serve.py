@@ -55,6 +55,13 @@ cannot listen on; 6 ctxguard[serve] not installed.
     help="Newest messages searched for an Idempotency-Key's reply (default 64, at most 4096).",
 )
 @click.option(
+    "--commit",
+    help=(
+        "When a turn is stored: prepare (its messages before the model is called; default) "
+        "or with_reply (with the reply, in one step: a request with no reply stores nothing)."
+    ),
+)
+@click.option(
     "--metrics/--no-metrics",
     default=None,
     help="Serve GET /metrics (needs ctxguard[metrics]; default on).",

@@ -5,6 +5,10 @@ its new messages; :meth:`Guard.prepare` stores them (ids derived, so a retry sto
 nothing twice) and returns the window; the window goes upstream with ``max_tokens`` set
 to the reserve when the client gave none; the reply (assembled from the stream when
 streaming, tool calls included) is stored by :meth:`Guard.complete` with the usage.
+With ``--commit with_reply`` the prepare stores nothing: the complete stores the new
+messages, the reply and the request record in one step, so a request that gets no whole
+reply (the upstream refused it or failed, a timeout, the client gone) leaves the session
+as it was (nothing to take back, no ``partial_reply`` record).
 Stateless mode: the request's own messages are fitted on an in-memory guard and
 nothing is kept. A request that cannot fit is never forwarded.
 """
@@ -158,8 +162,10 @@ class Turn:
         return "max_tokens / max_completion_tokens" if field != "max_output_tokens" else field
 
     async def record_partial(self, relay: StreamRelay, reason: str) -> None:
-        """An audit record for a reply that did not finish (nothing appended)."""
-        if not self.stored:
+        """An audit record for a reply that did not finish (nothing appended); none when
+        the prepare stored nothing (``commit="with_reply"``: such a request leaves the
+        session as it was)."""
+        if not self.stored or (self.prepared is not None and self.prepared.unstored is not None):
             return
         text = "".join(relay.assembler.content)
         record: dict[str, Any] = {
@@ -198,9 +204,11 @@ class Turn:
         """Take back the new messages this request's prepare stored, in one atomic, audited
         ``store.retract`` checked against the state token that write left: the client got
         an error and may never send the request again, so the session must not keep a user
-        turn with no reply. Another write since (another request's turn): nothing is taken
-        back (the checked retract refuses, nothing written), logged. A store that fails is
-        logged; the client gets the upstream's answer either way."""
+        turn with no reply. A prepare that stored nothing (``commit="with_reply"``: no
+        ``stored_ids``) has nothing to take back: nothing is written. Another write since
+        (another request's turn): nothing is taken back (the checked retract refuses,
+        nothing written), logged. A store that fails is logged; the client gets the
+        upstream's answer either way."""
         prepared = self.prepared
         if not self.stored or prepared is None or not prepared.stored_ids:
             return

@@ -29,6 +29,7 @@ MAX_WORKERS = 64
 # API's previous_response_id): a keyed request reads this many messages from the store.
 MAX_IDEMPOTENCY_WINDOW = 4096
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
+COMMITS = ("prepare", "with_reply")  # GuardConfig.commit
 
 
 @dataclass(frozen=True, repr=False)
@@ -45,7 +46,11 @@ class ServeConfig:
     ``metrics`` serves ``GET /metrics`` when ``ctxguard[metrics]`` is installed.
     ``workers`` is at most :data:`MAX_WORKERS`; ``idempotency_window`` (how many of the
     session's newest messages are searched for a key's recorded reply) at most
-    :data:`MAX_IDEMPOTENCY_WINDOW`.
+    :data:`MAX_IDEMPOTENCY_WINDOW`. ``commit`` is the guards' ``GuardConfig.commit``:
+    ``"prepare"`` stores a turn's new messages before the request goes upstream (a request
+    the upstream refuses is taken back); ``"with_reply"`` stores them with the reply, in one
+    atomic step, so a request that gets no reply (refused, failed, timed out, the client
+    gone) leaves nothing stored.
     """
 
     upstream: str
@@ -70,6 +75,7 @@ class ServeConfig:
     idempotency_lease: float = 10.0
     metrics: bool = True
     log_level: str = "info"
+    commit: str = "prepare"
 
     def __post_init__(self) -> None:
         check_http_url(self.upstream, "upstream")
@@ -101,6 +107,11 @@ class ServeConfig:
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(
                 f"log_level must be one of {', '.join(LOG_LEVELS)}, got {show(self.log_level)}"
+            )
+        if self.commit not in COMMITS:
+            raise ConfigError(
+                f"commit must be one of {', '.join(COMMITS)} (when a turn's messages are "
+                f"stored), got {show(self.commit)}"
             )
         if type(self.safety_margin) is not int or self.safety_margin < 0:
             raise ConfigError(f"safety_margin must be a non-negative int, got {self.safety_margin}")

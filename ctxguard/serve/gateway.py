@@ -205,6 +205,7 @@ class Gateway:
                     max_tokens=self.config.max_tokens,
                     safety_margin=self.config.safety_margin,
                     ttl_seconds=self.config.ttl_seconds,
+                    commit=self.config.commit,
                     observer=self.observer,
                 )
                 self._guards[tenant] = guard
