@@ -15,6 +15,11 @@ guard's ``refused`` record and the ``retract``. A later call of the same request
 call the window went into, or the agent's next step) takes back what that window's
 request stored the same way (the fitted windows' ``request`` records stay).
 
+A guard with ``GuardConfig(commit="with_reply")`` is refused when the memory is built (a
+:class:`~ctxguard.errors.ConfigError`): that setting writes a request's record with
+``complete``, which a memory never calls (the chat store and :class:`CtxGuardLLM` work
+with it).
+
 The memory survives its own serialisation (``to_dict``/``from_dict``, a
 workflow ``Context`` saved with ``JsonSerializer``, pickle): see
 :mod:`ctxguard.adapters._llamaindex_fields` (shared with the chat store).
@@ -88,6 +93,12 @@ class CtxGuardMemory(BaseMemory, fields.StoreFields, ClosesOwnGuard):
             raise _refusal(exc) from None
 
     def model_post_init(self, context: Any, /) -> None:
+        _shared.refuse_with_reply(
+            self.settings.get("commit"),
+            "CtxGuardMemory",
+            "get() prepares only to read the window and an agent put()s the reply, never "
+            "complete()s it, so the window's request record would never be written",
+        )
         _shared.check_key(self.session_id)
         _shared.check_optional_count(self.max_tokens, "max_tokens")
         _shared.check_optional_count(self.limit, "limit")

@@ -58,8 +58,12 @@ def usage(prompt_tokens: object, completion_tokens: object) -> dict[str, Any] | 
 
 
 def as_sent(prepared: PreparedRequest, session_id: str) -> PreparedRequest:
-    """A fitted request as ``complete`` takes it: this session's, of no stored turn (0)."""
-    return dataclasses.replace(prepared, session_id=session_id, turn=0, pending_audit=None)
+    """A fitted request as ``complete`` takes it: this session's, of no stored turn (0),
+    with nothing left to store (the run's messages go by ``persist``, under any
+    ``GuardConfig.commit``: a fitted request's ``unstored`` is the scratch store's)."""
+    return dataclasses.replace(
+        prepared, session_id=session_id, turn=0, pending_audit=None, unstored=None
+    )
 
 
 class Seen(set[str]):

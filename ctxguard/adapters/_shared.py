@@ -190,6 +190,27 @@ class GuardRef:
     def any_guard(self) -> Guard | AsyncGuard:
         return self._sync or self._async or self.per_loop.latest() or self.sync()
 
+    @property
+    def commit(self) -> str:
+        """The guard's ``GuardConfig.commit``, known without opening it."""
+        if self._options:
+            config = self._options["config"]
+            return "prepare" if config is None else str(config.commit)
+        guard = self._sync or self._async
+        assert guard is not None
+        return str(guard.config.commit)
+
+
+def refuse_with_reply(commit: object, door: str, why: str) -> None:
+    """A door that cannot keep ``GuardConfig(commit="with_reply")``'s promise refuses it
+    when built (a one-line :class:`ConfigError`), never loses a message or a record later.
+    ``why``: what the door does that the setting would lose."""
+    if commit == "with_reply":
+        raise ConfigError(
+            f'{door} does not support GuardConfig(commit="with_reply"): {why}; give it a '
+            'guard with commit="prepare" (the default)'
+        )
+
 
 # -- argument checks at the adapters' doors (one-line typed errors, before any I/O) ------
 
@@ -547,8 +568,12 @@ def fit(
 
 def _scratch(guard: Guard | AsyncGuard) -> Guard:
     """A guard over a fresh in-memory store with ``guard``'s counter, limit and settings
-    (no summarizer, no cap on stored messages)."""
-    config = dataclasses.replace(guard.config, summarizer=None, max_stored_messages=None)
+    (no summarizer, no cap on stored messages, ``commit="prepare"``: a fitted request is
+    no turn of a session, and one made under ``commit="with_reply"`` carried the scratch
+    store's batch, ``fit-<i>`` ids and all, for a ``complete`` to store in the session)."""
+    config = dataclasses.replace(
+        guard.config, summarizer=None, max_stored_messages=None, commit="prepare"
+    )
     return Guard(MemoryStore(), counter=guard.counter, limit=guard.limit_source, config=config)
 
 

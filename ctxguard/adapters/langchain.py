@@ -20,7 +20,9 @@
   oldest first; ``clear()`` removes the session. Messages round-trip losslessly
   (``_langchain_messages``). A message whose ``id`` is already stored is not stored
   twice. :meth:`~CtxGuardChatMessageHistory.budgeted_messages` appends new messages and
-  returns the window the guard chose.
+  returns the window the guard chose. It refuses a guard with
+  ``GuardConfig(commit="with_reply")`` (a :class:`~ctxguard.errors.ConfigError`): that
+  setting leaves the new messages to ``complete``, which a chat history never calls.
 """
 
 from __future__ import annotations
@@ -78,6 +80,12 @@ class CtxGuardChatMessageHistory(NotPicklable, BaseChatMessageHistory, ClosesOwn
     ) -> None:
         super().__init__()
         self.ref = GuardRef(guard_or_url, **guard_options)
+        _shared.refuse_with_reply(
+            self.ref.commit,
+            "CtxGuardChatMessageHistory",
+            "budgeted_messages() leaves its new messages to complete(), and a chat history "
+            "stores the reply with add_messages(), so they would never be stored",
+        )
         self.session_id = _shared.check_key(session_id)
         self.max_tokens = _shared.check_optional_count(max_tokens, "max_tokens")
         self.last_prepared: PreparedRequest | None = None

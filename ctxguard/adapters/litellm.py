@@ -30,7 +30,9 @@ Settings (``litellm_params`` in the proxy's ``config.yaml``) are the gateway's:
 ``url`` (store), ``counter``, ``limit``, ``upstream`` (the vLLM server: default counter
 through its ``/tokenize`` and default limit from its ``/v1/models``), ``model``,
 ``max_tokens`` (the reserve), ``safety_margin``, ``namespace``, ``tenant``,
-``ttl_seconds``, ``connect_timeout``.
+``ttl_seconds``, ``connect_timeout``, ``commit`` (``prepare``, the default, stores the
+new messages in ``pre_call``; ``with_reply`` stores them with the reply in ``post_call``,
+in one step, so a call that fails or is cut short stores nothing).
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ _SETTINGS = (
     "connect_timeout",
     "upstream_api_key",
     "idempotency_window",
+    "commit",
 )
 
 
@@ -275,7 +278,8 @@ class CtxGuardGuardrail(NotPicklable, CustomGuardrail):  # type: ignore[misc]
         user_api_key_dict: Any,
         traceback_str: str | None = None,
     ) -> None:
-        """The call failed: forget the turn (its new messages stay stored once)."""
+        """The call failed: forget the turn (its new messages stay stored once; with
+        ``commit: with_reply`` none were stored)."""
         self._take(request_data, user_api_key_dict)
 
     async def _store(

@@ -19,6 +19,9 @@ tool calls, then the results. Each original item is kept verbatim in
   fields; unknown keys are a :class:`~ctxguard.errors.ConfigError`).
 * ``get_items()`` with no limit is the whole history, or, with ``window=True``,
   the guard's budgeted window of it (system items pinned, call/output pairs whole).
+  ``window=True`` refuses a guard with ``GuardConfig(commit="with_reply")`` (a
+  :class:`~ctxguard.errors.ConfigError`): that setting writes a request's record with
+  ``complete``, which a session never calls; ``add_items`` and the filter work with it.
 * Every method takes the SDK's context-aware ``wrapper=`` keyword (the run's
   ``RunContextWrapper``); the session does not need the run context and
   ignores it.
@@ -122,6 +125,14 @@ class CtxGuardSession(NotPicklable):
         self.session_settings = _settings(session_settings) or SessionSettings()
         self.compaction = _compaction.Folding(compact_keep_turns, compact_threshold)
         self.ref = GuardRef(guard_or_url, **guard_options)
+        if self.window:
+            _shared.refuse_with_reply(
+                self.ref.commit,
+                "CtxGuardSession(window=True)",
+                "get_items() prepares only to read the window and the Runner stores the "
+                "reply with add_items(), never complete(), so its request record would "
+                "never be written (window=False works)",
+            )
         self.last_prepared: PreparedRequest | None = None
         self._locks: PerLoop[asyncio.Lock] = PerLoop(asyncio.Lock)
         self._run_writes = _RunWrites()
