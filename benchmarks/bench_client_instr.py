@@ -8,7 +8,9 @@ count whatever else the machine runs. ``--code`` names the trees to compare (eac
 first on ``PYTHONPATH``; e.g. ``/work/main`` and this worktree), run alternately.
 
 Rows: ``floor-min``, ``floor-min-async`` (issue 16's minimal client, sync and async),
-``ctxguard`` (Guard, window cache warm), ``ctxguard-async`` (AsyncGuard, warm).
+``ctxguard`` (Guard, window cache warm), ``ctxguard-async`` (AsyncGuard, warm),
+``ctxguard-one`` / ``ctxguard-one-async`` (the same with ``commit="with_reply"``: one
+script call per warm turn).
 
 Run: ``python benchmarks/bench_client_instr.py [--size 100] [--turns 200] [--code DIR ...]``
 (a private redis-server is started; needs valgrind on PATH; a few minutes).
@@ -29,14 +31,28 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-SYSTEMS = ("floor-min", "floor-min-async", "ctxguard", "ctxguard-async")
+SYSTEMS = (
+    "floor-min",
+    "floor-min-async",
+    "ctxguard",
+    "ctxguard-one",
+    "ctxguard-async",
+    "ctxguard-one-async",
+)
 
 
 def child(system: str, url: str, size: int, turns: int, made: int) -> None:
     """Run ``turns`` turns of ``system`` on one session of ``size`` messages (``made``
     turns' messages generated either way, so that only the turns differ between runs)."""
     from _synthetic import HistoryGenerator
-    from _turn.systems import CtxGuardAsync, CtxGuardSync, FloorMin, FloorMinAsync
+    from _turn.systems import (
+        CtxGuardAsync,
+        CtxGuardOne,
+        CtxGuardOneAsync,
+        CtxGuardSync,
+        FloorMin,
+        FloorMinAsync,
+    )
     from _turn.workload import Cl100k, build_size
 
     tok = Cl100k()
@@ -47,6 +63,8 @@ def child(system: str, url: str, size: int, turns: int, made: int) -> None:
         "floor-min-async": FloorMinAsync,
         "ctxguard": CtxGuardSync,
         "ctxguard-async": CtxGuardAsync,
+        "ctxguard-one": CtxGuardOne,
+        "ctxguard-one-async": CtxGuardOneAsync,
     }
     cls = classes[system]
     sut = cls(url, prefix, tok) if system.startswith("floor") else cls(url, prefix)

@@ -1,12 +1,15 @@
 """Load: concurrent asyncio clients doing full turns, AsyncGuard against the async minimal floor.
 
 A turn is what bench_turn times: append the user message, build the request under a
-4,096-token prompt budget with the system message pinned, append the reply. Two
-systems run on one Redis in the same run, in alternating segments (A B, then B A,
-...), so drift on the machine hits both alike:
+4,096-token prompt budget with the system message pinned, append the reply. The
+systems run on one Redis in the same run, in alternating segments (A B C, then C B A,
+...), so drift on the machine hits them alike:
 
 * ``ctxguard``: one :class:`ctxguard.AsyncGuard` shared by every client (window
   cache on: a session this guard wrote last plans locally and commits in one script);
+* ``ctxguard-one``: the same with ``commit="with_reply"`` (prepare stores nothing;
+  ``complete(prepared=)`` stores the user message, the reply and the record in one
+  script call: a warm turn is one round trip);
 * ``floor-min-async``: bench_turn's minimal floor on ``redis.asyncio`` (one list
   element ``tokens|role|content`` per message; RPUSH + LRANGE 64 + GET pipelined,
   trim on the client, RPUSH the reply).
@@ -22,7 +25,7 @@ INFO commandstats deltas (the usec of the commands the client sends: EVALSHA/EVA
 for ctxguard, which sends nothing else (bench_turn counts it), every command for the
 floor; a script's inner commands are inside its EVALSHA's usec); and the Redis
 process's CPU per turn (INFO cpu deltas: networking and parsing included). Target
-(issue 16): ctxguard at least 0.8x the floor's turns per second.
+(issue 16): each ctxguard row at least 0.8x the floor's turns per second.
 
 With ``--cluster-url`` ctxguard also runs on a Redis Cluster (no floor there), and
 ``redis-benchmark`` gives RPUSH and LRANGE_100 rates for scale.
@@ -57,13 +60,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _synthetic import HistoryGenerator
 from _turn.meters import commandstats
 from _turn.server import bench_url
-from _turn.systems import CtxGuardAsync, FloorMinAsync, System
+from _turn.systems import CtxGuardAsync, CtxGuardOneAsync, FloorMinAsync, System
 from _turn.workload import Cl100k, build_size
 
 from ctxguard.stores.urls import parse_store_url
 
 RESULTS = Path(__file__).resolve().parent / "results" / "load.json"
 TARGET_THROUGHPUT = 0.8
+GUARDS = ("ctxguard", "ctxguard-one")  # the rows judged against floor-min-async
 SCRIPT_COMMANDS = ("evalsha", "eval", "evalsha_ro", "eval_ro")
 Turn = Callable[[str, dict[str, str], dict[str, str]], Awaitable[Any]]
 
@@ -150,6 +154,7 @@ async def compare(args: argparse.Namespace, seconds: float) -> list[dict[str, An
     sessions = [f"s{i}" for i in range(args.sessions)]
     systems: dict[str, System] = {
         "ctxguard": CtxGuardAsync(args.redis_url, f"{prefix}-guard"),
+        "ctxguard-one": CtxGuardOneAsync(args.redis_url, f"{prefix}-one"),
         "floor-min-async": FloorMinAsync(args.redis_url, prefix, tok),
     }
     for system in systems.values():
@@ -280,7 +285,8 @@ def run(args: argparse.Namespace) -> None:
     args.rounds = args.rounds or (2 if args.quick else 4)
     rows = asyncio.run(compare(args, seconds))
     by = {r["system"]: r for r in rows}
-    ratio = by["ctxguard"]["turns_per_s"] / by["floor-min-async"]["turns_per_s"]
+    floor = by["floor-min-async"]["turns_per_s"]
+    ratios = {name: by[name]["turns_per_s"] / floor for name in GUARDS}
     report: dict[str, Any] = {
         "clients": args.clients,
         "sessions": args.sessions,
@@ -291,8 +297,10 @@ def run(args: argparse.Namespace) -> None:
         "machine": f"{platform.machine()} x{os.cpu_count()}",
         "redis_url": parse_store_url(args.redis_url).redacted,
         "rows": rows,
-        "throughput_ratio": round(ratio, 3),
-        "target": {"bound": TARGET_THROUGHPUT, "pass": ratio >= TARGET_THROUGHPUT},
+        "throughput_ratio": round(ratios["ctxguard"], 3),
+        "target": {"bound": TARGET_THROUGHPUT, "pass": ratios["ctxguard"] >= TARGET_THROUGHPUT},
+        "throughput_ratios": {n: round(r, 3) for n, r in ratios.items()},
+        "targets": {n: r >= TARGET_THROUGHPUT for n, r in ratios.items()},
     }
     if args.cluster_url:
         report["cluster"] = asyncio.run(cluster_load(args.cluster_url, args, seconds))
@@ -315,19 +323,21 @@ def run(args: argparse.Namespace) -> None:
             f"{r['p99_ms']:>7} {r['client_cpu_us_per_turn']:>14} {r['server_us_per_turn']:>10} "
             f"{r['server_cpu_us_per_turn']:>13} {r['commands_per_turn']:>5}"
         )
-    verdict = "PASS" if ratio >= TARGET_THROUGHPUT else "MISS"
-    print(
-        f"  [{verdict}] ctxguard turns/s / floor-min-async turns/s >= {TARGET_THROUGHPUT}: "
-        f"{ratio:.2f}x"
-    )
-    f, g = by["floor-min-async"], by["ctxguard"]
-    for what, key in (
-        ("client CPU per turn", "client_cpu_us_per_turn"),
-        ("server time per turn", "server_us_per_turn"),
-        ("Redis CPU per turn", "server_cpu_us_per_turn"),
-    ):
-        if f[key]:
-            print(f"  [info] ctxguard {what} / floor-min-async's: {g[key] / f[key]:.2f}x")
+    for name, ratio in ratios.items():
+        verdict = "PASS" if ratio >= TARGET_THROUGHPUT else "MISS"
+        print(
+            f"  [{verdict}] {name} turns/s / floor-min-async turns/s >= {TARGET_THROUGHPUT}: "
+            f"{ratio:.2f}x"
+        )
+    f = by["floor-min-async"]
+    for name in GUARDS:
+        for what, key in (
+            ("client CPU per turn", "client_cpu_us_per_turn"),
+            ("server time per turn", "server_us_per_turn"),
+            ("Redis CPU per turn", "server_cpu_us_per_turn"),
+        ):
+            if f[key]:
+                print(f"  [info] {name} {what} / floor-min-async's: {by[name][key] / f[key]:.2f}x")
     if "cluster" in report:
         c = report["cluster"]
         print(f"cluster: ctxguard {c['turns_per_s']} turns/s, p50 {c['p50_ms']} ms")

@@ -9,12 +9,14 @@ in rounds, the counters are zeroed, N turns run, and the count is dumped.
 
 Rows (sync, H stored messages, bench_turn's data and 4,096-token budget):
 ``floor-min`` (issue 16's minimal client), ``ctxguard`` (window cache warm: two
-script calls a turn), ``ctxguard-cold`` (three), and what a script call costs
-before it does anything: ``EVALSHA 'return 1'`` with a warm turn's keys and
-arguments, and the same with the helpers a window script carries. With ``--ttl S``:
-``ctxguard-ttl`` and ``ctxguard-ttl-cold``, the same turns with ``ttl_seconds=S`` (every
-script call ends with the sliding TTL's touch). ``cmds`` is the commands Redis ran per
-turn (INFO commandstats: the script calls and every ``redis.call`` inside them).
+script calls a turn), ``ctxguard-cold`` (three), ``ctxguard-one`` / ``ctxguard-one-cold``
+(``commit="with_reply"``: one script call a warm turn; a fetch and one call cold), and
+what a script call costs before it does anything: ``EVALSHA 'return 1'`` with a warm
+turn's keys and arguments, and the same with the helpers a window script carries.
+With ``--ttl S``: ``ctxguard-ttl`` and ``ctxguard-ttl-cold``, the same turns with
+``ttl_seconds=S`` (every script call ends with the sliding TTL's touch). ``cmds`` is the
+commands Redis ran per turn (INFO commandstats: the script calls and every ``redis.call``
+inside them).
 
 Run: ``python benchmarks/bench_server_instr.py [--size 1000] [--turns 60] [--rounds 3]
 [--ttl 3600] [--port P]`` (about 2-4 minutes; needs valgrind and redis-server on PATH).
@@ -43,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _synthetic import HistoryGenerator
 from _turn.server import private_redis
-from _turn.systems import CtxGuardCold, CtxGuardSync, FloorMin, System
+from _turn.systems import CtxGuardCold, CtxGuardOne, CtxGuardOneCold, CtxGuardSync, FloorMin, System
 from _turn.workload import Cl100k, build_size
 
 from ctxguard.stores import redis as redis_store
@@ -146,6 +148,8 @@ def main() -> None:
             "floor-min": FloorMin(server.url, prefix, tok),
             "ctxguard": CtxGuardSync(server.url, f"{prefix}-warm"),
             "ctxguard-cold": CtxGuardCold(server.url, f"{prefix}-cold"),
+            "ctxguard-one": CtxGuardOne(server.url, f"{prefix}-one"),
+            "ctxguard-one-cold": CtxGuardOneCold(server.url, f"{prefix}-onecold"),
         }
         if args.ttl:
             systems["ctxguard-ttl"] = CtxGuardSync(

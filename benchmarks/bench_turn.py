@@ -19,6 +19,10 @@ Redis with the same tokenizer (tiktoken cl100k_base, the OpenAI cookbook rule:
 * ``ctxguard-with-reply``: ``audit_mode="with_reply"``;
 * ``ctxguard-async`` / ``ctxguard-async-cold``: :class:`ctxguard.AsyncGuard`, one
   client, sequential turns, cache on / off;
+* ``ctxguard-one`` / ``ctxguard-one-cold`` / ``ctxguard-one-async``: ``ctxguard`` /
+  ``ctxguard-cold`` / ``ctxguard-async`` with ``commit="with_reply"`` (prepare stores
+  nothing; ``complete(prepared=)`` stores the user message, the reply and the record in
+  one script call: a warm turn is one round trip), judged as their twins;
 * ``langchain`` and ``llamaindex``: the peers (``_turn/peers.py``).
 
 Around every turn the run counts the packets sent (round trips), the commands in
@@ -68,6 +72,9 @@ from _turn.systems import (
     CtxGuardObserved,
     CtxGuardObservedAll,
     CtxGuardObservedInline,
+    CtxGuardOne,
+    CtxGuardOneAsync,
+    CtxGuardOneCold,
     CtxGuardPrefix,
     CtxGuardSync,
     CtxGuardWithReply,
@@ -106,6 +113,9 @@ def make_systems(
         "floor-async": lambda: FloorAsync(url, prefix, tok),
         "ctxguard": lambda: CtxGuardSync(url, f"{prefix}-sync"),
         "ctxguard-cold": lambda: CtxGuardCold(url, f"{prefix}-cold"),
+        "ctxguard-one": lambda: CtxGuardOne(url, f"{prefix}-one"),
+        "ctxguard-one-cold": lambda: CtxGuardOneCold(url, f"{prefix}-onecold"),
+        "ctxguard-one-async": lambda: CtxGuardOneAsync(url, f"{prefix}-oneasync"),
         "ctxguard-prefix": lambda: CtxGuardPrefix(url, f"{prefix}-prefix"),
         "ctxguard-observed": lambda: CtxGuardObserved(url, f"{prefix}-obs"),
         "ctxguard-observed-all": lambda: CtxGuardObservedAll(url, f"{prefix}-obsall"),

@@ -11,16 +11,26 @@ TARGET_COLD = 2.0  # p50 / minimal floor p50, window cache cold
 TARGET_SERVER = 3.0  # Redis server time per turn / the minimal floor's
 TARGET_SCALING = 1.2  # p50 at the largest H / p50 at the smallest
 
-WARM = ("ctxguard", "ctxguard-with-reply", "ctxguard-async")
-COLD = ("ctxguard-cold", "ctxguard-async-cold")
+# ctxguard-one*: commit="with_reply" (one script call per warm turn), judged as their twins
+WARM = ("ctxguard", "ctxguard-one", "ctxguard-with-reply", "ctxguard-async", "ctxguard-one-async")
+COLD = ("ctxguard-cold", "ctxguard-one-cold", "ctxguard-async-cold")
 CTXGUARD_SYSTEMS = (
     "ctxguard",
+    "ctxguard-one",
     "ctxguard-cold",
+    "ctxguard-one-cold",
     "ctxguard-with-reply",
     "ctxguard-async",
+    "ctxguard-one-async",
     "ctxguard-async-cold",
 )
-ASYNC_SYSTEMS = ("floor-min-async", "floor-async", "ctxguard-async", "ctxguard-async-cold")
+ASYNC_SYSTEMS = (
+    "floor-min-async",
+    "floor-async",
+    "ctxguard-async",
+    "ctxguard-one-async",
+    "ctxguard-async-cold",
+)
 FLOORS = ("floor-min", "floor-min-async", "floor", "floor-async")
 # issue 15: not run by default
 OBSERVED = ("ctxguard-observed", "ctxguard-observed-all", "ctxguard-observed-inline")

@@ -443,6 +443,38 @@ class CtxGuardAsyncCold(CtxGuardAsync):
         super().__init__(url, namespace, window_cache_size=0)
 
 
+# -- one script call per turn: commit="with_reply" ----------------------------------------
+# prepare stores nothing; complete(prepared=) stores the user message, the reply and the
+# request record in one commit_if_unchanged (a warm turn: one round trip).
+
+
+class CtxGuardOne(CtxGuardSync):
+    """The sync guard with ``commit="with_reply"``, window cache on."""
+
+    name = "ctxguard-one"
+
+    def __init__(self, url: str, namespace: str, **settings: Any) -> None:
+        super().__init__(url, namespace, commit="with_reply", **settings)
+
+
+class CtxGuardOneCold(CtxGuardOne):
+    """``commit="with_reply"`` with the window cache off: a fetch, then the one commit."""
+
+    name = "ctxguard-one-cold"
+
+    def __init__(self, url: str, namespace: str) -> None:
+        super().__init__(url, namespace, window_cache_size=0)
+
+
+class CtxGuardOneAsync(CtxGuardAsync):
+    """AsyncGuard with ``commit="with_reply"``, window cache on."""
+
+    name = "ctxguard-one-async"
+
+    def __init__(self, url: str, namespace: str) -> None:
+        super().__init__(url, namespace, commit="with_reply")
+
+
 def outcome(req: Any) -> Outcome:
     return Outcome(
         [(m.role, m.text) for m in req.messages],
