@@ -12,8 +12,9 @@ Rows (sync, H stored messages, bench_turn's data and 4,096-token budget):
 script calls a turn), ``ctxguard-cold`` (three), ``ctxguard-one`` / ``ctxguard-one-cold``
 (``commit="with_reply"``: one script call a warm turn; a fetch and one call cold), and
 what a script call costs before it does anything: ``EVALSHA 'return 1'`` with a warm
-turn's keys and arguments, and the same with the helpers a window script carries.
-With ``--ttl S``: ``ctxguard-ttl`` and ``ctxguard-ttl-cold``, the same turns with
+turn's keys and arguments, and the same with the helpers a window script carries (both
+also with a one-call turn's keys and arguments: two messages and the record). With
+``--ttl S``: ``ctxguard-ttl`` and ``ctxguard-ttl-cold``, the same turns with
 ``ttl_seconds=S`` (every script call ends with the sliding TTL's touch). ``cmds`` is the
 commands Redis ran per turn (INFO commandstats: the script calls and every ``redis.call``
 inside them).
@@ -98,9 +99,12 @@ def turner(system: System, pool: list[tuple[str, str]]) -> Callable[[int], None]
     return run
 
 
-def script_calls(url: str, system: CtxGuardSync, pool: list[tuple[str, str]]) -> dict[str, Any]:
-    """Two script-call rows: a warm turn's window call with 'return 1' as its body, and
-    with the helpers of window.lua before 'return 1'."""
+def script_calls(
+    url: str, system: CtxGuardSync, pool: list[tuple[str, str]], label: str = ""
+) -> dict[str, Any]:
+    """Two script-call rows: a warm turn's window call (its first script call) with
+    'return 1' as its body, and with the helpers of window.lua before 'return 1';
+    ``label`` follows each row's name."""
     captured: list[tuple[list[str], list[Any]]] = []
     original = redis_store.RedisStore._evalsha
 
@@ -119,8 +123,8 @@ def script_calls(url: str, system: CtxGuardSync, pool: list[tuple[str, str]]) ->
     helpers = window[: window.index("local n = tonumber(ARGV[10])")]
     rows = {}
     for name, body in (
-        ("EVALSHA 'return 1'", "return 1"),
-        ("+ window.lua's helpers", helpers + "return 1"),
+        (f"EVALSHA 'return 1'{label}", "return 1"),
+        (f"+ window.lua's helpers{label}", helpers + "return 1"),
     ):
         script = client.register_script(body)
         rows[name] = lambda n, s=script: [s(keys=keys, args=args) for _ in range(n)]
@@ -163,9 +167,10 @@ def main() -> None:
             system.load(data, "s")
             runs[name] = turner(system, pool)
             runs[name](3)  # warm-up: scripts loaded, the window cached
-        warm = systems["ctxguard"]
-        assert isinstance(warm, CtxGuardSync)
+        warm, one = systems["ctxguard"], systems["ctxguard-one"]
+        assert isinstance(warm, CtxGuardSync) and isinstance(one, CtxGuardSync)
         runs.update(script_calls(server.url, warm, pool))
+        runs.update(script_calls(server.url, one, pool, " (one-call args)"))
         meter = Callgrind(server.pid, out_dir)
         stats = redis.Redis.from_url(server.url)
         counts: dict[str, list[float]] = {name: [] for name in runs}
@@ -196,10 +201,10 @@ def main() -> None:
     print(
         f"Redis instructions per turn (callgrind), H={args.size:,}, median of {args.rounds} rounds"
     )
-    print(f"{'row':28s} {'k instr':>9s} {'spread':>8s} {'x floor-min turn':>17s} {'cmds':>6s}")
+    print(f"{'row':40s} {'k instr':>9s} {'spread':>8s} {'x floor-min turn':>17s} {'cmds':>6s}")
     for r in rows:
         print(
-            f"{r['row']:28s} {r['instructions_per_call'] / 1000:9.1f} {r['spread'] / 1000:8.1f} "
+            f"{r['row']:40s} {r['instructions_per_call'] / 1000:9.1f} {r['spread'] / 1000:8.1f} "
             f"{r['x_floor_min_turn']:17.2f} {r['commands_per_call']:6.1f}"
         )
 

@@ -3,6 +3,9 @@
 Every system has ``load`` (untimed pre-load of a session), ``turn`` or ``aturn``
 (one timed turn: append the user message, build the request under the prompt
 budget with the system message pinned, append the reply) and ``cleanup``.
+
+At ~500 lines it stays whole: one small class per row, so that the rows read side by
+side (the peers are apart, in ``peers.py``).
 """
 
 from __future__ import annotations
