@@ -110,9 +110,9 @@ class GuardCore(AuditRecords, SummaryChecks, NewMessages):
         )
         self.cache = WindowCache(config.window_cache_size, config.window_cache_bytes)
         self.observer: Observer | None = None  # set by the guard (see guard/events.py)
-        # how a commit="with_reply" prepare reads the state token (set by the guard: its
-        # store's own plain read, or the contract's read_with_token for a store the
-        # caller wrote)
+        # how a commit="with_reply" prepare reads the state token (set by the guard): "send"
+        # (sent before the plan, its reply taken after: the plain Redis client), "state_token"
+        # (its store's own read) or "read_with_token" (a store the caller wrote)
         self.token_read = "read_with_token"
         sessions = config.window_cache_size or 1024  # as many as the window cache holds
         self.prefix = PrefixEstimates(config.prefix_block_size, sessions)

@@ -149,15 +149,16 @@ def _prepare(
     limit: ContextLimit = yield ResolveLimit()
     budget = core.budget(limit, max_tokens, tools)
     options = core.write_options
-    fast = core.speculate(session_id, new, budget, tools)
-    fetch: WindowFetch
     stale = False
-    if fast is not None and core.config.commit == "with_reply":
-        if (yield from unstored.current(core, session_id, fast.fetch)):
+    if core.config.commit == "with_reply":
+        fast, stale = yield from unstored.speculate(core, session_id, new, budget, tools)
+        if fast is not None:
             if core.observer is not None:
                 events.note_cache("hit")
             return unstored.prepared(core, session_id, fast, budget, tools, new)
-        fast, stale = None, True  # another writer came first: plan on a fetch
+    else:
+        fast = core.speculate(session_id, new, budget, tools)
+    fetch: WindowFetch
     if fast is not None:
         token = fast.fetch.token
         outcome: WindowHit | WindowFetch = yield StoreCall(

@@ -72,7 +72,8 @@ class Guard(GuardBase):
         self._check_store(self.store, want_async=False)
         self._foreign_store = self._foreign(self.store)
         if not self._foreign_store and callable(getattr(self.store, "state_token", None)):
-            self.core.token_read = "state_token"
+            sends = callable(getattr(self.store, "send_state_token", None))
+            self.core.token_read = "send" if sends else "state_token"
         # background summaries and summarizer calls in pools of their own: a background
         # summary waits for its summarizer call, so with one pool of 4, four summaries
         # at once held every thread, their calls queued behind them, and each failed

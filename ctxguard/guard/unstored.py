@@ -21,12 +21,13 @@ no longer matches and readers say so (``guard/sent.py``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ctxguard.errors import ConflictError, SessionFullError
+from ctxguard.errors import ConflictError, CtxGuardError, SessionFullError
 from ctxguard.guard.ops import FRESH_REPLANS, MAX_COMMITS, Flow, Sleep, StoreCall
 from ctxguard.guard.prepared import PreparedRequest, Unstored
 from ctxguard.guard.sent import sent_seqs, seq_ranges
@@ -38,18 +39,46 @@ if TYPE_CHECKING:
     from ctxguard.guard.plan import Budget
 
 
-def current(core: GuardCore, session_id: str, cached: WindowFetch) -> Flow[bool]:
-    """Whether the session is still in the state of its ``cached`` window (else the copy
-    is dropped). Nothing is written before the request is sent, so no commit can say a
-    copy is stale: one plain read of the session's state token says it now."""
-    if core.token_read == "state_token":
-        token: str = yield StoreCall("state_token", (session_id,))
+def speculate(
+    core: GuardCore,
+    session_id: str,
+    new: Sequence[NewMessage],
+    budget: Budget,
+    tools: Tools | None,
+) -> Flow[tuple[Speculation | None, bool]]:
+    """The request planned on the cached window if the session is still in its state,
+    and whether a copy was found stale (then dropped: the caller fetches).
+
+    Nothing is written before the request is sent, so no commit can say a copy is
+    stale: the session's state token is read (one plain read). Where the store can send
+    it ahead (``send_state_token``: the plain Redis client), it is sent before the plan
+    and its reply taken after, so the round trip overlaps the plan's Python.
+    """
+    sent: Any = None
+    if core.token_read == "send" and core.cache.get(session_id) is not None:
+        sent = yield StoreCall("send_state_token", (session_id,))
+    try:
+        fast = core.speculate(session_id, new, budget, tools)
+    except BaseException:
+        if sent is not None:  # (its connection back; the plan's error is the answer)
+            with contextlib.suppress(Exception):
+                yield StoreCall("state_token_reply", (sent, session_id))
+        raise
+    if fast is None:
+        if sent is not None:  # (a fetch plans: what the read says, it says again)
+            with contextlib.suppress(CtxGuardError):
+                yield StoreCall("state_token_reply", (sent, session_id))
+        return None, False
+    if core.token_read == "send":
+        token: str = yield StoreCall("state_token_reply", (sent, session_id))
+    elif core.token_read == "state_token":
+        token = yield StoreCall("state_token", (session_id,))
     else:  # (a store the caller wrote: the contract's read, of nothing, with its token)
         token = (yield StoreCall("read_with_token", (session_id, 0, 0)))[1]
-    if token == cached.token:
-        return True
+    if token == fast.fetch.token:
+        return fast, False
     core.cache.evict(session_id)
-    return False
+    return None, True
 
 
 def prepared(

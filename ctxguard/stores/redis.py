@@ -110,6 +110,15 @@ T = TypeVar("T")
 _DEFAULT_OPTIONS = WriteOptions()
 
 
+class SentRead:
+    """A read sent on a shelved connection, its reply not taken yet."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: Any) -> None:
+        self.conn: Any = conn
+
+
 class RedisStore(RedisStoreBase):
     """Synchronous store on Redis (``redis://``, ``rediss://``) or Redis Cluster."""
 
@@ -245,6 +254,44 @@ class RedisStore(RedisStoreBase):
         return self.protocol.parse_token(
             self._io("state_token", partial(self._read, command), True, keys)
         )
+
+    def send_state_token(self, session_id: str) -> SentRead | None:
+        """Send :meth:`state_token`'s read and return without its reply, which
+        :meth:`state_token_reply` takes: a prepare plans meanwhile, so the round trip
+        overlaps its Python. None where this client cannot (the cluster client routes
+        by slot, or the send failed): the reply call then reads the whole way."""
+        if not self._direct:
+            return None
+        conn = self._shelf.take()
+        try:
+            conn.send_packed_command(pack(conn, *self.protocol.token_read(session_id)))
+        except Exception:
+            conn.disconnect()
+            self._shelf.give(conn)
+            return None
+        return SentRead(conn)
+
+    def state_token_reply(self, sent: SentRead | None, session_id: str) -> str:
+        """The reply of :meth:`send_state_token`'s read (or, without one, a whole read:
+        retried, under the operation's deadline, as any store call)."""
+        if sent is None or sent.conn is None:
+            return self.state_token(session_id)
+        conn, sent.conn = sent.conn, None  # (taken once)
+        try:
+            fields = conn.read_response()
+        except ResponseError:
+            self._shelf.give(conn)  # an error reply: in step; the whole read says it
+            return self.state_token(session_id)
+        except Exception:
+            conn.disconnect()  # a reply may be left unread: never reuse the connection
+            self._shelf.give(conn)
+            return self.state_token(session_id)
+        except BaseException:
+            conn.disconnect()
+            self._shelf.give(conn)
+            raise
+        self._shelf.give(conn)
+        return self.protocol.parse_token(fields)
 
     def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
         check_count(count, "count")

@@ -30,6 +30,8 @@ from ctxguard.stores import open_async_store, open_store
 from tests import store_diff
 from tests.conftest import private_memory_url
 
+SENT = ["send_state_token", "state_token_reply"]
+
 
 class Foreign:
     """A store the caller wrote (ctxguard's, behind a wrapper, without its token read)."""
@@ -165,17 +167,19 @@ def test_a_warm_turn_is_a_token_read_and_one_commit_and_a_stale_copy_is_reported
     _turn(mine, 0)  # a fetch, then the commit
     _turn(mine, 1)
     calls = [(e.kind, e.cache, [c.method for c in e.store_calls]) for e in events]
+    # the plain Redis client sends the read before the plan and takes its reply after
+    read = ["state_token"] if backend.startswith("memory") else SENT
     assert calls == [
         ("prepare", "miss", ["fetch_window"]),
         ("complete", None, ["commit_if_unchanged"]),
-        ("prepare", "hit", ["state_token"]),
+        ("prepare", "hit", read),
         ("complete", None, ["commit_if_unchanged"]),
     ]
     Guard(store, **settings).append("s", [_message("user", "elsewhere")])
     events.clear()
     _turn(mine, 2)
     assert [(e.kind, e.cache, [c.method for c in e.store_calls]) for e in events] == [
-        ("prepare", "stale", ["state_token", "fetch_window"]),
+        ("prepare", "stale", [*read, "fetch_window"]),
         ("complete", None, ["commit_if_unchanged"]),
     ]
     mine.close()
@@ -208,3 +212,81 @@ def test_a_request_another_counter_prepared_stores_none_of_its_counts(
     assert stored[4].tokens == approx.core.counter.count_message(_message("assistant", "r"))
     approx.close()
     tiktoken.close()
+
+
+@pytest.mark.redis
+def test_the_token_read_is_sent_before_the_plan_and_a_failed_plan_gives_its_connection_back(
+    redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read's round trip overlaps the plan (its packet is out when the plan starts);
+    a plan that raises takes the read's reply, so the connection goes back in step."""
+    import redis.connection
+
+    sent: list[bytes] = []
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(conn: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(b"".join(command) if isinstance(command, list) else bytes(command))
+        return send(conn, command, *args, **kwargs)
+
+    store = open_store(redis_url, namespace=namespace)
+    guard = Guard(store, counter="approx", limit=400, max_tokens=60, commit="with_reply")
+    _turn(guard, 0)
+    _turn(guard, 1)
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    plan = guard.core.speculate
+    seen_at_plan: list[list[bytes]] = []
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        seen_at_plan.append(list(sent))
+        return plan(*args, **kwargs)
+
+    monkeypatch.setattr(guard.core, "speculate", watched)
+    _turn(guard, 2)
+    assert len(seen_at_plan) == 1 and len(seen_at_plan[0]) == 1 and b"HMGET" in seen_at_plan[0][0]
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug in the plan")
+
+    monkeypatch.setattr(guard.core, "speculate", broken)
+    for _ in range(3):  # (a connection left out of step would answer the next call wrongly)
+        with pytest.raises(RuntimeError):
+            guard.prepare("s", [_message("user", "lost")])
+    monkeypatch.setattr(guard.core, "speculate", plan)
+    _turn(guard, 3)
+    assert [s.message.id for s in store.read("s")][-2:] == ["q3", "a3"]
+    pool = store.client.connection_pool
+    assert len(pool._in_use_connections) == 0  # every connection given back
+    guard.close()
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("failure", ["lost", "error-reply"])
+def test_a_sent_token_read_whose_reply_fails_is_read_again_whole(
+    redis_url: str, namespace: str, failure: str
+) -> None:
+    """A reply lost (the connection dropped) or an error reply: the read goes again the
+    whole way (retried, under the deadline), and the connection is dropped or given back."""
+    import redis as redis_py
+
+    store = open_store(redis_url, namespace=namespace)
+    guard = Guard(store, counter="approx", limit=400, max_tokens=60, commit="with_reply")
+    _turn(guard, 0)
+    want = store.state_token("s")
+    sent = store.send_state_token("s")
+    assert sent is not None
+    conn = sent.conn
+    original = conn.read_response
+    exc = redis_py.ConnectionError("lost") if failure == "lost" else redis_py.ResponseError("x")
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        conn.read_response = original  # (once: the whole read may take this connection)
+        original(*args, **kwargs)  # (the reply is read: a ResponseError leaves it in step)
+        raise exc
+
+    conn.read_response = failing
+    assert store.state_token_reply(sent, "s") == want
+    assert sent.conn is None  # taken once
+    assert len(store.client.connection_pool._in_use_connections) == 0
+    assert store.state_token_reply(None, "s") == want  # (no send: a whole read)
+    guard.close()
