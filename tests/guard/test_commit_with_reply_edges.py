@@ -28,6 +28,7 @@ from ctxguard.guard.ops import MAX_COMMITS
 from ctxguard.messages import Message
 from tests import store_diff
 from tests.conftest import private_memory_url, recorded_ids
+from tests.guard.test_held_refusals import MovedEveryTime
 from tests.guard.with_reply_env import SID, Env, answer, ids_of, seeded, turn, user
 
 
@@ -160,26 +161,6 @@ async def test_a_history_changed_under_the_request_is_not_misread(
 
 
 # -- 9. ConflictError after MAX_COMMITS lost commits --------------------------------------------
-
-
-class MovedEveryTime:
-    """A store on which, once armed, every commit finds the session moved by another
-    writer: its ``commit_if_unchanged`` gets a token the session does not have, so the
-    real store answers with a fetch and writes nothing."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.armed = False
-        self.commits = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def commit_if_unchanged(self, session_id: str, token: str, *rest: Any) -> Any:
-        if self.armed:
-            self.commits += 1
-            token = "9" + token  # (another writer's state)
-        return self.inner.commit_if_unchanged(session_id, token, *rest)
 
 
 @pytest.fixture
