@@ -249,6 +249,16 @@ class AsyncRedisStore(RedisStoreBase):
             await self._io("state_token", partial(self._read, command), True, keys)
         )
 
+    async def send_state_token(self, session_id: str) -> None:
+        """:meth:`RedisStore.send_state_token`'s twin: on asyncio the read is not sent
+        ahead (a task and a loop turn would cost what the round trip saves), so None:
+        :meth:`state_token_reply` then reads the whole way."""
+        return None
+
+    async def state_token_reply(self, sent: None, session_id: str) -> str:
+        """The session's state token, read the whole way (see :meth:`send_state_token`)."""
+        return await self.state_token(session_id)
+
     async def read_last(self, session_id: str, count: int) -> list[StoredMessage]:
         check_count(count, "count")
         if count == 0:
