@@ -56,7 +56,18 @@ def test_audit_records_exact_under_connection_kills(
     policy = RecordingPolicy(attempts=8)  # a call fails only if 8 attempts in a row are killed
     url = private_redis.url + "?client_name=ctxg-audit"
     store = open_store(url, namespace="kills", retry=policy)
-    guard = Guard(store, counter="approx", limit=3000, max_tokens=50, audit_mode=audit_mode)
+    # a trail long enough for every round's records: "shared" takes 3 threads x TURNS x 2
+    # records a round, and a trail trimmed at the default 1,000 would miss the count (two
+    # rounds, when the first one's kills all land on idle connections: seen in CI)
+    retention = 5 * 3 * TURNS * 2
+    guard = Guard(
+        store,
+        counter="approx",
+        limit=3000,
+        max_tokens=50,
+        audit_mode=audit_mode,
+        audit_retention=retention,
+    )
     admin = private_redis.client()
     stop = threading.Event()
     kills: list[int] = []
