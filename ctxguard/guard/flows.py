@@ -14,7 +14,6 @@ are in :mod:`ctxguard.guard.unstored`, which these flows hand over to).
 from __future__ import annotations
 
 import contextlib
-import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -63,6 +62,7 @@ from ctxguard.guard.ops import (
 from ctxguard.guard.ops import (
     T as T,
 )
+from ctxguard.guard.ops import backoff
 from ctxguard.guard.plan import Budget, Plan, SummaryRequest
 from ctxguard.guard.prepared import PreparedRequest
 from ctxguard.kv.limit import ContextLimit
@@ -184,7 +184,7 @@ def _prepare(
             # others keep writing to this session: let them through, then read it afresh
             # (what the last commit sent back is older than the wait: planning on it
             # would lose again, and a writer that waited would never win)
-            yield Sleep(random.uniform(0, min(0.1, 0.001 * (1 << min(attempt, 10)))))
+            yield backoff(attempt)
             fetch = yield StoreCall(
                 "fetch_window", (session_id, budget.prompt, options, new, len(new))
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -53,3 +54,9 @@ class StartBackground:
 
 Op = StoreCall | ResolveLimit | CallSummarizer | StartBackground | Sleep
 Flow = Generator[Op, Any, T]
+
+
+def backoff(attempt: int) -> Sleep:
+    """The jittered wait before a flow's ``attempt``-th commit while other writers hold the
+    session (up to 0.1 s, doubling from 1 ms)."""
+    return Sleep(random.uniform(0, min(0.1, 0.001 * (1 << min(attempt, 10)))))

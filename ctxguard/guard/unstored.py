@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import random
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ctxguard.errors import ConflictError, CtxGuardError, SessionFullError
-from ctxguard.guard.ops import FRESH_REPLANS, MAX_COMMITS, Flow, Sleep, StoreCall
+from ctxguard.guard.ops import FRESH_REPLANS, MAX_COMMITS, Flow, StoreCall, backoff
 from ctxguard.guard.prepared import PreparedRequest, Unstored
 from ctxguard.guard.sent import sent_seqs, seq_ranges
 from ctxguard.guard.window_cache import extend
@@ -143,7 +142,7 @@ def complete(
     for attempt in range(MAX_COMMITS):
         if fetch is not None:
             if attempt >= FRESH_REPLANS:  # others keep writing: let them through, read afresh
-                yield Sleep(random.uniform(0, min(0.1, 0.001 * (1 << min(attempt, 10)))))
+                yield backoff(attempt)
                 fetch = yield StoreCall(
                     "fetch_window", (session_id, later.prompt, options, batch, len(batch))
                 )

@@ -23,7 +23,7 @@ import pytest
 
 from ctxguard import Guard, GuardConfig
 from ctxguard.errors import ConfigError, ConflictError, InvalidInputError, InvalidMessageError
-from ctxguard.guard import unstored
+from ctxguard.guard import ops, unstored
 from ctxguard.guard.ops import MAX_COMMITS
 from ctxguard.messages import Message
 from tests import store_diff
@@ -172,7 +172,7 @@ def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
         def uniform(low: float, high: float) -> float:
             return 0.0
 
-    monkeypatch.setattr(unstored, "random", Zero)
+    monkeypatch.setattr(ops, "random", Zero)
 
 
 @pytest.mark.usefixtures("no_backoff")

@@ -16,7 +16,7 @@ import pytest
 
 from ctxguard import AsyncGuard, Guard
 from ctxguard.errors import BudgetError, ConflictError
-from ctxguard.guard import flows
+from ctxguard.guard import flows, ops
 from ctxguard.stores import open_async_store, open_store
 from tests import store_diff
 
@@ -46,7 +46,7 @@ def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
         def uniform(low: float, high: float) -> float:
             return 0.0
 
-    monkeypatch.setattr(flows, "random", Zero)
+    monkeypatch.setattr(ops, "random", Zero)
 
 
 class MovedEveryTime:
