@@ -10,7 +10,8 @@ first on ``PYTHONPATH``; e.g. ``/work/main`` and this worktree), run alternately
 Rows: ``floor-min``, ``floor-min-async`` (issue 16's minimal client, sync and async),
 ``ctxguard`` (Guard, window cache warm), ``ctxguard-async`` (AsyncGuard, warm),
 ``ctxguard-one`` / ``ctxguard-one-async`` (the same with ``commit="with_reply"``: one
-script call per warm turn).
+script call per warm turn), ``ctxguard-cold`` / ``ctxguard-one-cold`` (the window cache
+off: every prepare fetches).
 
 Run: ``python benchmarks/bench_client_instr.py [--size 100] [--turns 200] [--code DIR ...]``
 (a private redis-server is started; needs valgrind on PATH; a few minutes).
@@ -38,6 +39,8 @@ SYSTEMS = (
     "ctxguard-one",
     "ctxguard-async",
     "ctxguard-one-async",
+    "ctxguard-cold",
+    "ctxguard-one-cold",
 )
 
 
@@ -47,8 +50,10 @@ def child(system: str, url: str, size: int, turns: int, made: int) -> None:
     from _synthetic import HistoryGenerator
     from _turn.systems import (
         CtxGuardAsync,
+        CtxGuardCold,
         CtxGuardOne,
         CtxGuardOneAsync,
+        CtxGuardOneCold,
         CtxGuardSync,
         FloorMin,
         FloorMinAsync,
@@ -65,6 +70,8 @@ def child(system: str, url: str, size: int, turns: int, made: int) -> None:
         "ctxguard-async": CtxGuardAsync,
         "ctxguard-one": CtxGuardOne,
         "ctxguard-one-async": CtxGuardOneAsync,
+        "ctxguard-cold": CtxGuardCold,
+        "ctxguard-one-cold": CtxGuardOneCold,
     }
     cls = classes[system]
     sut = cls(url, prefix, tok) if system.startswith("floor") else cls(url, prefix)

@@ -6,6 +6,7 @@ rules say, and a damaged one, or one read by a release before it, fails validati
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from ctxguard._record_time import EPOCH, ROLE_CODES, expand_record, ulid_ms
 from ctxguard.ids import new_message_id, new_message_id_ms
-from ctxguard.messages import Message, iso_record
+from ctxguard.messages import Message, iso_record, plain_from_record
 
 CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 US = timedelta(microseconds=1)
@@ -129,6 +130,55 @@ def test_a_plain_message_round_trips_through_its_record(
     slow = Message(created_at=fast.created_at, id=fast.id, **{"role": role, "content": content})
     assert fast.to_record() == slow.to_record() and fast.to_record().startswith("[")
     assert Message.from_record(fast.to_record()).__dict__ == fast.__dict__
+    for raw in (record, record.encode()):
+        assert_decoded_alike(raw)
+        simple_id = message.id.isascii() and message.id.isprintable()  # else the full way
+        assert (plain_from_record(raw) is not None) is (positional and simple_id)
+
+
+def assert_decoded_alike(raw: str | bytes) -> None:
+    """plain_from_record gives what the full decode gives, field for field (the fields
+    set, the tzinfo's type, the repr), or None; None wherever the full decode raises."""
+    quick = plain_from_record(raw)
+    try:
+        full = Message.from_record(raw)
+    except (pydantic.ValidationError, ValueError):
+        assert quick is None
+        return
+    if quick is not None:
+        assert quick.__dict__ == full.__dict__ and quick == full
+        assert quick.model_fields_set == full.model_fields_set
+        assert type(quick.created_at.tzinfo) is type(full.created_at.tzinfo)
+        assert repr(quick) == repr(full)
+        assert quick.__pydantic_extra__ == full.__pydantic_extra__
+        assert quick.__pydantic_private__ == full.__pydantic_private__
+        assert quick.to_record() == full.to_record()
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    code=st.sampled_from(["u", "a", "s", "d", "t", "x", "user", ""]),
+    content=st.one_of(contents, st.integers(), st.none()),
+    message_id=st.one_of(ulids, other_ids, st.just(""), st.text(max_size=3), st.integers()),
+    time=st.one_of(
+        st.integers(),
+        st.integers(min_value=-(10**18), max_value=10**18),
+        st.sampled_from([0, -1, LAST, LAST + 1, -micros(EPOCH.replace(year=1)), 10**24]),
+    ),
+    cut=st.integers(min_value=0, max_value=400),
+    insert=st.sampled_from(["", " ", "\n", ",", "-", "0", '"', "\\", "]", "1.0", "\u00e9"]),
+)
+def test_a_positional_record_decodes_alike_without_the_validation(
+    code: str, content: Any, message_id: Any, time: int, cut: int, insert: str
+) -> None:
+    """Hand-made arrays (any code, content, id and time, the datetime range's edges
+    and past them), each also with a few bytes put in anywhere: the quick decode is the
+    full one or None."""
+    raw = json.dumps([code, content, message_id, time], ensure_ascii=False, separators=(",", ":"))
+    for text in (raw, raw[:cut] + insert + raw[cut:]):
+        assert_decoded_alike(text)
+        with contextlib.suppress(UnicodeEncodeError):
+            assert_decoded_alike(text.encode())
 
 
 def test_the_plain_path_and_the_model_write_the_same_record() -> None:
@@ -247,3 +297,4 @@ def test_a_damaged_positional_record_fails_validation(raw: str) -> None:
             Message.from_record(value)
         with pytest.raises((pydantic.ValidationError, ValueError)):
             as_released(value)
+        assert plain_from_record(value) is None

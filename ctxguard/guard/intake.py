@@ -148,6 +148,8 @@ class NewMessages:
                 f"session {session_id!r} holds no messages and none were given: "
                 "nothing to send; pass the user's message to prepare"
             )
+        if not any(n.message.role == "tool" for n in new):
+            return  # only a new tool result is checked below (the common turn has none)
         fresh = {n.message.id for n in new}
         if fetch.appended is not None:
             fresh &= set(fetch.appended.stored)

@@ -22,15 +22,17 @@ from ctxguard import _record_time
 from ctxguard._validate import MAX_JSON_DEPTH
 from ctxguard.errors import CorruptRecordError, InvalidInputError
 from ctxguard.ids import new_message_id
-from ctxguard.messages import Message
+from ctxguard.messages import Message, plain_from_record
 from ctxguard.stores.contract import Summary
 
 
 @functools.lru_cache(maxsize=8192)
 def decode_record(raw: str | bytes) -> Message:
     """Records are immutable and so are messages: consecutive turns fetch mostly the
-    same window, so each record is validated once, not once per turn."""
-    return Message.from_record(raw)
+    same window, so each record is validated once, not once per turn (a plain message's
+    positional record without pydantic's pass: :func:`plain_from_record`)."""
+    message = plain_from_record(raw)
+    return Message.from_record(raw) if message is None else message
 
 
 def decode_message(session_id: str, seq: int, raw: str | bytes) -> Message:

@@ -81,10 +81,13 @@ from ctxguard.stores.integrity import RawSession, RepairPlan
 from ctxguard.stores.leases import check_lease, lease_call
 from ctxguard.stores.redis_async import AsyncRedisStore
 from ctxguard.stores.redis_clients import (
+    NOT_BUFFERED,
     ConnectionShelf,
     RedisStoreBase,
     RetryPolicy,
     as_fetch,
+    buffered_reader,
+    next_buffered,
     pack,
     pack_evalsha,
     retry_delay,
@@ -364,9 +367,16 @@ class RedisStore(RedisStoreBase):
         conn = self._shelf.take()
         try:
             conn.send_packed_command(pack_reads(commands))
+            conn.read_response()  # MULTI's OK: the first reply, waited for under the deadline
+            # then QUEUED for each command and EXEC's array, mostly in the same packet:
+            # taken from the reader's buffer as they are whole, else read as the OK was
+            reader = buffered_reader(self._shelf, conn)
+            reply: Any = None
             for _ in range(len(commands) + 1):
-                conn.read_response()  # OK, then QUEUED for each command
-            return list(conn.read_response())
+                reply = next_buffered(reader)
+                if reply is NOT_BUFFERED:
+                    reply = conn.read_response()
+            return list(reply)
         except BaseException:
             conn.disconnect()  # replies may be left unread: never reuse the connection
             raise

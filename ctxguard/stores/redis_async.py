@@ -55,12 +55,15 @@ from ctxguard.stores.integrity import RawSession, RepairPlan
 from ctxguard.stores.leases import check_lease, lease_call
 from ctxguard.stores.redis_async_deadline import OperationDeadlines
 from ctxguard.stores.redis_clients import (
+    NOT_BUFFERED,
     AsyncConnectionShelf,
     RedisStoreBase,
     RetryPolicy,
     as_fetch,
     asend,
     async_client,
+    buffered_reader,
+    next_buffered,
     pack,
     pack_evalsha,
     retry_delay,
@@ -342,9 +345,15 @@ class AsyncRedisStore(RedisStoreBase):
             await asend(conn, pack_reads(commands))
             # one deadline for every reply (the socket timeout), not a timer per reply
             async with asyncio.timeout(conn.socket_timeout):
+                await conn.read_response(timeout=math.inf)  # MULTI's OK
+                # QUEUED for each command, then EXEC's array: from the buffer when whole
+                reader = buffered_reader(self._shelf, conn)
+                reply: Any = None
                 for _ in range(len(commands) + 1):
-                    await conn.read_response(timeout=math.inf)  # OK, then QUEUED for each
-                return list(await conn.read_response(timeout=math.inf))
+                    reply = next_buffered(reader)
+                    if reply is NOT_BUFFERED:
+                        reply = await conn.read_response(timeout=math.inf)
+                return list(reply)
         except TimeoutError as exc:
             await conn.disconnect()
             raise RedisTimeoutError(f"Timeout reading from {self.where}") from exc

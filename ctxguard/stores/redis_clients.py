@@ -212,6 +212,37 @@ def _has_internals(pool: Any) -> bool:
 
 _REDIS_MAJOR = int(redis.__version__.split(".", 1)[0])
 
+try:  # the hiredis reader's "no whole reply yet" (redis-py 5-8 name it so)
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH
+except ImportError:  # pragma: no cover - another redis-py: every reply read its own way
+    _NOT_ENOUGH = None
+
+
+def buffered_reader(shelf: ConnectionShelf | AsyncConnectionShelf, conn: Any) -> Any:
+    """The hiredis reader of a connection a fast shelf gave out (RESP2: nothing arrives
+    unasked), from which replies already received whole can be taken without redis-py's
+    read layers; None when there is none to use (see :func:`next_buffered`)."""
+    if not shelf._fast or _NOT_ENOUGH is None:
+        return None
+    return getattr(getattr(conn, "_parser", None), "_reader", None)
+
+
+def next_buffered(reader: Any) -> Any:
+    """The next reply when ``reader`` (:func:`buffered_reader`) holds it whole, an error
+    reply raised as ``read_response`` raises it; else :data:`NOT_BUFFERED` (nothing taken:
+    the caller reads it through ``read_response``, under its deadline)."""
+    if reader is None:
+        return NOT_BUFFERED
+    reply = reader.gets()
+    if reply is _NOT_ENOUGH:
+        return NOT_BUFFERED
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+NOT_BUFFERED: Any = object()
+
 
 class ConnectionShelf:
     """How the plain client's script calls take a connection and give it back.

@@ -172,13 +172,19 @@ def parse_reads(
         return SCRIPT  # a key of another type (WRONGTYPE): the script names it
     meta_values, length_m, length_t, toks, recs, pins_raw, summary, ttl = replies[:8]
     meta: dict[bytes, bytes] = {}
+    numbers: list[bytes] = []
     for name, value in zip(META_FIELDS, meta_values, strict=True):
         if value is None:
             continue
-        value = _text(value)
-        if name in _INTEGER_FIELDS and _integer(value) is None:
-            return SCRIPT  # CORRUPT meta field <name> is not an integer
+        if type(value) is not bytes:
+            value = _text(value)
+        if name in _INTEGER_FIELDS:
+            numbers.append(value)
         meta[name] = value
+    if numbers:  # one match for every integer field (a comma inside one is no integer)
+        joined = b",".join(numbers)
+        if joined.count(b",") != len(numbers) - 1 or not _INTEGERS.fullmatch(joined):
+            return SCRIPT  # CORRUPT meta field <name> is not an integer
     if b"created" in meta and b"epoch" not in meta:
         return SCRIPT  # CORRUPT meta field epoch is missing
     stored = int(length_m)

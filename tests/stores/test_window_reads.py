@@ -59,6 +59,8 @@ DAMAGE = [
     ("rpush", 4, b"999"),  # pins: a position past the history
     ("rpush", 4, b"zero"),  # pins: not a number
     ("hset", 0, b"tokens", b"many"),  # meta: an integer field that is not one
+    ("hset", 0, b"count", b"1,2"),  # meta: two integers in one field (one regex reads all)
+    ("hset", 0, b"ver", b""),  # meta: an empty integer field
     ("set", 3, b"not a hash"),  # ids: another type
     ("set", 1, b"not a list"),  # msgs: another type
     ("rpush", 5, b"a list"),  # sum: another type (after a DEL)
