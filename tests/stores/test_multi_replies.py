@@ -10,7 +10,6 @@ raised as redis-py raises it, and a partial one left for redis-py to finish.
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import threading
 import time
@@ -75,9 +74,13 @@ class ChunkingProxy:
                 self._threads.append(thread)
 
     def _pipe(self, src: socket.socket, dst: socket.socket, cut: bool) -> None:
+        src.settimeout(0.1)  # (a closed peer or the stop flag is seen within 0.1 s)
         try:
             while not self._stop.is_set():
-                data = src.recv(65536)
+                try:
+                    data = src.recv(65536)
+                except TimeoutError:
+                    continue
                 if not data:
                     break
                 if not cut:
@@ -91,9 +94,8 @@ class ChunkingProxy:
         except OSError:
             pass
         finally:
-            for sock in (src, dst):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+            src.close()
+            dst.close()
 
 
 @pytest.fixture(params=[1, 7, 4096], ids=["byte-by-byte", "7-bytes", "4k"])
