@@ -38,10 +38,14 @@ def wguard(store_url: str, namespace: str) -> Any:
     guard.close()
 
 
-def _no_fit_ids(guard: Guard, session: str) -> list[str]:
-    ids = [s.message.id for s in guard.store.read(session)]
+def scratch_free(ids: list[str]) -> list[str]:
+    """``ids`` (a session's, in order), checked to hold none of the scratch store's batch."""
     assert not [i for i in ids if i.startswith("fit-")], ids  # (the scratch store's batch)
     return ids
+
+
+def _no_fit_ids(guard: Guard, session: str) -> list[str]:
+    return scratch_free([s.message.id for s in guard.store.read(session)])
 
 
 # -- the shared pieces the agent-loop doors stand on ------------------------------------------
