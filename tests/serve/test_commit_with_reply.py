@@ -5,8 +5,9 @@ leaves the store as it was: an upstream refusal (4xx: nothing to take back, no
 goes away (no ``partial_reply`` record either). A good request stores the user's message,
 the reply and one request record (with the server's usage). On /v1/chat/completions
 (plain and streamed) and /v1/responses, with and without a session, with and without an
-Idempotency-Key, on ``memory://`` and Redis (tests/store_diff.py compares every key of
-the namespace, leases included). The setting's doors: flag, variable, TOML file."""
+Idempotency-Key, on ``memory://``, Redis and Redis Cluster (tests/store_diff.py compares
+every key of the namespace, leases included). The setting's doors: flag, variable, TOML
+file."""
 
 from __future__ import annotations
 
@@ -81,12 +82,19 @@ class Backend:
         return [str(r.get("kind")) for r in self.store.read_audit("s1")]
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis_url", marks=pytest.mark.redis, id="redis"),
+        pytest.param("cluster_url", marks=pytest.mark.cluster, id="cluster"),
+    ]
+)
 def store_at(request: pytest.FixtureRequest, namespace: str) -> tuple[str, str | None]:
-    """(store URL, namespace): a private memory:// store, or the test Redis (purged)."""
+    """(store URL, namespace): a private memory:// store, or the run's Redis or Redis
+    Cluster (the suite's private servers; the namespace is purged afterwards)."""
     if request.param == "memory":
         return private_memory_url(), None
-    url: str = request.getfixturevalue("redis_url")
+    url: str = request.getfixturevalue(request.param)
     return url, namespace
 
 
@@ -214,6 +222,27 @@ def test_a_reply_that_never_finishes_leaves_nothing(
     else:
         assert answer.status_code == 504, answer.text
     backend.assert_unchanged(before, seconds=0.5)
+
+
+@pytest.mark.parametrize(("path", "stream"), CASES)
+def test_a_turn_another_gateway_stored_is_in_the_next_prompt(
+    seeded: Callable[[str], Backend], vllm: FakeVLLM, path: str, stream: bool
+) -> None:
+    """Gateway A's window of ``s1`` is cached (the seed went through it); gateway B, on the
+    same store, stores a turn. A's next request reads the session's state token, finds
+    its copy stale and plans afresh: the upstream sees B's turn, and A's record names
+    no ``unseen`` positions (on the cluster the token is a plain read, not sent ahead)."""
+    backend = seeded(path)
+    other = backend.open()
+    by_b = _post(other, path, _body(path, [{"role": "user", "content": "from b"}], {}, False), None)
+    assert by_b.status_code == 200, by_b.text
+    answer = _post(backend.gateway, path, _body(path, NEXT, {}, stream), None)
+    assert answer.status_code == 200, answer.text
+    texts = ["hello", "echo: hello", "from b", "echo: from b", "next"]
+    sent = vllm.requests[-1]["messages"]
+    assert [m["content"] for m in sent if m["role"] != "system"] == texts
+    assert [text for _, text in backend.turns()] == [*texts, "echo: next"]
+    assert "unseen" not in backend.store.read_audit("s1")[-1]
 
 
 @pytest.mark.parametrize(("path", "stream"), CASES)
