@@ -358,6 +358,24 @@ def _plain_message(data: dict[str, Any], id: str | None) -> Message | None:  # n
         record = positional_record(role, content, id, micros if ms is None else micros - ms * 1000)
     except (PydanticSerializationError, UnicodeError, ValueError):
         return None  # the full path raises its InvalidMessageError
+    fields_set = set(_PLAIN_FIELDS_SET)
+    if given:
+        fields_set.add("id")
+    message = _plain_instance(role, content, id, created_at, fields_set)
+    _made.last = (message, record)
+    return message
+
+
+def _plain_instance(
+    role: str,
+    content: str,
+    message_id: str,
+    created_at: datetime,
+    fields_set: set[str],
+) -> Message:
+    """The instance pydantic's validation builds of a plain message (role, str content,
+    id, time; every other field its default), made without the pass: the fields set is
+    the caller's (what the validation was given)."""
     message = Message.__new__(Message)
     _setattr(
         message,
@@ -368,19 +386,15 @@ def _plain_message(data: dict[str, Any], id: str | None) -> Message | None:  # n
             "name": None,
             "tool_calls": None,
             "tool_call_id": None,
-            "id": id,
+            "id": message_id,
             "created_at": created_at,
             "metadata": {},
             "extra": {},
         },
     )
-    fields_set = set(_PLAIN_FIELDS_SET)
-    if given:
-        fields_set.add("id")
     _setattr(message, "__pydantic_fields_set__", fields_set)
     _setattr(message, "__pydantic_extra__", None)
     _setattr(message, "__pydantic_private__", None)
-    _made.last = (message, record)
     return message
 
 
@@ -427,26 +441,7 @@ def plain_from_record(raw: str | bytes) -> Message | None:
         created_at = _STORED_EPOCH + (time if ms is None else time + ms * 1000) * MICROSECOND
     except (OverflowError, PydanticSerializationError, ValueError):
         return None
-    message = Message.__new__(Message)
-    _setattr(
-        message,
-        "__dict__",
-        {
-            "role": role,
-            "content": content,
-            "name": None,
-            "tool_calls": None,
-            "tool_call_id": None,
-            "id": id_,
-            "created_at": created_at,
-            "metadata": {},
-            "extra": {},
-        },
-    )
-    _setattr(message, "__pydantic_fields_set__", set(_RECORD_FIELDS_SET))
-    _setattr(message, "__pydantic_extra__", None)
-    _setattr(message, "__pydantic_private__", None)
-    return message
+    return _plain_instance(role, content, id_, created_at, set(_RECORD_FIELDS_SET))
 
 
 def says_nothing(message: Message) -> bool:
