@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -67,3 +69,23 @@ def assert_starts_on_user(window: Sequence[Message], history: Sequence[Message])
     assert rest, "the window holds no turn"
     if len(rest) < len(whole):  # messages were left out
         assert rest[0].role == "user", [m.role for m in window]
+
+
+@pytest.fixture
+async def with_reply_guardrail(store_url: str, namespace: str) -> AsyncIterator[Any]:
+    """The LiteLLM guardrail under commit="with_reply" (its guards are the gateway's)."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    pytest.importorskip("litellm")
+    from .test_litellm import from_config
+
+    g = from_config(
+        url=store_url,
+        namespace=namespace,
+        counter="approx",
+        limit=LIMIT,
+        max_tokens=RESERVE,
+        commit="with_reply",
+    )
+    assert g.gateway.guard(None).config.commit == "with_reply"
+    yield g
+    await g.aclose()

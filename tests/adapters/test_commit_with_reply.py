@@ -13,7 +13,6 @@ without ``window`` (and its filter), the LiteLLM guardrail. Refused: LangChain's
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
 import pytest
@@ -158,39 +157,26 @@ async def test_agents_session_without_window_stores_every_item(wguard: Guard) ->
 
 
 async def test_litellm_guardrail_stores_the_turn_with_the_reply(
-    store_url: str, namespace: str
+    with_reply_guardrail: Any, store_url: str
 ) -> None:
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    pytest.importorskip("litellm")
     from litellm.types.proxy.auth.user_api_key_auth import UserAPIKeyAuth
 
-    from .test_litellm import call_model, from_config, post_call, pre_call, request
+    from .test_litellm import call_model, post_call, pre_call, request
 
-    g = from_config(
-        url=store_url,
-        namespace=namespace,
-        counter="approx",
-        limit=LIMIT,
-        max_tokens=RESERVE,
-        commit="with_reply",
-    )
-    try:
-        guard = g.gateway.guard(None)
-        assert guard.config.commit == "with_reply"
-        before = store_diff.take(guard.store, store_url)
-        data = await pre_call(g, request([{"role": "user", "content": "hello"}], header="s"))
-        assert store_diff.take(guard.store, store_url) == before  # nothing at pre_call
-        await g.async_post_call_failure_hook(data, RuntimeError("down"), UserAPIKeyAuth())
-        assert store_diff.take(guard.store, store_url) == before  # a failed call: nothing
+    g = with_reply_guardrail
+    guard = g.gateway.guard(None)
+    before = store_diff.take(guard.store, store_url)
+    data = await pre_call(g, request([{"role": "user", "content": "hello"}], header="s"))
+    assert store_diff.take(guard.store, store_url) == before  # nothing at pre_call
+    await g.async_post_call_failure_hook(data, RuntimeError("down"), UserAPIKeyAuth())
+    assert store_diff.take(guard.store, store_url) == before  # a failed call: nothing
 
-        data = await pre_call(g, request([{"role": "user", "content": "hello"}], header="s"))
-        await post_call(g, data, await call_model(data, reply="hi"))
-        stored = [(s.message.role, s.message.text) for s in guard.store.read("s")]
-        assert stored == [("user", "hello"), ("assistant", "hi")]
-        kinds = [r["kind"] for r in guard.store.read_audit("s")]
-        assert kinds == ["request"]  # one record, written with the reply
-    finally:
-        await g.aclose()
+    data = await pre_call(g, request([{"role": "user", "content": "hello"}], header="s"))
+    await post_call(g, data, await call_model(data, reply="hi"))
+    stored = [(s.message.role, s.message.text) for s in guard.store.read("s")]
+    assert stored == [("user", "hello"), ("assistant", "hi")]
+    kinds = [r["kind"] for r in guard.store.read_audit("s")]
+    assert kinds == ["request"]  # one record, written with the reply
 
 
 # -- doors that refuse it ------------------------------------------------------------------------

@@ -18,7 +18,6 @@ session with ``window=True``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -338,25 +337,7 @@ async def test_agents_session_from_a_url_opens_an_async_guard_with_it(
 
 
 # -- the LiteLLM guardrail (its hooks are async; its guards are the gateway's) ------------
-
-
-@pytest.fixture
-async def with_reply_guardrail(store_url: str, namespace: str) -> AsyncIterator[Any]:
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    pytest.importorskip("litellm")
-    from .test_litellm import from_config
-
-    g = from_config(
-        url=store_url,
-        namespace=namespace,
-        counter="approx",
-        limit=LIMIT,
-        max_tokens=RESERVE,
-        commit="with_reply",
-    )
-    assert g.gateway.guard(None).config.commit == "with_reply"
-    yield g
-    await g.aclose()
+# (with_reply_guardrail: tests/adapters/conftest.py)
 
 
 async def _stream_hook(g: Any, data: dict[str, Any], stream: Any) -> str:
