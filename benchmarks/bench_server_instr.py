@@ -128,7 +128,50 @@ def script_calls(
     ):
         script = client.register_script(body)
         rows[name] = lambda n, s=script: [s(keys=keys, args=args) for _ in range(n)]
+    if label:  # a one-call commit's keys and arguments: what its writes alone cost
+        rows[f"the turn's writes alone{label}"] = bare_writes(client, keys, args)
     return rows
+
+
+# The writes of a one-call turn in this key layout and nothing else: no check of any
+# key's type or integer, no idempotency (ids and rids written, never read), no state
+# token, no cap, no TTL. (Arguments as fast_window.lua takes them: the audit record at
+# 7, the clock at 9, n at 10, then id, record, count, pinned per message; each call's
+# ids made new with the list's length.) What a script call costs in this design
+# before any check: the floor the checks sit on.
+BARE_WRITES = """
+local n = tonumber(ARGV[10])
+local m = redis.call('HMGET', KEYS[1], 'count', 'tokens', 'ver')
+local len = redis.call('LLEN', KEYS[2])
+local ids, msgs, toks, added = {}, {}, {}, 0
+for i = 0, n - 1 do
+  local at = 11 + 4 * i
+  ids[2 * i + 1] = ARGV[at] .. ':' .. len
+  ids[2 * i + 2] = string.format('%d', len + i)
+  msgs[i + 1] = ARGV[at + 1]
+  toks[i + 1] = ARGV[at + 2]
+  added = added + tonumber(ARGV[at + 2])
+end
+redis.call('HSET', KEYS[4], unpack(ids))
+redis.call('RPUSH', KEYS[2], unpack(msgs))
+redis.call('RPUSH', KEYS[3], unpack(toks))
+redis.call('RPUSH', KEYS[7], ARGV[7])
+redis.call('HSET', KEYS[1], 'count', string.format('%d', len + n),
+  'tokens', string.format('%d', tonumber(m[2] or '0') + added),
+  'ver', string.format('%d', tonumber(m[3] or '0') + 1), 'stamp', ARGV[9])
+redis.call('HSET', KEYS[8], 'r' .. len, '0')
+return len + n
+"""
+
+
+def bare_writes(client: redis.Redis, keys: list[str], args: list[Any]) -> Callable[[int], Any]:
+    """A row running :data:`BARE_WRITES` on a copy of the session's keys (COPY), so
+    that its lists and hashes have the session's sizes and encodings."""
+    copies = [f"{key}:bare" for key in keys]
+    for key, copy in zip(keys, copies, strict=True):
+        client.copy(key, copy, replace=True)
+    script = client.register_script(BARE_WRITES)
+    return lambda n: [script(keys=copies, args=args) for _ in range(n)]
 
 
 def main() -> None:

@@ -13,11 +13,15 @@
 -- audit record or one that has a rid not written yet and whose request context is the
 -- one stored last (or none); with `expect`, only if the state token is that one. It
 -- reads and checks what the general script reads and checks before its first write,
--- the same way (meta's integer fields, one count per message, the types of ids, rids
--- and audit), and then writes what the general script writes, in the same order, and
--- answers as it answers. In any other case, and wherever the general script would
--- answer an error, it has written nothing and returns nil: the general script runs
--- and answers (tests/stores/test_fast_path.py runs both on copies of one session).
+-- the same way (meta's integer fields, one count per message, the types of ids and
+-- audit), except the rid: its HSETNX comes right after the first write, which it takes
+-- back when the rid is written already (a retry) or rids is of another type (one
+-- command and one listpack scan less than a read and a write of rids). It then writes
+-- what the general script writes and answers as it answers. In any other case, and
+-- wherever the general script would answer an error, it has left nothing written and
+-- returns nil: the general script runs and answers (tests/stores/test_fast_path.py
+-- runs both on copies of one session). Numbers go to redis.call formatted by '%d'
+-- (Redis formats a Lua number with '%.17g', several times dearer).
 --
 -- at_audit: the position of the audit record argument; the retention and the caller's
 -- clock follow it. at_msg: the position of the first of the n messages (id, record,
@@ -59,7 +63,7 @@ local function fast_append(at_audit, at_msg, n, expect)
   if arg ~= '' then
     rid = string.match(arg, '^{"rid":"([%w_.:%-]+)"')
       or string.match(arg, '^{"turn":%-?%d+,"rid":"([%w_.:%-]+)"')
-    if not rid or redis.pcall('HGET', KEYS[K_RIDS], rid) ~= false then return nil end
+    if not rid then return nil end  -- (rids is checked by its HSETNX, after the first write)
     if n == 1 then  -- (a batch checks the trail's type by its first write, the record's)
       local t = redis.call('TYPE', KEYS[K_AUDIT])['ok']
       if t ~= 'list' and t ~= 'none' then return nil end
@@ -79,6 +83,10 @@ local function fast_append(at_audit, at_msg, n, expect)
   if n == 1 then
     -- the first write, and ids' type check: a 0 or an error wrote nothing
     if redis.pcall('HSETNX', KEYS[K_IDS], ARGV[at_msg], len) ~= 1 then return nil end
+    if rid and redis.pcall('HSETNX', KEYS[K_RIDS], rid, turn or '0') ~= 1 then
+      redis.call('HDEL', KEYS[K_IDS], ARGV[at_msg])  -- a rid written already (a retry)
+      return nil                                     -- or rids of another type: undone
+    end
     redis.call('RPUSH', KEYS[K_MSGS], ARGV[at_msg + 1])
     local toks = ARGV[at_msg + 2]
     if counter == '' then toks = '-1' end
@@ -99,7 +107,7 @@ local function fast_append(at_audit, at_msg, n, expect)
       end
       ids[i + 1] = id
       pairs_[2 * i + 1] = id
-      pairs_[2 * i + 2] = len + i
+      pairs_[2 * i + 2] = string.format('%d', len + i)
       msgs[i + 1] = ARGV[at + 1]
       if counter == '' then toks[i + 1] = '-1' else toks[i + 1] = ARGV[at + 2] end
       flags[i + 1] = 1
@@ -112,13 +120,19 @@ local function fast_append(at_audit, at_msg, n, expect)
     if record then
       alen = redis.pcall('RPUSH', KEYS[K_AUDIT], record)
       if type(alen) ~= 'number' then return nil end
+      if redis.pcall('HSETNX', KEYS[K_RIDS], rid, turn or '0') ~= 1 then
+        redis.call('RPOP', KEYS[K_AUDIT])  -- a rid written already (a retry) or rids of
+        return nil                          -- another type: the record taken back
+      end
     end
     redis.call('HSET', KEYS[K_IDS], unpack(pairs_))
     redis.call('RPUSH', KEYS[K_MSGS], unpack(msgs))
     redis.call('RPUSH', KEYS[K_TOKS], unpack(toks))
   end
   local total = tonumber(tokens or '0') + added
-  local count, next_ver, now = len + n, tonumber(ver or '0') + 1, ARGV[at_audit + 2]
+  local count, now = string.format('%d', len + n), ARGV[at_audit + 2]
+  local next_ver = string.format('%d', tonumber(ver or '0') + 1)
+  total = string.format('%d', total)
   local updated = string.sub(now, 1, -4)
   if turn then
     redis.call('HSET', KEYS[K_META], 'updated', updated, 'count', count, 'tokens', total,
@@ -130,7 +144,6 @@ local function fast_append(at_audit, at_msg, n, expect)
   local number, made = 0, false
   if record then
     if turn then number = tonumber(turn) end
-    redis.call('HSET', KEYS[K_RIDS], rid, turn or '0')
     made = alen == 1  -- the trail and its rid index were made by this call
     local keep = tonumber(ARGV[at_audit + 1])
     if keep > 0 and alen > keep then
@@ -178,5 +191,5 @@ local function fast_append(at_audit, at_msg, n, expect)
       for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
     end
   end
-  return {count, flags, before, epoch .. ':' .. next_ver .. ':' .. now}, number
+  return {len + n, flags, before, epoch .. ':' .. next_ver .. ':' .. now}, number
 end
