@@ -201,6 +201,14 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def fast_reply(reply: bytes | str, messages: Sequence[NewMessage]) -> tuple[AppendResult, int]:
+    """The common case's answer (``_fast.lua``): one string, ``count turn before after``,
+    every message stored (it declines anything else); and the audit record's turn."""
+    count, turn, before, after = _text(reply).split(" ")
+    ids = tuple([m.message.id for m in messages])
+    return AppendResult(ids, (), int(count), before or None, after or None), int(turn)
+
+
 def _count_at(counts: Sequence[Any], index: int) -> int | None:
     """The stored count at ``index``; missing or not a number means unknown."""
     try:
@@ -497,6 +505,8 @@ class RedisProtocol:
     def parse_append(
         self, session_id: str, messages: Sequence[NewMessage], reply: Any
     ) -> AppendResult:
+        if isinstance(reply, bytes | str):  # the common case's one string (_fast.lua)
+            return fast_reply(reply, messages)[0]
         count, flags = int(reply[0]), reply[1]
         if count == -2:  # the id of message `flags` (1-based) is stored with another
             raise MessageIdReusedError(session_id, messages[int(flags) - 1].message.id)
@@ -549,6 +559,9 @@ class RedisProtocol:
         reply: Sequence[Any],
         options: WriteOptions | None = None,
     ) -> WindowFetch | WindowHit:
+        if isinstance(reply, bytes | str):  # the common commit's one string: 'hit ...'
+            appended, turn = fast_reply(_text(reply).removeprefix("hit "), new)
+            return WindowHit(appended, turn, appended.token_after or "")
         if len(reply) == 1:
             self.parse_append(session_id, new, reply[0])  # raises SessionFullError
         if reply[0] == b"hit" or reply[0] == "hit":

@@ -9,25 +9,35 @@
 --
 -- It takes new messages (ids neither stored nor repeated) none of which is pinned, by
 -- the session's own counter (or none), into a session that exists and holds messages,
--- within any cap, with no
--- audit record or one that has a rid not written yet and whose request context is the
--- one stored last (or none); with `expect`, only if the state token is that one. It
--- reads and checks what the general script reads and checks before its first write,
--- the same way (meta's integer fields, one count per message, the types of ids and
--- audit), except the rid: its HSETNX comes right after the first write, which it takes
--- back when the rid is written already (a retry) or rids is of another type (one
--- command and one listpack scan less than a read and a write of rids). It then writes
--- what the general script writes and answers as it answers. In any other case, and
--- wherever the general script would answer an error, it has left nothing written and
--- returns nil: the general script runs and answers (tests/stores/test_fast_path.py
--- runs both on copies of one session). Numbers go to redis.call formatted by '%d'
--- (Redis formats a Lua number with '%.17g', several times dearer).
+-- within any cap, with no audit record or one that has a rid not written yet and whose
+-- request context is the one stored last (or none); with `expect`, only if the state
+-- token is that one. It reads and checks what the general script reads and checks
+-- (meta's integer fields, one count per message), the same way, and then writes what
+-- the general script writes. Three checks are writes, each taken back when it fails:
+-- an id's HSETNX (a stored or repeated id, or ids of another type), the record's RPUSH
+-- (a trail of another type) and the rid's HSETNX (written already: a retry; rids of
+-- another type), so no key is read to be written next (Round 12 in
+-- benchmarks/README.md: a read and its reply cost a turn ~5-10 k instructions). In any
+-- other case, and wherever the general script would answer an error, it has left
+-- nothing written and returns nil: the general script runs and answers
+-- (tests/stores/test_fast_path.py runs both on copies of one session). Numbers go to
+-- redis.call formatted by '%d' (Redis formats a Lua number with '%.17g', dearer).
 --
 -- at_audit: the position of the audit record argument; the retention and the caller's
 -- clock follow it. at_msg: the position of the first of the n messages (id, record,
 -- tokens, pinned each).
--- Returns {count after, {1, ...}, token before, token after} and the turn given to the
--- audit record (0 = none), or nil.
+-- Returns one string, 'count-after turn token-before token-after' (turn: the audit
+-- record's, 0 = none; every message stored), or nil. (A string, not the general script's
+-- table {count, {1, ...}, before, after}: Redis converts a table reply at ~17 k
+-- instructions, a fifth of a turn's script call; redis_protocol.fast_reply reads it.)
+
+-- Takes back the HSETNX of the first `count` ids of the messages at ARGV[at_msg] (4
+-- arguments apart), each of which answered 1 (the id was not there), and declines.
+local function undo_ids(at_msg, count)
+  for j = 0, count - 1 do redis.call('HDEL', KEYS[K_IDS], ARGV[at_msg + 4 * j]) end
+  return nil
+end
+
 local function fast_append(at_audit, at_msg, n, expect)
   local counter = ARGV[1]
   local m = redis.pcall('HMGET', KEYS[K_META], 'created', 'count', 'tokens', 'turns', 'ver',
@@ -75,59 +85,57 @@ local function fast_append(at_audit, at_msg, n, expect)
       record = string.sub(arg, 1, nl - 1)
     end
     if string.sub(arg, 1, 10) == '{"turn":0,' then
-      turn = tostring(tonumber(turns or '0') + 1)
+      turn = string.format('%d', tonumber(turns or '0') + 1)
       record = '{"turn":' .. turn .. ',' .. string.sub(record, 11)
     end
   end
-  local flags, alen = {}, nil
+  local alen = nil
   if n == 1 then
     -- the first write, and ids' type check: a 0 or an error wrote nothing
     if redis.pcall('HSETNX', KEYS[K_IDS], ARGV[at_msg], len) ~= 1 then return nil end
     if rid and redis.pcall('HSETNX', KEYS[K_RIDS], rid, turn or '0') ~= 1 then
-      redis.call('HDEL', KEYS[K_IDS], ARGV[at_msg])  -- a rid written already (a retry)
-      return nil                                     -- or rids of another type: undone
+      return undo_ids(at_msg, 1)  -- a rid written already (a retry) or rids of another type
     end
     redis.call('RPUSH', KEYS[K_MSGS], ARGV[at_msg + 1])
     local toks = ARGV[at_msg + 2]
     if counter == '' then toks = '-1' end
     redis.call('RPUSH', KEYS[K_TOKS], toks)
-    flags[1] = 1
     if record then alen = redis.call('RPUSH', KEYS[K_AUDIT], record) end
   else
-    -- a batch (the turn of commit="with_reply": the new messages and the reply): its ids
-    -- neither repeated nor stored, read in one HMGET (which checks ids' type too); then
-    -- the record's RPUSH as the first write (a trail of another type: an error, nothing
-    -- written), and each key written once
-    local ids, pairs_, msgs, toks = {}, {}, {}, {}
+    -- a batch (the turn of commit="with_reply": the new messages and the reply): each
+    -- id's HSETNX checks it and writes it (the first is the first write and ids' type
+    -- check; a repeated id's second HSETNX answers 0); an id stored or repeated, a trail
+    -- of another type (the record's RPUSH) or a rid written already takes back what the
+    -- call wrote and declines. No table is read back: each reply is one integer.
     for i = 0, n - 1 do
       local at = at_msg + 4 * i
-      local id = ARGV[at]
-      for j = 1, i do
-        if ids[j] == id then return nil end
+      if redis.pcall('HSETNX', KEYS[K_IDS], ARGV[at], string.format('%d', len + i)) ~= 1 then
+        return undo_ids(at_msg, i)
       end
-      ids[i + 1] = id
-      pairs_[2 * i + 1] = id
-      pairs_[2 * i + 2] = string.format('%d', len + i)
-      msgs[i + 1] = ARGV[at + 1]
-      if counter == '' then toks[i + 1] = '-1' else toks[i + 1] = ARGV[at + 2] end
-      flags[i + 1] = 1
-    end
-    local found = redis.pcall('HMGET', KEYS[K_IDS], unpack(ids))
-    if found.err then return nil end
-    for i = 1, n do
-      if found[i] then return nil end
     end
     if record then
       alen = redis.pcall('RPUSH', KEYS[K_AUDIT], record)
-      if type(alen) ~= 'number' then return nil end
+      if type(alen) ~= 'number' then return undo_ids(at_msg, n) end
       if redis.pcall('HSETNX', KEYS[K_RIDS], rid, turn or '0') ~= 1 then
-        redis.call('RPOP', KEYS[K_AUDIT])  -- a rid written already (a retry) or rids of
-        return nil                          -- another type: the record taken back
+        redis.call('RPOP', KEYS[K_AUDIT])
+        return undo_ids(at_msg, n)
       end
     end
-    redis.call('HSET', KEYS[K_IDS], unpack(pairs_))
-    redis.call('RPUSH', KEYS[K_MSGS], unpack(msgs))
-    redis.call('RPUSH', KEYS[K_TOKS], unpack(toks))
+    if n == 2 then
+      local at = at_msg + 4
+      redis.call('RPUSH', KEYS[K_MSGS], ARGV[at_msg + 1], ARGV[at + 1])
+      if counter == '' then redis.call('RPUSH', KEYS[K_TOKS], '-1', '-1')
+      else redis.call('RPUSH', KEYS[K_TOKS], ARGV[at_msg + 2], ARGV[at + 2]) end
+    else
+      local msgs, toks = {}, {}
+      for i = 0, n - 1 do
+        local at = at_msg + 4 * i
+        msgs[i + 1] = ARGV[at + 1]
+        if counter == '' then toks[i + 1] = '-1' else toks[i + 1] = ARGV[at + 2] end
+      end
+      redis.call('RPUSH', KEYS[K_MSGS], unpack(msgs))
+      redis.call('RPUSH', KEYS[K_TOKS], unpack(toks))
+    end
   end
   local total = tonumber(tokens or '0') + added
   local count, now = string.format('%d', len + n), ARGV[at_audit + 2]
@@ -141,12 +149,18 @@ local function fast_append(at_audit, at_msg, n, expect)
     redis.call('HSET', KEYS[K_META], 'updated', updated, 'count', count, 'tokens', total,
       'ver', next_ver, 'stamp', now)
   end
-  local number, made = 0, false
+  local made = false
   if record then
-    if turn then number = tonumber(turn) end
     made = alen == 1  -- the trail and its rid index were made by this call
     local keep = tonumber(ARGV[at_audit + 1])
-    if keep > 0 and alen > keep then
+    if keep > 0 and alen == keep + 1 then
+      -- a trail at its cap (every turn of a long session): the oldest record, as one
+      -- string (LPOP with a count answers a table, dearer to hand to Lua)
+      local old = redis.call('LPOP', KEYS[K_AUDIT])
+      local old_rid = string.match(old, '^{"rid":"([%w_.:%-]+)"')
+        or string.match(old, '^{"turn":%-?%d+,"rid":"([%w_.:%-]+)"')
+      if old_rid then redis.call('HDEL', KEYS[K_RIDS], old_rid) end
+    elseif keep > 0 and alen > keep then
       local gone = {}
       for _, old in ipairs(redis.call('LPOP', KEYS[K_AUDIT], alen - keep)) do
         local old_rid = string.match(old, '^{"rid":"([%w_.:%-]+)"')
@@ -191,5 +205,6 @@ local function fast_append(at_audit, at_msg, n, expect)
       for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
     end
   end
-  return {len + n, flags, before, epoch .. ':' .. next_ver .. ':' .. now}, number
+  return count .. ' ' .. (turn or '0') .. ' ' .. before .. ' ' .. epoch .. ':' .. next_ver
+    .. ':' .. now
 end

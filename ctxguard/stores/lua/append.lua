@@ -11,6 +11,8 @@
 -- Returns: {count_after, {flag per message: 1 stored, 0 duplicate, 2 stored by an earlier
 --          attempt of this call}, state token before,
 --          state token after}
+--          (the common case in front, _fast.lua, answers it as one string instead:
+--           'count_after turn token-before token-after', every message stored)
 --          or {-1, count_now} when the cap would be exceeded (nothing stored),
 --          or {-2, i} when the i-th message's id is stored with another message
 --          (_reuse.lua; nothing stored: the same message again is a duplicate, flag 0),

@@ -12,6 +12,8 @@
 --       then '1' on a retry (see append_many)
 -- Returns, when the state token was the expected one and no new id is stored (a hit):
 --           {'hit', append_result, turn of the audit record (0 = none), state token after}
+--          (the common case in front, _fast.lua, answers a hit as one string instead:
+--           'hit count turn token-before token-after')
 --          (also when the audit record's rid is already written: a retried hit, token '')
 --          else (a fetch; nothing written): {flags (1 = the new message at that index
 --           would be stored, 0 = its id is stored already or repeats in the batch),
