@@ -432,14 +432,16 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
         dict(NORMAL_CALL, script="append"),
     )
 )
-# a batch (the with_reply turn) whose checks come after its first writes, each taken
-# back: a trail or rids of another type, a rid written already, an id stored or repeated
+# the checks that come after the first write (an id's HSETNX), each taken back: a trail
+# or rids of another type, a rid written already, an id stored or repeated
 @example(case=(dict(NORMAL_SESSION, bad_key="audit"), dict(NORMAL_CALL, ids=["new", "new2"])))
 @example(case=(dict(NORMAL_SESSION, bad_key="rids"), dict(NORMAL_CALL, ids=["new", "new2"])))
 @example(case=(NORMAL_SESSION, dict(NORMAL_CALL, ids=["new", "new2"], audit="seen")))
 @example(case=(NORMAL_SESSION, dict(NORMAL_CALL, ids=["new", "new2", "id0"])))
 @example(case=(NORMAL_SESSION, dict(NORMAL_CALL, ids=["new", "new2", "new"])))
 @example(case=(dict(NORMAL_SESSION, bad_key="rids"), NORMAL_CALL))
+@example(case=(dict(NORMAL_SESSION, bad_key="audit"), NORMAL_CALL))
+@example(case=(dict(NORMAL_SESSION, bad_key="audit"), dict(NORMAL_CALL, script="append")))
 # a batch of two (the with_reply turn: its own straight-line writes) and of three, with
 # the session's counter and with none (every count written as unknown)
 @example(case=(NORMAL_SESSION, dict(NORMAL_CALL, counter="", ids=["new", "new2"])))

@@ -81,16 +81,16 @@ def test_a_cached_turn_runs_no_time_and_types_only_keys_it_does_not_read(
     assert moved["evalsha"] == 2, moved  # a hit and the reply: two script calls
     assert moved["time"] == 0 and moved["hincrby"] == 0, moved
     assert moved["hmget"] == 2, moved  # meta read once per script
-    # window: audit only (it writes the request record; ids is checked by the new id's
-    # HSETNX, rids by the record's rid's); append (no record): none (sum, audit and rids
-    # it neither reads nor writes; ids is checked by its first HSETNX)
-    assert moved["type"] == 0 + 1, moved
+    # none: window checks ids by the new id's HSETNX, the trail by the request record's
+    # RPUSH and rids by its rid's HSETNX (each taken back on failure); append (no record)
+    # neither reads nor writes sum, audit and rids, and checks ids by its HSETNX
+    assert moved["type"] == 0, moved
     # the hit's one new id and its record's rid are not looked up: each one's HSETNX
     # says whether it is new (a rid written already takes the id's HSETNX back)
     assert moved["hexists"] == 0 and moved["hget"] == 0 and moved["hsetnx"] == 2 + 1, moved
     # no pinned message appended: pins is not read; nor is rids' length
     assert moved["lrange"] == 0 and moved["hlen"] == 0, moved
-    assert sum(moved.values()) - moved["evalsha"] == 17, moved  # was 26, then 18
+    assert sum(moved.values()) - moved["evalsha"] == 16, moved  # was 26, then 18, 17
     turns = [r["turn"] for r in guard.store.read_audit("s") if r.get("kind") == "request"]
     assert turns == [1, 2, 3]
 

@@ -73,11 +73,7 @@ local function fast_append(at_audit, at_msg, n, expect)
   if arg ~= '' then
     rid = string.match(arg, '^{"rid":"([%w_.:%-]+)"')
       or string.match(arg, '^{"turn":%-?%d+,"rid":"([%w_.:%-]+)"')
-    if not rid then return nil end  -- (rids is checked by its HSETNX, after the first write)
-    if n == 1 then  -- (a batch checks the trail's type by its first write, the record's)
-      local t = redis.call('TYPE', KEYS[K_AUDIT])['ok']
-      if t ~= 'list' and t ~= 'none' then return nil end
-    end
+    if not rid then return nil end  -- (rids and audit are checked by their writes, below)
     record = arg
     local nl = string.find(arg, '\n', 1, true)
     if nl then
@@ -89,53 +85,45 @@ local function fast_append(at_audit, at_msg, n, expect)
       record = '{"turn":' .. turn .. ',' .. string.sub(record, 11)
     end
   end
+  -- Each id's HSETNX checks it and writes it (the first is the first write and ids' type
+  -- check; a repeated id's second HSETNX answers 0); an id stored or repeated, a trail
+  -- of another type (the record's RPUSH) or a rid written already takes back what the
+  -- call wrote and declines. No key is read to be written next: each reply is an integer.
   local alen = nil
-  if n == 1 then
-    -- the first write, and ids' type check: a 0 or an error wrote nothing
-    if redis.pcall('HSETNX', KEYS[K_IDS], ARGV[at_msg], len) ~= 1 then return nil end
-    if rid and redis.pcall('HSETNX', KEYS[K_RIDS], rid, turn or '0') ~= 1 then
-      return undo_ids(at_msg, 1)  -- a rid written already (a retry) or rids of another type
+  for i = 0, n - 1 do
+    local at = at_msg + 4 * i
+    if redis.pcall('HSETNX', KEYS[K_IDS], ARGV[at], string.format('%d', len + i)) ~= 1 then
+      return undo_ids(at_msg, i)
     end
+  end
+  if record then
+    alen = redis.pcall('RPUSH', KEYS[K_AUDIT], record)
+    if type(alen) ~= 'number' then return undo_ids(at_msg, n) end
+    if redis.pcall('HSETNX', KEYS[K_RIDS], rid, turn or '0') ~= 1 then
+      redis.call('RPOP', KEYS[K_AUDIT])
+      return undo_ids(at_msg, n)
+    end
+  end
+  -- the records and their counts: one message (a two-call turn's), two (the with_reply
+  -- turn's user message and reply) without a Lua table, more through one
+  if n == 1 then
     redis.call('RPUSH', KEYS[K_MSGS], ARGV[at_msg + 1])
-    local toks = ARGV[at_msg + 2]
-    if counter == '' then toks = '-1' end
-    redis.call('RPUSH', KEYS[K_TOKS], toks)
-    if record then alen = redis.call('RPUSH', KEYS[K_AUDIT], record) end
+    if counter == '' then redis.call('RPUSH', KEYS[K_TOKS], '-1')
+    else redis.call('RPUSH', KEYS[K_TOKS], ARGV[at_msg + 2]) end
+  elseif n == 2 then
+    local at = at_msg + 4
+    redis.call('RPUSH', KEYS[K_MSGS], ARGV[at_msg + 1], ARGV[at + 1])
+    if counter == '' then redis.call('RPUSH', KEYS[K_TOKS], '-1', '-1')
+    else redis.call('RPUSH', KEYS[K_TOKS], ARGV[at_msg + 2], ARGV[at + 2]) end
   else
-    -- a batch (the turn of commit="with_reply": the new messages and the reply): each
-    -- id's HSETNX checks it and writes it (the first is the first write and ids' type
-    -- check; a repeated id's second HSETNX answers 0); an id stored or repeated, a trail
-    -- of another type (the record's RPUSH) or a rid written already takes back what the
-    -- call wrote and declines. No table is read back: each reply is one integer.
+    local msgs, toks = {}, {}
     for i = 0, n - 1 do
       local at = at_msg + 4 * i
-      if redis.pcall('HSETNX', KEYS[K_IDS], ARGV[at], string.format('%d', len + i)) ~= 1 then
-        return undo_ids(at_msg, i)
-      end
+      msgs[i + 1] = ARGV[at + 1]
+      if counter == '' then toks[i + 1] = '-1' else toks[i + 1] = ARGV[at + 2] end
     end
-    if record then
-      alen = redis.pcall('RPUSH', KEYS[K_AUDIT], record)
-      if type(alen) ~= 'number' then return undo_ids(at_msg, n) end
-      if redis.pcall('HSETNX', KEYS[K_RIDS], rid, turn or '0') ~= 1 then
-        redis.call('RPOP', KEYS[K_AUDIT])
-        return undo_ids(at_msg, n)
-      end
-    end
-    if n == 2 then
-      local at = at_msg + 4
-      redis.call('RPUSH', KEYS[K_MSGS], ARGV[at_msg + 1], ARGV[at + 1])
-      if counter == '' then redis.call('RPUSH', KEYS[K_TOKS], '-1', '-1')
-      else redis.call('RPUSH', KEYS[K_TOKS], ARGV[at_msg + 2], ARGV[at + 2]) end
-    else
-      local msgs, toks = {}, {}
-      for i = 0, n - 1 do
-        local at = at_msg + 4 * i
-        msgs[i + 1] = ARGV[at + 1]
-        if counter == '' then toks[i + 1] = '-1' else toks[i + 1] = ARGV[at + 2] end
-      end
-      redis.call('RPUSH', KEYS[K_MSGS], unpack(msgs))
-      redis.call('RPUSH', KEYS[K_TOKS], unpack(toks))
-    end
+    redis.call('RPUSH', KEYS[K_MSGS], unpack(msgs))
+    redis.call('RPUSH', KEYS[K_TOKS], unpack(toks))
   end
   local total = tonumber(tokens or '0') + added
   local count, now = string.format('%d', len + n), ARGV[at_audit + 2]
